@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home
+
+.PHONY: install demo test ui lint format bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(DEMO_ENV) $(BIN)/python -m jobs.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+ui: $(STAMP)
+	mkdir -p .demo/dagster_home
+	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.acquisition
+
+clean:
+	rm -rf .demo data .pytest_cache

@@ -1,0 +1,1 @@
+"""Jobs, schedules, sensors, partitions and the code location's ``Definitions``."""

@@ -1,0 +1,17 @@
+"""The code location: every asset, job, schedule, sensor and resource of PanelForge."""
+
+from __future__ import annotations
+
+from dagster import Definitions
+
+from assets.acquisition import pmc_inventory, pmc_raw_articles
+from jobs.refresh import pmc_download_job, pmc_inventory_job, release_shards_sensor, yearly_pmc_refresh
+from resources.profiles import build_resources
+
+defs = Definitions(
+    assets=[pmc_inventory, pmc_raw_articles],
+    jobs=[pmc_inventory_job, pmc_download_job],
+    schedules=[yearly_pmc_refresh],
+    sensors=[release_shards_sensor],
+    resources=build_resources(),
+)

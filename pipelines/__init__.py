@@ -1,0 +1,1 @@
+"""Stage logic of PanelForge as plain Python (no Dagster), usable in tests, Ray workers and notebooks."""

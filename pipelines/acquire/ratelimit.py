@@ -1,0 +1,61 @@
+"""A request-rate limit that holds across threads and processes of one host.
+
+Every caller takes the next free slot from a small state file under an exclusive ``flock``:
+slots are spaced ``1/rate`` seconds apart, so no half-open one-second window ever holds more
+than ``rate`` requests, however many threads or processes (Dagster runs, Ray workers) share
+the host. Across a cluster the limit is per host: PanelForge runs downloads in a Dagster
+concurrency pool of size 1 (see the README), which makes one host the only client.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import struct
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _default_state_dir() -> Path:
+    return Path(os.environ.get("PANELFORGE_RATE_DIR") or Path(tempfile.gettempdir()) / "panelforge-ratelimit")
+
+
+class RateLimiter:
+    """Spaces calls to :meth:`acquire` at least ``1/rate`` seconds apart host-wide, per ``key``."""
+
+    def __init__(self, rate: float, key: str, state_dir: str | os.PathLike[str] | None = None):
+        if rate <= 0:
+            raise ValueError(f"rate limit must be positive, got {rate}")
+        self.rate = float(rate)
+        self.interval = 1.0 / self.rate
+        state = Path(state_dir) if state_dir else _default_state_dir()
+        state.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha1(key.encode()).hexdigest()[:16]
+        self.path = state / f"{name}.slot"
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def acquire(self) -> float:
+        """Block until this caller's slot; return the (wall-clock) time of the slot."""
+        with self._lock, open(self.path, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.seek(0)
+                data = fh.read(8)
+                next_free = struct.unpack("d", data)[0] if len(data) == 8 else 0.0
+                now = time.time()
+                slot = max(now, next_free)
+                fh.seek(0)
+                fh.truncate()
+                fh.write(struct.pack("d", slot + self.interval))
+                fh.flush()
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        delay = slot - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        self.count += 1
+        return slot

@@ -1,0 +1,338 @@
+"""Byte transports for article sources: S3 REST over HTTP(S), FTP (ftputil), local files.
+
+A transport only moves bytes: list a "directory", read a small object, download a file with
+resume. Every request goes through the shared :class:`RateLimiter` and the retry policy;
+failures are mapped to :class:`TransientError` (retried) or :class:`PermanentError`.
+"""
+
+from __future__ import annotations
+
+import ftplib
+import os
+import shutil
+import socket
+import threading
+import urllib.parse
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+
+import ftputil
+import ftputil.error
+import requests
+from lxml import etree
+
+from pipelines.acquire.ratelimit import RateLimiter
+from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
+
+CHUNK = 1 << 16
+S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+SAFE_XML = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
+
+
+class Transport(ABC):
+    """Common bookkeeping: request and byte counters, rate limiting and retries."""
+
+    scheme = "abstract"
+
+    def __init__(self, limiter: RateLimiter, retry: RetryPolicy):
+        self.limiter = limiter
+        self.retry = retry
+        self._counter_lock = threading.Lock()
+        self.requests = 0
+        self.bytes = 0
+
+    def _request(self) -> None:
+        self.limiter.acquire()
+        with self._counter_lock:
+            self.requests += 1
+
+    def _received(self, n: int) -> None:
+        with self._counter_lock:
+            self.bytes += n
+
+    @abstractmethod
+    def list(self, directory: str) -> Iterator[str]:
+        """Yield the names directly inside ``directory`` ("" is the root); sub-directories end with ``/``."""
+
+    @abstractmethod
+    def _read_once(self, path: str) -> bytes: ...
+
+    @abstractmethod
+    def _download_once(self, path: str, partial: Path) -> None:
+        """Append the rest of ``path`` to ``partial`` (which may already hold a prefix)."""
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.retry.call(lambda: self._read_once(path), f"read {path}")
+
+    def download(self, path: str, dest: Path) -> Path:
+        """Download ``path`` to ``dest``; an interrupted transfer resumes from ``dest.part``."""
+        if dest.exists():
+            return dest
+        partial = dest.with_name(dest.name + ".part")
+        self.retry.call(lambda: self._download_once(path, partial), f"download {path}")
+        os.replace(partial, dest)
+        return dest
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class HttpTransport(Transport):
+    """An S3-compatible bucket over HTTP(S): ListObjectsV2 for listings, ranged GETs for resume."""
+
+    scheme = "http"
+
+    def __init__(self, base_url: str, limiter: RateLimiter, retry: RetryPolicy, timeout: float = 60.0):
+        super().__init__(limiter, retry)
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._local = threading.local()
+
+    @property
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+    def _get(self, url: str, **kwargs) -> requests.Response:
+        self._request()
+        try:
+            response = self._session.get(url, timeout=self.timeout, **kwargs)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise TransientError(f"{type(exc).__name__} on {url}") from exc
+        if response.status_code in RETRYABLE_STATUS:
+            retry_after = response.headers.get("Retry-After")
+            response.close()
+            raise TransientError(
+                f"HTTP {response.status_code} on {url}",
+                retry_after=float(retry_after) if retry_after and retry_after.isdigit() else None,
+            )
+        if response.status_code >= 400:
+            response.close()
+            raise PermanentError(f"HTTP {response.status_code} on {url}")
+        return response
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}/{urllib.parse.quote(path.lstrip('/'))}"
+
+    def list(self, directory: str) -> Iterator[str]:
+        prefix = directory.strip("/") + "/" if directory.strip("/") else ""
+        token: str | None = None
+        while True:
+            params = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
+            if token:
+                params["continuation-token"] = token
+            body = self.retry.call(
+                lambda p=dict(params): self._get(f"{self.base_url}/", params=p).content, f"list {prefix}"
+            )
+            root = etree.fromstring(body, SAFE_XML)
+            ns = S3_NS if root.tag.startswith(S3_NS) else ""
+            for node in root.iter(f"{ns}CommonPrefixes"):
+                yield node.findtext(f"{ns}Prefix")[len(prefix) :]
+            for node in root.iter(f"{ns}Contents"):
+                yield node.findtext(f"{ns}Key")[len(prefix) :]
+            if root.findtext(f"{ns}IsTruncated") != "true":
+                return
+            token = root.findtext(f"{ns}NextContinuationToken")
+
+    def _read_once(self, path: str) -> bytes:
+        with self._get(self._url(path)) as response:
+            data = self._read_body(response, self._url(path))
+        self._received(len(data))
+        return data
+
+    @staticmethod
+    def _read_body(response: requests.Response, url: str) -> bytes:
+        try:
+            return response.content
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+            raise TransientError(f"connection dropped while reading {url}") from exc
+
+    def _download_once(self, path: str, partial: Path) -> None:
+        offset = partial.stat().st_size if partial.exists() else 0
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        url = self._url(path)
+        try:
+            response = self._get(url, headers=headers, stream=True)
+        except PermanentError as exc:
+            if offset and "HTTP 416" in str(exc):  # the partial file is already complete
+                return
+            raise
+        with response:
+            mode = "ab" if offset and response.status_code == 206 else "wb"
+            expected = response.headers.get("Content-Length")
+            received = 0
+            try:
+                with open(partial, mode) as fh:
+                    for chunk in response.iter_content(CHUNK):
+                        fh.write(chunk)
+                        received += len(chunk)
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+                raise TransientError(f"connection dropped after {received} bytes of {url}") from exc
+            finally:
+                self._received(received)
+            if expected is not None and received != int(expected):
+                raise TransientError(f"short read on {url}: {received} of {expected} bytes")
+
+
+class FtpTransport(Transport):
+    """A legacy-layout FTP mirror through ``ftputil``; one connection per worker thread."""
+
+    scheme = "ftp"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        root: str,
+        limiter: RateLimiter,
+        retry: RetryPolicy,
+        user: str = "anonymous",
+        password: str = "anonymous@",
+        timeout: float = 60.0,
+    ):
+        super().__init__(limiter, retry)
+        self.host, self.port, self.root = host, port, "/" + root.strip("/")
+        self.user, self.password, self.timeout = user, password, timeout
+        self._local = threading.local()
+        self._all_hosts: list[ftputil.FTPHost] = []
+        self._hosts_lock = threading.Lock()
+
+    def _session_factory(self):
+        host, port, timeout = self.host, self.port, self.timeout
+
+        class Session(ftplib.FTP):
+            def __init__(self, _host, user, password):
+                super().__init__(timeout=timeout)
+                self.connect(host, port)
+                self.login(user, password)
+                self.set_pasv(True)
+
+        return Session
+
+    def _ftp(self) -> ftputil.FTPHost:
+        ftp = getattr(self._local, "host", None)
+        if ftp is None:
+            self._request()  # connect + login
+            try:
+                ftp = ftputil.FTPHost(self.host, self.user, self.password, session_factory=self._session_factory())
+            except (ftputil.error.FTPOSError, OSError, EOFError) as exc:
+                raise TransientError(f"cannot connect to ftp://{self.host}:{self.port}: {exc}") from exc
+            except ftputil.error.TemporaryError as exc:
+                raise TransientError(f"ftp login refused: {exc}") from exc
+            ftp.stat_cache.disable()
+            self._local.host = ftp
+            with self._hosts_lock:
+                self._all_hosts.append(ftp)
+        return ftp
+
+    def _drop_connection(self) -> None:
+        ftp = getattr(self._local, "host", None)
+        self._local.host = None
+        if ftp is not None:
+            try:
+                ftp.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
+
+    def _path(self, path: str) -> str:
+        return f"{self.root.rstrip('/')}/{path.lstrip('/')}"
+
+    def _guard(self, what: str, fn):
+        """Run one FTP operation, mapping ftputil/socket errors to transient or permanent."""
+        ftp = self._ftp()
+        try:
+            return fn(ftp)
+        except ftputil.error.PermanentError as exc:
+            if "550" in str(exc):
+                raise PermanentError(f"{what}: not found on server ({str(exc).splitlines()[0]})") from exc
+            raise PermanentError(f"{what}: {str(exc).splitlines()[0]}") from exc
+        except (ftputil.error.TemporaryError, ftputil.error.FTPOSError, ftputil.error.FTPIOError) as exc:
+            self._drop_connection()
+            raise TransientError(f"{what}: {str(exc).splitlines()[0]}") from exc
+        except (OSError, EOFError, socket.timeout, ftplib.Error) as exc:
+            self._drop_connection()
+            raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def list(self, directory: str) -> Iterator[str]:
+        def run(ftp):
+            self._request()
+            base = self._path(directory)
+            return [n + "/" if ftp.path.isdir(ftp.path.join(base, n)) else n for n in ftp.listdir(base)]
+
+        yield from self.retry.call(lambda: self._guard(f"list {directory}", run), f"list {directory}")
+
+    def _read_once(self, path: str) -> bytes:
+        def run(ftp):
+            self._request()
+            with ftp.open(self._path(path), "rb") as fh:
+                return fh.read()
+
+        data = self._guard(f"read {path}", run)
+        self._received(len(data))
+        return data
+
+    def _download_once(self, path: str, partial: Path) -> None:
+        offset = partial.stat().st_size if partial.exists() else 0
+
+        def run(ftp):
+            self._request()
+            received = 0
+            try:
+                with ftp.open(self._path(path), "rb", rest=offset or None) as src, open(partial, "ab" if offset else "wb") as dst:
+                    while chunk := src.read(CHUNK):
+                        dst.write(chunk)
+                        received += len(chunk)
+            finally:
+                self._received(received)
+
+        self._guard(f"download {path}", run)
+
+    def close(self) -> None:
+        with self._hosts_lock:
+            for ftp in self._all_hosts:
+                try:
+                    ftp.close()
+                except Exception:  # noqa: BLE001 - closing a dead connection
+                    pass
+            self._all_hosts.clear()
+
+
+class LocalTransport(Transport):
+    """A directory on disk with either layout (``file:///path``); no network, same interface."""
+
+    scheme = "file"
+
+    def __init__(self, root: str, limiter: RateLimiter, retry: RetryPolicy):
+        super().__init__(limiter, retry)
+        self.root = Path(root)
+
+    def _resolve(self, path: str) -> Path:
+        full = (self.root / path.lstrip("/")).resolve()
+        if not full.is_relative_to(self.root.resolve()):
+            raise PermanentError(f"path {path!r} escapes the source root")
+        return full
+
+    def list(self, directory: str) -> Iterator[str]:
+        self._request()
+        for entry in sorted(os.scandir(self._resolve(directory)), key=lambda e: e.name):
+            yield entry.name + ("/" if entry.is_dir() else "")
+
+    def _read_once(self, path: str) -> bytes:
+        self._request()
+        try:
+            data = self._resolve(path).read_bytes()
+        except FileNotFoundError as exc:
+            raise PermanentError(f"read {path}: not found") from exc
+        self._received(len(data))
+        return data
+
+    def _download_once(self, path: str, partial: Path) -> None:
+        self._request()
+        try:
+            with open(self._resolve(path), "rb") as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+        except FileNotFoundError as exc:
+            raise PermanentError(f"download {path}: not found") from exc
+        self._received(partial.stat().st_size)

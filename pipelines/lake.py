@@ -1,0 +1,144 @@
+"""The data lake: Parquet tables partitioned by release and shard, raw tars, a DuckDB catalog.
+
+The root is a local path or an fsspec URL. Every file appears atomically: local files are
+written next to their destination and renamed into place (``os.replace``), remote files are
+written completely to local disk first and then uploaded as one object, so a reader never
+sees a partial file, even if the writer is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.schemas import TABLES
+
+CATALOG_FILE = "catalog.duckdb"
+
+
+class Lake:
+    """A lake rooted at ``root`` (``./data``, ``/abs/path``, ``s3://bucket/prefix``...)."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        root = os.fspath(root)
+        self.fs, path = fsspec.core.url_to_fs(root)
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(path) if self.is_local else path.rstrip("/")
+        self.url = self.root if self.is_local else root.rstrip("/")
+        if self.is_local:
+            os.makedirs(self.root, exist_ok=True)
+
+    # ---- paths -------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def table_path(self, table: str, release: str, shard: str) -> str:
+        return self.path("tables", table, f"release={release}", f"shard={shard}", "data.parquet")
+
+    def raw_dir(self, release: str, shard: str) -> str:
+        return self.path("raw", f"release={release}", f"shard={shard}")
+
+    def staging_dir(self, release: str, shard: str) -> Path:
+        """Local scratch space for one partition's downloads (kept across runs to resume)."""
+        base = Path(self.root) if self.is_local else Path(tempfile.gettempdir()) / "panelforge"
+        path = base / "_staging" / f"release={release}" / f"shard={shard}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path)
+
+    # ---- atomic writes -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def atomic_local_file(self, dest: str, suffix: str = "") -> Iterator[str]:
+        """Yield a local temporary path; on success it becomes ``dest`` in one step."""
+        if self.is_local:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{uuid.uuid4().hex}.tmp{suffix}")
+        else:
+            fd, tmp = tempfile.mkstemp(suffix=suffix)
+            os.close(fd)
+        try:
+            yield tmp
+            if self.is_local:
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, dest)
+            else:
+                self.fs.put_file(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def write_table(self, table: str, release: str, shard: str, data: pa.Table | list[dict]) -> str:
+        """Write one partition of ``table`` atomically, validated against its schema."""
+        schema = TABLES[table]
+        if not isinstance(data, pa.Table):
+            data = pa.Table.from_pylist(list(data), schema=schema)
+        else:
+            data = data.select(schema.names).cast(schema)
+        dest = self.table_path(table, release, shard)
+        with self.atomic_local_file(dest) as tmp:
+            pq.write_table(data, tmp, compression="zstd")
+        return dest
+
+    def read_table(self, table: str, release: str, shard: str) -> pa.Table | None:
+        """Return one partition of ``table``, or None when it was never written."""
+        path = self.table_path(table, release, shard)
+        if not self.fs.exists(path):
+            return None
+        with self.fs.open(path, "rb") as fh:
+            return pq.read_table(fh, schema=TABLES[table])
+
+    def read_release(self, table: str, release: str) -> pa.Table:
+        """Return every shard of ``table`` in ``release`` (empty table when none exist)."""
+        parts = [
+            self.read_table(table, release, p.rsplit("shard=", 1)[1].split("/")[0])
+            for p in sorted(self.fs.glob(self.path("tables", table, f"release={release}", "shard=*", "data.parquet")))
+        ]
+        parts = [p for p in parts if p is not None]
+        return pa.concat_tables(parts) if parts else TABLES[table].empty_table()
+
+    def releases(self, table: str) -> list[str]:
+        """Return the releases that have at least one partition of ``table``, sorted."""
+        found = self.fs.glob(self.path("tables", table, "release=*"))
+        return sorted({p.rstrip("/").rsplit("release=", 1)[1] for p in found})
+
+    # ---- catalog -----------------------------------------------------------------------
+    def refresh_catalog(self) -> str:
+        """Rebuild ``catalog.duckdb`` with one view per table that has data.
+
+        The catalog holds only view definitions over the Parquet files, so it is rebuilt
+        whole into a temporary file and renamed into place: concurrent runs never leave a
+        half-written or locked catalog behind.
+        """
+        import duckdb
+
+        dest = self.path(CATALOG_FILE)
+        with self.atomic_local_file(dest, suffix=".duckdb") as tmp:
+            if os.path.exists(tmp):  # remote lakes hand us an empty mkstemp file
+                os.unlink(tmp)
+            con = duckdb.connect(tmp)
+            try:
+                for table in TABLES:
+                    pattern = self.path("tables", table, "release=*", "shard=*", "data.parquet")
+                    if not self.fs.glob(pattern):
+                        continue
+                    location = pattern if self.is_local else f"{self.fs.unstrip_protocol(pattern)}"
+                    con.execute(
+                        f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet("
+                        f"'{location}', hive_partitioning = true, union_by_name = true, "
+                        "hive_types = {'release': VARCHAR, 'shard': VARCHAR})"
+                    )
+            finally:
+                con.close()
+        return dest

@@ -1,0 +1,100 @@
+"""A loopback FTP server (pyftpdlib) serving a legacy-layout mirror, with fault injection.
+
+Faults on ``RETR``: a reply code (``421`` closes the session as real servers do, any other
+code is a plain error reply), or ``drop`` (send part of the file, then abort the transfer
+with 426). Latency applies to every command, per connection thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import threading
+
+from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.handlers import FTPHandler
+from pyftpdlib.handlers.ftp.producers import FileProducer
+from pyftpdlib.servers import ThreadedFTPServer
+
+from resources.loopback.faults import FaultPlan
+
+
+class _DroppingFile(io.BytesIO):
+    """Reads like the file until ``cut`` bytes, then fails like a reset connection."""
+
+    def __init__(self, data: bytes, cut: int):
+        super().__init__(data)
+        self.cut = cut
+
+    def read(self, size: int = -1) -> bytes:
+        if self.tell() >= self.cut:
+            raise OSError(errno.ECONNRESET, "connection reset by peer")
+        return super().read(min(size if size > 0 else self.cut, self.cut - self.tell()))
+
+
+class FtpLoopbackServer:
+    """Serve ``root`` read-only to anonymous users on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], plan: FaultPlan | None = None):
+        self.root = os.fspath(root)
+        self.plan = plan or FaultPlan()
+        self._server: ThreadedFTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.address[:2]
+        return f"ftp://{host}:{port}/"
+
+    def start(self) -> FtpLoopbackServer:
+        plan, root = self.plan, self.root
+        authorizer = DummyAuthorizer()
+        authorizer.add_anonymous(root)
+
+        class Handler(FTPHandler):
+            def pre_process_command(self, line, cmd, arg):
+                self._fault = None
+                if cmd in ("RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
+                    self._fault = plan.record(cmd, arg or "")
+                return super().pre_process_command(line, cmd, arg)
+
+            def ftp_RETR(self, file):  # noqa: N802 - pyftpdlib API
+                fault, resuming = getattr(self, "_fault", None), bool(self._restart_position)
+                if fault is not None and fault.kind == "status":
+                    self.respond(f"{fault.status} Service not available, closing control connection.")
+                    if fault.status == 421:
+                        self.close_when_done()
+                    return None
+                if fault is not None and fault.kind == "drop" and not resuming:
+                    with open(file, "rb") as fh:
+                        data = fh.read()
+                    fd = _DroppingFile(data, int(len(data) * fault.fraction))
+                    self.push_dtp_data(FileProducer(fd, self._current_type), isproducer=True, file=fd, cmd="RETR")
+                    return file
+                return super().ftp_RETR(file)
+
+        Handler.authorizer = authorizer
+        Handler.banner = "PanelForge loopback FTP"
+        Handler.passive_ports = None
+        ftp_log = logging.getLogger("pyftpdlib")
+        ftp_log.setLevel(logging.WARNING)
+        if not ftp_log.handlers:  # otherwise pyftpdlib installs its own stderr handler
+            ftp_log.addHandler(logging.NullHandler())
+        self._server = ThreadedFTPServer(("127.0.0.1", 0), Handler)
+        self._server.max_cons = 256
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"handle_exit": False}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close_all()
+            self._server = None
+
+    def __enter__(self) -> FtpLoopbackServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

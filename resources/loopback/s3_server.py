@@ -1,0 +1,159 @@
+"""A loopback S3-compatible server (the subset PanelForge reads) over a local directory.
+
+Path-style bucket URLs (``http://127.0.0.1:PORT/<bucket>``), anonymous access, ``GET`` of
+objects with ``Range``, and ListObjectsV2 (``?list-type=2`` with prefix, delimiter,
+max-keys and continuation tokens) answered with the real S3 XML namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from resources.loopback.faults import FaultPlan
+
+NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+
+def _keys(root: Path) -> list[str]:
+    keys = []
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            keys.append(os.path.relpath(os.path.join(base, name), root).replace(os.sep, "/"))
+    return sorted(keys)
+
+
+class S3LoopbackServer:
+    """Serve ``root`` as bucket ``bucket`` on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], bucket: str = "pmc-oa-opendata", plan: FaultPlan | None = None):
+        self.root = Path(root)
+        self.bucket = bucket
+        self.plan = plan or FaultPlan()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/{self.bucket}"
+
+    def start(self) -> S3LoopbackServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # keep test output quiet
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                parts = urllib.parse.urlsplit(self.path)
+                query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+                path = urllib.parse.unquote(parts.path)
+                fault = server.plan.record("GET", path + ("?" + parts.query if parts.query else ""))
+                if fault and fault.kind == "status":
+                    self._status(fault.status, fault.retry_after)
+                    return
+                bucket, _, key = path.lstrip("/").partition("/")
+                if bucket != server.bucket:
+                    self._status(404)
+                elif not key and query.get("list-type") == "2":
+                    self._list(query)
+                else:
+                    self._object(key, fault)
+
+            def _status(self, status: int, retry_after: int | None = None) -> None:
+                body = f"<Error><Code>{status}</Code></Error>".encode()
+                self.send_response(status)
+                if retry_after is not None:
+                    self.send_header("Retry-After", str(retry_after))
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _list(self, query: dict) -> None:
+                prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
+                max_keys = int(query.get("max-keys", "1000"))
+                after = query.get("continuation-token", "")
+                entries: list[tuple[str, bool]] = []
+                for key in _keys(server.root):
+                    if not key.startswith(prefix):
+                        continue
+                    rest = key[len(prefix) :]
+                    if delimiter and delimiter in rest:
+                        entry = (prefix + rest.split(delimiter, 1)[0] + delimiter, True)
+                        if entries and entries[-1] == entry:
+                            continue
+                        entries.append(entry)
+                    else:
+                        entries.append((key, False))
+                entries = [e for e in entries if e[0] > after]
+                page, truncated = entries[:max_keys], len(entries) > max_keys
+                xml = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{NS}">']
+                xml.append(f"<Name>{server.bucket}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>")
+                xml.append(f"<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+                if truncated:
+                    xml.append(f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>")
+                for name, is_prefix in page:
+                    if is_prefix:
+                        xml.append(f"<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>")
+                    else:
+                        size = (server.root / name).stat().st_size
+                        xml.append(f"<Contents><Key>{escape(name)}</Key><Size>{size}</Size></Contents>")
+                xml.append("</ListBucketResult>")
+                body = "".join(xml).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _object(self, key: str, fault) -> None:
+                target = (server.root / key).resolve()
+                if not key or not target.is_relative_to(server.root.resolve()) or not target.is_file():
+                    self._status(404)
+                    return
+                data = target.read_bytes()
+                start = 0
+                ranged = self.headers.get("Range", "")
+                if ranged.startswith("bytes="):
+                    start = int(ranged[6:].split("-", 1)[0] or 0)
+                    if start >= len(data):
+                        self._status(416)
+                        return
+                body = data[start:]
+                self.send_response(206 if ranged else 200)
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if fault and fault.kind == "drop":
+                    self.wfile.write(body[: int(len(body) * fault.fraction)])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="s3-loopback", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> S3LoopbackServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,23 @@
+"""The PMC-OA source (cloud bucket, HTTPS mirror, FTP mirror or local copy) as a resource."""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+
+from pipelines.acquire.retry import RetryPolicy
+from pipelines.acquire.source import PmcSource, open_source
+
+
+class PmcSourceResource(ConfigurableResource):
+    """``url`` picks transport and layout; ``rate_limit`` (requests/s) holds host-wide."""
+
+    url: str
+    rate_limit: float | None = None
+    concurrency: int = 4
+    timeout_s: float = 60.0
+    attempts: int = 5
+    backoff_base_s: float = 0.5
+
+    def open(self) -> PmcSource:
+        retry = RetryPolicy(attempts=self.attempts, base_delay=self.backoff_base_s)
+        return open_source(self.url, rate_limit=self.rate_limit, timeout=self.timeout_s, retry=retry)

@@ -1,0 +1,17 @@
+"""Resources per profile (``PANELFORGE_PROFILE``): demo, local and cluster differ only in defaults."""
+
+from __future__ import annotations
+
+from resources import settings
+from resources.lake import LakeResource
+from resources.pmc_source import PmcSourceResource
+
+
+def build_resources() -> dict:
+    settings.profile()  # validate early: a typo fails the code location load, not a run
+    return {
+        "lake": LakeResource(home=settings.lake_home()),
+        "pmc_source": PmcSourceResource(
+            url=settings.pmc_source_url(), rate_limit=settings.rate_limit(), concurrency=settings.concurrency()
+        ),
+    }

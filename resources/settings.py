@@ -1,0 +1,58 @@
+"""The configuration contract: environment variables and the resource profiles they select.
+
+========================  ==============================================  ======================
+variable                  meaning                                         default
+========================  ==============================================  ======================
+PANELFORGE_HOME           lake root, local path or fsspec URL             ./data
+PANELFORGE_PMC_SOURCE     s3://..., https://..., ftp://..., file://...    s3://pmc-oa-opendata
+PANELFORGE_RATE_LIMIT     requests/s against the source                   3 (ftp), 20 (cloud)
+PANELFORGE_PROFILE        demo, local or cluster                          local
+PANELFORGE_SHARDS         shards per release (fixed per deployment)       256 (demo: 4)
+PANELFORGE_CONCURRENCY    parallel transfers per download run             4 (cluster: 8)
+========================  ==============================================  ======================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipelines.partitioning import DEFAULT_SHARDS
+
+PROFILES = ("demo", "local", "cluster")
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DIR = REPO / ".demo"
+
+
+def profile() -> str:
+    value = os.environ.get("PANELFORGE_PROFILE", "local")
+    if value not in PROFILES:
+        raise ValueError(f"PANELFORGE_PROFILE must be one of {PROFILES}, got {value!r}")
+    return value
+
+
+def n_shards() -> int:
+    """Shards per release; changing it re-partitions everything, so set it once per lake."""
+    default = 4 if profile() == "demo" else DEFAULT_SHARDS
+    return int(os.environ.get("PANELFORGE_SHARDS", default))
+
+
+def lake_home() -> str:
+    return os.environ.get("PANELFORGE_HOME", "./data")
+
+
+def pmc_source_url() -> str:
+    if "PANELFORGE_PMC_SOURCE" in os.environ:
+        return os.environ["PANELFORGE_PMC_SOURCE"]
+    if profile() == "demo":  # the sample mirror that `make demo` builds, read from disk
+        return (DEMO_DIR / "mirror" / "cloud").as_uri()
+    return "s3://pmc-oa-opendata"
+
+
+def rate_limit() -> float | None:
+    value = os.environ.get("PANELFORGE_RATE_LIMIT")
+    return float(value) if value else None
+
+
+def concurrency() -> int:
+    return int(os.environ.get("PANELFORGE_CONCURRENCY", 8 if profile() == "cluster" else 4))
