@@ -30,7 +30,9 @@ class RateLimiter:
         if rate <= 0:
             raise ValueError(f"rate limit must be positive, got {rate}")
         self.rate = float(rate)
-        self.interval = 1.0 / self.rate
+        # Epoch floats near 1.8e9 s resolve ~2e-7 s: pad the spacing so rounding can never
+        # fit rate + 1 slots into a one-second window.
+        self.interval = 1.0 / self.rate + 1e-5
         state = Path(state_dir) if state_dir else _default_state_dir()
         state.mkdir(parents=True, exist_ok=True)
         name = hashlib.sha1(key.encode()).hexdigest()[:16]

@@ -50,11 +50,14 @@ def write_part(lake: Lake, release: str, shard: str, articles: list[tuple[dict, 
                 info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
                 with open(path, "rb") as fh:
                     tar.addfile(info, fh)
+                # tarfile sets offset_data only when reading; the data block ends where the
+                # archive's write position is now, padded to whole 512-byte records.
+                offset = tar.offset - -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                 md5, sha256 = _digests(path)
                 rows.append(
                     {
                         "pmcid": record["pmcid"], "version": record["version"], "name": name, "kind": kind,
-                        "tar_path": relative, "offset": info.offset_data, "size": info.size, "md5": md5, "sha256": sha256,
+                        "tar_path": relative, "offset": offset, "size": info.size, "md5": md5, "sha256": sha256,
                     }
                 )
     return rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ftplib
 import os
+import re
 import shutil
 import socket
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 import ftputil
 import ftputil.error
 import requests
+import urllib3
 from lxml import etree
 
 from pipelines.acquire.ratelimit import RateLimiter
@@ -165,10 +167,12 @@ class HttpTransport(Transport):
             received = 0
             try:
                 with open(partial, mode) as fh:
-                    for chunk in response.iter_content(CHUNK):
+                    # read1 returns whatever has arrived, so a dropped transfer keeps every byte
+                    # it received; raw (undecoded) bytes are what the md5 describes
+                    while chunk := response.raw.read1(CHUNK):
                         fh.write(chunk)
                         received += len(chunk)
-            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as exc:
                 raise TransientError(f"connection dropped after {received} bytes of {url}") from exc
             finally:
                 self._received(received)
@@ -208,6 +212,7 @@ class FtpTransport(Transport):
                 self.connect(host, port)
                 self.login(user, password)
                 self.set_pasv(True)
+                self.voidcmd("TYPE I")  # SIZE is refused in ASCII mode
 
         return Session
 
@@ -244,14 +249,16 @@ class FtpTransport(Transport):
         ftp = self._ftp()
         try:
             return fn(ftp)
-        except ftputil.error.PermanentError as exc:
-            if "550" in str(exc):
-                raise PermanentError(f"{what}: not found on server ({str(exc).splitlines()[0]})") from exc
-            raise PermanentError(f"{what}: {str(exc).splitlines()[0]}") from exc
-        except (ftputil.error.TemporaryError, ftputil.error.FTPOSError, ftputil.error.FTPIOError) as exc:
-            self._drop_connection()
-            raise TransientError(f"{what}: {str(exc).splitlines()[0]}") from exc
-        except (OSError, EOFError, socket.timeout, ftplib.Error) as exc:
+        except (ftputil.error.FTPError, ftplib.error_perm, ftplib.error_temp, ftplib.error_reply) as exc:
+            first_line = str(exc).splitlines()[0]
+            reply = re.search(r"\b([45]\d\d)\b", str(exc))
+            if reply and reply.group(1) == "550":
+                raise PermanentError(f"{what}: not found on server ({first_line})") from exc
+            if reply and reply.group(1).startswith("5"):
+                raise PermanentError(f"{what}: {first_line}") from exc
+            self._drop_connection()  # 4xx (421 closes the session), disconnects, timeouts
+            raise TransientError(f"{what}: {first_line}") from exc
+        except (OSError, EOFError, socket.timeout, ftplib.Error) as exc:  # disconnects, protocol breaks
             self._drop_connection()
             raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
@@ -274,7 +281,25 @@ class FtpTransport(Transport):
         return data
 
     def _download_once(self, path: str, partial: Path) -> None:
+        """RETR with REST from the partial file's size.
+
+        ftputil treats a 426 "transfer aborted" reply on close as normal (it is what early
+        closes produce), so a dropped transfer is detected by comparing against the size the
+        server lists, and resumed on the next attempt.
+        """
         offset = partial.stat().st_size if partial.exists() else 0
+
+        def size(ftp) -> int:
+            # One SIZE command (ftputil's getsize would LIST every parent directory).
+            self._request()
+            return ftp._session.size(self._path(path))  # noqa: SLF001 - ftputil exposes no SIZE
+
+        expected = self._guard(f"size {path}", size)
+        if offset == expected:
+            return
+        if offset > expected:  # the file changed on the server: start over
+            partial.unlink()
+            offset = 0
 
         def run(ftp):
             self._request()
@@ -286,6 +311,8 @@ class FtpTransport(Transport):
                         received += len(chunk)
             finally:
                 self._received(received)
+            if offset + received != expected:
+                raise TransientError(f"short transfer of {path}: {offset + received} of {expected} bytes")
 
         self._guard(f"download {path}", run)
 

@@ -37,11 +37,12 @@ class FaultPlan:
     log: list[tuple[float, str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record(self, method: str, path: str) -> Fault | None:
+    def record(self, method: str, path: str, faulty: bool = True) -> Fault | None:
         """Log a request, wait the configured latency, return the fault to apply (if any)."""
         with self._lock:
             self.log.append((time.time(), method, path))
-            fault = next((f for f in self.faults if f.hits < f.times and f.matches(path)), None)
+            candidates = self.faults if faulty else []
+            fault = next((f for f in candidates if f.hits < f.times and f.matches(path)), None)
             if fault is not None:
                 fault.hits += 1
         if self.latency:

@@ -24,9 +24,10 @@ from resources.loopback.faults import FaultPlan
 class _DroppingFile(io.BytesIO):
     """Reads like the file until ``cut`` bytes, then fails like a reset connection."""
 
-    def __init__(self, data: bytes, cut: int):
+    def __init__(self, data: bytes, cut: int, name: str):
         super().__init__(data)
         self.cut = cut
+        self.name = name  # pyftpdlib logs the file name when the transfer ends
 
     def read(self, size: int = -1) -> bytes:
         if self.tell() >= self.cut:
@@ -57,7 +58,9 @@ class FtpLoopbackServer:
             def pre_process_command(self, line, cmd, arg):
                 self._fault = None
                 if cmd in ("RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
-                    self._fault = plan.record(cmd, arg or "")
+                    # log the absolute virtual path: clients CWD first and then RETR a bare name
+                    path = self.fs.ftpnorm(arg) if arg else self.fs.cwd
+                    self._fault = plan.record(cmd, path, faulty=cmd == "RETR")
                 return super().pre_process_command(line, cmd, arg)
 
             def ftp_RETR(self, file):  # noqa: N802 - pyftpdlib API
@@ -70,7 +73,7 @@ class FtpLoopbackServer:
                 if fault is not None and fault.kind == "drop" and not resuming:
                     with open(file, "rb") as fh:
                         data = fh.read()
-                    fd = _DroppingFile(data, int(len(data) * fault.fraction))
+                    fd = _DroppingFile(data, int(len(data) * fault.fraction), file)
                     self.push_dtp_data(FileProducer(fd, self._current_type), isproducer=True, file=fd, cmd="RETR")
                     return file
                 return super().ftp_RETR(file)

@@ -55,7 +55,8 @@ class S3LoopbackServer:
                 parts = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
                 path = urllib.parse.unquote(parts.path)
-                fault = server.plan.record("GET", path + ("?" + parts.query if parts.query else ""))
+                method = "GET-RANGE" if self.headers.get("Range") else "GET"
+                fault = server.plan.record(method, path + ("?" + parts.query if parts.query else ""))
                 if fault and fault.kind == "status":
                     self._status(fault.status, fault.retry_after)
                     return

@@ -1,0 +1,66 @@
+"""Shared fixtures: the sample mirrors, loopback servers, an isolated lake and rate-limit state."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from pipelines.acquire.retry import RetryPolicy
+from pipelines.acquire.source import open_source
+from pipelines.lake import Lake
+from resources.loopback.faults import FaultPlan
+from resources.loopback.ftp_server import FtpLoopbackServer
+from resources.loopback.s3_server import S3LoopbackServer
+from resources.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, sample_rows
+
+FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_rate_state(tmp_path, monkeypatch):
+    """Each test gets its own rate-limit slot files, so tests never wait on each other."""
+    monkeypatch.setenv("PANELFORGE_RATE_DIR", str(tmp_path / "ratelimit"))
+
+
+@pytest.fixture(scope="session")
+def rows() -> list[dict]:
+    return sample_rows()
+
+
+@pytest.fixture
+def sample(rows) -> list[dict]:
+    """A private copy of the sample release rows that a test may edit."""
+    return copy.deepcopy(rows)
+
+
+@pytest.fixture(scope="session")
+def cloud_mirror(tmp_path_factory) -> Path:
+    return build_cloud_mirror(tmp_path_factory.mktemp("cloud"))
+
+
+@pytest.fixture(scope="session")
+def legacy_mirror(tmp_path_factory) -> Path:
+    return build_legacy_mirror(tmp_path_factory.mktemp("legacy"))
+
+
+@pytest.fixture
+def lake(tmp_path) -> Lake:
+    return Lake(tmp_path / "lake")
+
+
+@pytest.fixture
+def s3_server(cloud_mirror):
+    with S3LoopbackServer(cloud_mirror, plan=FaultPlan()) as server:
+        yield server
+
+
+@pytest.fixture
+def ftp_server(legacy_mirror):
+    with FtpLoopbackServer(legacy_mirror, plan=FaultPlan()) as server:
+        yield server
+
+
+def source_for(url: str, rate: float = 200.0):
+    return open_source(url, rate_limit=rate, retry=FAST_RETRY)

@@ -1,0 +1,194 @@
+"""Acquisition over the real loopback servers: both sources, reruns, and every bad input."""
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+
+from pipelines.acquire.download import acquire_shard
+from pipelines.acquire.rawstore import read_raw_file
+from pipelines.partitioning import shard_of
+from resources.loopback.faults import Fault, FaultPlan
+from resources.loopback.ftp_server import FtpLoopbackServer
+from resources.loopback.s3_server import S3LoopbackServer
+from resources.loopback.sample_mirror import (
+    DELETE,
+    SAMPLE_DIR as SAMPLE,
+    build_cloud_mirror,
+    build_legacy_mirror,
+    package_path,
+)
+from tests.conftest import source_for
+from tests.helpers import N_SHARDS, files, manifest, run_release
+
+# By hand from `ls sample/articles/*`: 17 articles with 157 image files; 21 nXML-only articles.
+ARTICLES, IMAGES = 38, 157
+ELIFE_46472, PONE_0056489, BIORXIV_469032 = "PMC900000009", "PMC900000013", "PMC900000002"
+
+
+def _images(found: dict[str, dict]) -> dict[str, str]:
+    return {name: row["md5"] for name, row in found.items() if row["kind"] == "image"}
+
+
+def _check_sample_release(lake):
+    rows = manifest(lake, "2026")
+    assert len(rows) == ARTICLES and {r["status"] for r in rows.values()} == {"ok"}
+    found = files(lake, "2026")
+    assert sum(len(_images(f)) for f in found.values()) == IMAGES
+    assert all(sum(r["kind"] == "xml" for r in f.values()) == 1 for f in found.values())
+    assert sorted(_images(found[ELIFE_46472])) == [f"fig{i}.jpg" for i in range(1, 9)]
+    assert sorted(_images(found[PONE_0056489])) == sorted(
+        [f"pone.0056489.g00{i}.tif" for i in (1, 2, 3)] + [f"pone.0056489.{k}00{i}.PNG_M" for k in "gt" for i in (1, 2, 3)]
+    )
+    assert rows[PONE_0056489]["dropped"] == ["MANIFEST.xml"]
+    assert len(_images(found[BIORXIV_469032])) == 14  # extension-less JPEGs, recognised by magic bytes
+    assert _images(found["PMC7302504"]) == {}
+    return found
+
+
+def test_cloud_source_over_s3_server(lake, s3_server, cloud_mirror):
+    with source_for(s3_server.url) as source:
+        inventory, _ = run_release(lake, source, "2026")
+    assert inventory.counts["added"] == ARTICLES and inventory.problems == []
+    found = _check_sample_release(lake)
+    # every byte in the raw tars is the byte the server holds
+    fig = found[ELIFE_46472]["fig3.jpg"]
+    data = read_raw_file(lake, fig)
+    assert data == (cloud_mirror / f"{ELIFE_46472}.1" / "fig3.jpg").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == fig["sha256"]
+    meta = json.loads((cloud_mirror / "PMC7302504.1" / "PMC7302504.1.json").read_text())
+    assert found["PMC7302504"]["PMC7302504.1.xml"]["md5"] == meta["md5"]["PMC7302504.1.xml"]
+
+
+def test_ftp_source_gives_the_same_files(lake, ftp_server, tmp_path):
+    with source_for(ftp_server.url) as source:
+        inventory, results = run_release(lake, source, "2026")
+        ftp_requests = source.requests
+    assert inventory.counts["added"] == ARTICLES
+    found = _check_sample_release(lake)
+    # RETR: the file list and one package per article; one SIZE per package;
+    # logins: the listing thread + at most one per worker thread (4) of each shard
+    assert ftp_server.plan.count("RETR") == ARTICLES + 1
+    assert ftp_server.plan.count("SIZE") == ARTICLES and ftp_server.plan.count("LIST") == 0
+    assert ftp_requests <= 2 * ARTICLES + 1 + 1 + 4 * N_SHARDS
+    # the same articles through the cloud layout give identical images, byte for byte
+    other = type(lake)(tmp_path / "cloud-lake")
+    with S3LoopbackServer(build_cloud_mirror(tmp_path / "cloud")) as s3, source_for(s3.url) as source:
+        run_release(other, source, "2026")
+    cloud_found = files(other, "2026")
+    assert {p: _images(f) for p, f in found.items()} == {p: _images(f) for p, f in cloud_found.items()}
+
+
+def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake, s3_server):
+    with source_for(s3_server.url) as source:
+        inventory, _ = run_release(lake, source, "2026")
+        before = {
+            s: (open(lake.table_path("raw_manifest", "2026", s), "rb").read(), open(lake.table_path("raw_files", "2026", s), "rb").read())
+            for s in inventory.rows_by_shard
+        }
+        served = s3_server.plan.count()
+        for shard, rows in inventory.rows_by_shard.items():
+            result = acquire_shard(lake, source, "2026", shard, rows, None)
+            assert result.requests == 0 and result.new_tar is None
+            assert result.counts["already_done"] == len(rows)
+    assert s3_server.plan.count() == served
+    after = {
+        s: (open(lake.table_path("raw_manifest", "2026", s), "rb").read(), open(lake.table_path("raw_files", "2026", s), "rb").read())
+        for s in inventory.rows_by_shard
+    }
+    assert after == before
+
+
+def test_ftp_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_path):
+    """404, corrupt package, path traversal, 421 answers and a dropped transfer, in one release."""
+    pick = {r["pmcid"]: r for r in sample}
+    missing, corrupt, evil, busy, dropped = "PMC534114", "PMC1240052", "PMC1702562", "PMC2329613", ELIFE_46472
+    mirror = build_legacy_mirror(tmp_path / "legacy", rows=sample)
+    (mirror / package_path(missing)).unlink()
+    good = (mirror / package_path(corrupt)).read_bytes()
+    (mirror / package_path(corrupt)).write_bytes(good[: len(good) // 3])
+    with tarfile.open(mirror / package_path(evil), "w:gz") as tar:
+        info = tarfile.TarInfo(f"{evil}/../../../../tmp/owned.jpg")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    plan = FaultPlan(
+        faults=[
+            Fault(package_path(busy), status=421, times=2),
+            Fault(package_path(dropped), kind="drop", times=1, fraction=0.4),
+        ]
+    )
+    with FtpLoopbackServer(mirror, plan=plan) as server, source_for(server.url) as source:
+        run_release(lake, source, "2026")
+        rows = manifest(lake, "2026")
+        errors = {p: r["error"] for p, r in rows.items() if r["status"] == "error"}
+        assert set(errors) == {missing, corrupt, evil}
+        assert "not found on server" in errors[missing]
+        assert "corrupt or truncated package" in errors[corrupt]
+        assert "path traversal in package" in errors[evil]
+        assert rows[busy]["status"] == "ok" and rows[dropped]["status"] == "ok"
+        # the dropped transfer was resumed, not restarted, and is byte-identical to the mirror
+        retrs = [p for _, m, p in plan.log if m == "RETR" and p.endswith(f"{dropped}.tar.gz")]
+        assert len(retrs) == 2
+        found = files(lake, "2026")
+        assert read_raw_file(lake, found[dropped]["fig8.jpg"]) == (SAMPLE / "articles/elife-46472/fig8.jpg").read_bytes()
+        assert not list(tmp_path.rglob("owned.jpg")) and not os.path.exists("/tmp/owned.jpg")
+        assert sum(r["status"] == "ok" for r in rows.values()) == ARTICLES - 3
+
+        # fix the server, rerun: only the three failed articles are requested again
+        build_legacy_mirror(tmp_path / "legacy", rows=[pick[missing], pick[corrupt], pick[evil]])
+        before = plan.count("RETR")
+        run_release(lake, source, "2026")
+        assert plan.count("RETR") - before == 1 + 3  # the file list + the three packages
+    rows = manifest(lake, "2026")
+    assert {r["status"] for r in rows.values()} == {"ok"}
+
+
+def test_cloud_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_path):
+    no_xml_url, bad_md5, gone, throttled, flaky, dropped = (
+        "PMC534114", "PMC1240052", "PMC1702562", "PMC2329613", "PMC3166277", ELIFE_46472,
+    )
+    for row in sample:
+        if row["pmcid"] == "PMC3261204":
+            row["license"] = "Publisher's own terms"
+        if row["pmcid"] == "PMC3441633":
+            row["pmid"] = ""
+    mirror = build_cloud_mirror(
+        tmp_path / "cloud",
+        rows=sample,
+        metadata_overrides={no_xml_url: {"xml_url": DELETE}, bad_md5: {"md5": {f"{bad_md5}.1.xml": "0" * 32}}},
+    )
+    (mirror / f"{gone}.1" / f"{gone}.1.xml").unlink()
+    plan = FaultPlan(
+        faults=[
+            Fault(f"{throttled}.1/{throttled}.1.xml", status=429, retry_after=0, times=2),
+            Fault(f"{flaky}.1/{flaky}.1.xml", status=503, times=1),
+            Fault(f"{dropped}.1/fig8.jpg", kind="drop", times=1, fraction=0.5),
+        ]
+    )
+    with S3LoopbackServer(mirror, plan=plan) as server, source_for(server.url) as source:
+        inventory, _ = run_release(lake, source, "2026")
+    rows = manifest(lake, "2026")
+    errors = {p: r["error"] for p, r in rows.items() if r["status"] == "error"}
+    assert set(errors) == {no_xml_url, bad_md5, gone}
+    assert errors[no_xml_url] == "metadata JSON missing field 'xml_url'"
+    assert "md5 mismatch" in errors[bad_md5]
+    assert "HTTP 404" in errors[gone]
+    assert {rows[p]["status"] for p in (throttled, flaky, dropped)} == {"ok"}
+    ranged = [p for _, m, p in plan.log if m == "GET-RANGE" and p.endswith("fig8.jpg")]
+    assert len(ranged) == 1  # the dropped transfer resumed with a Range request
+    found = files(lake, "2026")
+    assert read_raw_file(lake, found[dropped]["fig8.jpg"]) == (mirror / f"{dropped}.1" / "fig8.jpg").read_bytes()
+    inv = {r["pmcid"]: r for rows_ in inventory.rows_by_shard.values() for r in rows_}
+    assert inv["PMC3261204"]["license_group"] == "other" and "unknown license string" in inv["PMC3261204"]["warning"]
+    assert rows["PMC3261204"]["status"] == "ok"
+    assert inv["PMC3441633"]["pmid"] is None and rows["PMC3441633"]["status"] == "ok"
+    assert sum(r["status"] == "ok" for r in rows.values()) == ARTICLES - 3
+
+
+def test_every_article_lands_in_its_hash_shard(lake, s3_server):
+    with source_for(s3_server.url) as source:
+        inventory, _ = run_release(lake, source, "2026")
+    assert sum(len(rows) for rows in inventory.rows_by_shard.values()) == ARTICLES
+    for shard, rows in inventory.rows_by_shard.items():
+        assert all(shard_of(r["pmcid"], N_SHARDS) == shard for r in rows)

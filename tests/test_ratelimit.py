@@ -1,0 +1,54 @@
+"""The limiter's slots, taken by several processes and threads at once, never exceed the rate."""
+
+import multiprocessing as mp
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pipelines.acquire.ratelimit import RateLimiter
+
+RATE = 10.0
+
+
+def _take(state_dir: str, n: int, queue) -> None:
+    limiter = RateLimiter(RATE, key="test-host", state_dir=state_dir)
+    with ThreadPoolExecutor(3) as pool:
+        slots = list(pool.map(lambda _: limiter.acquire(), range(n)))
+    queue.put(slots)
+
+
+def max_in_any_window(times: list[float], width: float = 1.0) -> int:
+    """The most events in any half-open window [t, t + width)."""
+    times = sorted(times)
+    best, start = 0, 0
+    for end, t in enumerate(times):
+        while times[start] <= t - width:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
+
+
+def test_slots_hold_across_processes_and_threads(tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_take, args=(str(tmp_path), 8, queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    slots = [s for _ in procs for s in queue.get(timeout=60)]
+    for p in procs:
+        p.join(timeout=60)
+    assert len(slots) == 24
+    ordered = sorted(slots)
+    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    assert min(gaps) >= 1 / RATE - 1e-6
+    assert max_in_any_window(slots) <= RATE
+
+
+def test_window_counter_counts_half_open_windows():
+    assert max_in_any_window([0.0, 0.5, 0.99, 1.0, 1.5]) == 3
+    assert max_in_any_window([0.0, 0.1, 0.2]) == 3
+
+
+def test_rate_must_be_positive(tmp_path):
+    with pytest.raises(ValueError):
+        RateLimiter(0, key="x", state_dir=tmp_path)
