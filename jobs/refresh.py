@@ -63,6 +63,6 @@ def release_shards_sensor(context: SensorEvaluationContext, asset_event: EventLo
     release = asset_event.dagster_event.partition
     for shard in shard_partitions.get_partition_keys():
         yield RunRequest(
-            run_key=f"download-{release}-{shard}-{asset_event.storage_id}",
+            run_key=f"download-{release}-{shard}-{asset_event.run_id}",
             partition_key=MultiPartitionKey({"release": release, "shard": shard}),
         )

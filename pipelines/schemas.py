@@ -24,6 +24,7 @@ INVENTORY = pa.schema(
         pa.field("source", pa.string()),
         pa.field("source_paths", pa.list_(pa.string())),
         pa.field("source_md5", pa.list_(pa.string())),
+        pa.field("source_etag", pa.string()),
         pa.field("change", pa.string()),
         pa.field("warning", pa.string()),
         pa.field("error", pa.string()),

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
+
+# The Dagster definitions read these at import: 4 shards keep the tests' partition counts small.
+os.environ["PANELFORGE_SHARDS"] = "4"
+os.environ.setdefault("PANELFORGE_PROFILE", "local")
 
 import pytest
 

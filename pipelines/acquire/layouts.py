@@ -34,7 +34,7 @@ from pipelines.acquire.retry import PermanentError
 from pipelines.acquire.transports import Transport
 
 PMCID = re.compile(r"^PMC\d{1,10}$")
-VERSION_PREFIX = re.compile(r"^(PMC\d{1,10})\.(\d{1,4})/$")
+ARTICLE_KEY = re.compile(r"^(PMC\d{1,10})\.(\d{1,4})/(.+)$")
 PACKAGE_PATH = re.compile(r"^oa_package/[0-9a-f]{2}/[0-9a-f]{2}/(PMC\d{1,10})\.tar\.gz$")
 LEGACY_COLUMNS = ["File", "Article Citation", "Accession ID", "Last Updated (YYYY-MM-DD HH:MM:SS)", "PMID", "License"]
 
@@ -56,6 +56,7 @@ class InventoryRecord:
     source: str
     source_paths: list[str]
     source_md5: list[str | None]
+    source_etag: str | None = None
     warning: str | None = None
     error: str | None = None
 
@@ -244,33 +245,43 @@ class CloudLayout:
     name = "cloud"
 
     def inventory(self, transport: Transport, previous: dict[str, dict]) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
-        """List version prefixes; read metadata JSON only for articles new or changed since ``previous``."""
+        """List every object with its ETag; read a metadata JSON only when it is new or its ETag
+        changed since ``previous``. A retraction or license fix rewrites the JSON without a new
+        version, so the ETag, not the version, decides what is re-read."""
         latest: dict[str, int] = {}
+        etags: dict[tuple[str, int], str] = {}
         problems: list[InventoryProblem] = []
-        for entry in transport.list(""):
-            match = VERSION_PREFIX.match(entry)
+        for key, etag in transport.walk():
+            match = ARTICLE_KEY.match(key)
             if not match:
-                if entry.startswith("PMC"):
-                    problems.append(InventoryProblem("listing", entry, "unrecognised article prefix"))
+                if key.startswith("PMC"):
+                    problems.append(InventoryProblem("listing", key, "unrecognised article prefix"))
                 continue
-            pmcid, version = match.group(1), int(match.group(2))
+            pmcid, version, name = match.group(1), int(match.group(2)), match.group(3)
             latest[pmcid] = max(version, latest.get(pmcid, 0))
+            if name == f"{pmcid}.{version}.json":
+                etags[(pmcid, version)] = etag
         records: list[InventoryRecord] = []
         for pmcid in sorted(latest):
             version = latest[pmcid]
+            etag = etags.get((pmcid, version))
             old = previous.get(pmcid)
-            if old is not None and old["version"] == version and not old["error"]:
+            if old is not None and etag and (old["version"], old["source_etag"]) == (version, etag) and not old["error"]:
                 records.append(InventoryRecord(**{k: old[k] for k in InventoryRecord.__dataclass_fields__}))
                 continue
             try:
+                if etag is None:
+                    raise ValueError(f"no metadata JSON {pmcid}.{version}.json under {pmcid}.{version}/")
                 data = transport.read_bytes(f"{pmcid}.{version}/{pmcid}.{version}.json")
-                records.append(parse_cloud_metadata(data, pmcid, version, source=transport.scheme))
+                record = parse_cloud_metadata(data, pmcid, version, source=transport.scheme)
+                record.source_etag = etag
+                records.append(record)
             except (PermanentError, ValueError) as exc:
                 records.append(
                     InventoryRecord(
                         pmcid=pmcid, version=version, pmid=None, doi=None, citation=None, license_raw=None,
                         license_code=None, license_group="other", retracted=False, last_updated=None,
-                        source=transport.scheme, source_paths=[], source_md5=[], error=str(exc),
+                        source=transport.scheme, source_paths=[], source_md5=[], source_etag=etag, error=str(exc),
                     )
                 )
         return records, problems

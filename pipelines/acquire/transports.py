@@ -57,6 +57,10 @@ class Transport(ABC):
     def list(self, directory: str) -> Iterator[str]:
         """Yield the names directly inside ``directory`` ("" is the root); sub-directories end with ``/``."""
 
+    def walk(self) -> Iterator[tuple[str, str]]:
+        """Yield ``(key, etag)`` for every object under the root (cloud layout only)."""
+        raise NotImplementedError(f"{self.scheme} sources serve the legacy layout, which is not walked")
+
     @abstractmethod
     def _read_once(self, path: str) -> bytes: ...
 
@@ -118,25 +122,37 @@ class HttpTransport(Transport):
     def _url(self, path: str) -> str:
         return f"{self.base_url}/{urllib.parse.quote(path.lstrip('/'))}"
 
-    def list(self, directory: str) -> Iterator[str]:
-        prefix = directory.strip("/") + "/" if directory.strip("/") else ""
+    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[tuple[etree._Element, str]]:
+        """ListObjectsV2 pages under ``prefix``, following continuation tokens."""
         token: str | None = None
         while True:
-            params = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
+            params = {"list-type": "2", "prefix": prefix}
+            if delimiter:
+                params["delimiter"] = delimiter
             if token:
                 params["continuation-token"] = token
             body = self.retry.call(
-                lambda p=dict(params): self._get(f"{self.base_url}/", params=p).content, f"list {prefix}"
+                lambda p=dict(params): self._get(f"{self.base_url}/", params=p).content, f"list {prefix!r}"
             )
             root = etree.fromstring(body, SAFE_XML)
             ns = S3_NS if root.tag.startswith(S3_NS) else ""
+            yield root, ns
+            if root.findtext(f"{ns}IsTruncated") != "true":
+                return
+            token = root.findtext(f"{ns}NextContinuationToken")
+
+    def list(self, directory: str) -> Iterator[str]:
+        prefix = directory.strip("/") + "/" if directory.strip("/") else ""
+        for root, ns in self._pages(prefix, "/"):
             for node in root.iter(f"{ns}CommonPrefixes"):
                 yield node.findtext(f"{ns}Prefix")[len(prefix) :]
             for node in root.iter(f"{ns}Contents"):
                 yield node.findtext(f"{ns}Key")[len(prefix) :]
-            if root.findtext(f"{ns}IsTruncated") != "true":
-                return
-            token = root.findtext(f"{ns}NextContinuationToken")
+
+    def walk(self) -> Iterator[tuple[str, str]]:
+        for root, ns in self._pages("", None):
+            for node in root.iter(f"{ns}Contents"):
+                yield node.findtext(f"{ns}Key"), (node.findtext(f"{ns}ETag") or "").strip('"')
 
     def _read_once(self, path: str) -> bytes:
         with self._get(self._url(path)) as response:
@@ -345,6 +361,15 @@ class LocalTransport(Transport):
         self._request()
         for entry in sorted(os.scandir(self._resolve(directory)), key=lambda e: e.name):
             yield entry.name + ("/" if entry.is_dir() else "")
+
+    def walk(self) -> Iterator[tuple[str, str]]:
+        self._request()
+        for base, dirs, names in os.walk(self.root):
+            dirs.sort()
+            for name in sorted(names):
+                stat = os.stat(os.path.join(base, name))
+                key = os.path.relpath(os.path.join(base, name), self.root).replace(os.sep, "/")
+                yield key, f"{stat.st_size}-{stat.st_mtime_ns}"
 
     def _read_once(self, path: str) -> bytes:
         self._request()

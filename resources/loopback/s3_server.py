@@ -7,6 +7,7 @@ max-keys and continuation tokens) answered with the real S3 XML namespace.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import urllib.parse
@@ -104,8 +105,12 @@ class S3LoopbackServer:
                     if is_prefix:
                         xml.append(f"<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>")
                     else:
-                        size = (server.root / name).stat().st_size
-                        xml.append(f"<Contents><Key>{escape(name)}</Key><Size>{size}</Size></Contents>")
+                        data = (server.root / name).read_bytes()
+                        etag = hashlib.md5(data, usedforsecurity=False).hexdigest()
+                        xml.append(
+                            f"<Contents><Key>{escape(name)}</Key><Size>{len(data)}</Size>"
+                            f"<ETag>&quot;{etag}&quot;</ETag></Contents>"
+                        )
                 xml.append("</ListBucketResult>")
                 body = "".join(xml).encode()
                 self.send_response(200)
