@@ -1,0 +1,145 @@
+"""The path a user takes in the UI: `dagster dev` (web server + daemon), GraphQL launches, the lake."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from pipelines.lake import Lake
+from resources.loopback.s3_server import S3LoopbackServer
+
+REPO = Path(__file__).resolve().parents[1]
+LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
+SHARDS = ["000", "001", "002", "003"]
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Graphql:
+    def __init__(self, base: str):
+        self.url = f"{base}/graphql"
+
+    def __call__(self, query: str, **variables) -> dict:
+        response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
+        response.raise_for_status()
+        body = response.json()
+        assert "errors" not in body, body
+        return body["data"]
+
+    def wait_run(self, run_id: str, timeout: float = 300) -> str:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status = self(
+                "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id
+            )["runOrError"]["status"]
+            if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                return status
+            time.sleep(1)
+        raise TimeoutError(f"run {run_id} did not finish")
+
+
+@pytest.fixture
+def dagster_dev(tmp_path, cloud_mirror):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
+    port = _free_port()
+    with S3LoopbackServer(cloud_mirror) as server:
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "PANELFORGE_HOME": str(tmp_path / "lake"),
+            "PANELFORGE_PMC_SOURCE": server.url,
+            "PANELFORGE_SHARDS": "4",
+            "PANELFORGE_RATE_LIMIT": "100",
+        }
+        dagster = Path(sys.executable).with_name("dagster")
+        log = open(tmp_path / "dagster_dev.log", "wb")
+        proc = subprocess.Popen(
+            [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 180
+            while True:
+                try:
+                    if requests.get(f"{base}/server_info", timeout=5).ok:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
+                assert time.time() < deadline, "dagster dev did not start"
+                time.sleep(1)
+            yield Graphql(base), Lake(tmp_path / "lake")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
+
+
+def test_sample_release_through_the_web_server(dagster_dev):
+    gql, lake = dagster_dev
+    added = gql(
+        """mutation($sel: RepositorySelector!, $key: String!) {
+             addDynamicPartition(repositorySelector: $sel, partitionsDefName: "releases", partitionKey: $key) {
+               __typename ... on PythonError { message } } }""",
+        sel=LOCATION, key="2026",
+    )["addDynamicPartition"]
+    assert added["__typename"] == "AddDynamicPartitionSuccess", added
+
+    launched = gql(
+        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+        params={
+            "selector": {**LOCATION, "jobName": "pmc_inventory_job"},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "2026"}]},
+        },
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    assert gql.wait_run(launched["run"]["runId"]) == "SUCCESS"
+
+    backfill = gql(
+        """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+             __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
+        params={
+            "partitionNames": [f"2026|{s}" for s in SHARDS],
+            "assetSelection": [{"path": ["pmc_raw_articles"]}],
+        },
+    )["launchPartitionBackfill"]
+    assert backfill["__typename"] == "LaunchBackfillSuccess", backfill
+    deadline = time.time() + 420
+    while time.time() < deadline:
+        status = gql(
+            """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+                 ... on PartitionBackfill { status } } }""",
+            id=backfill["backfillId"],
+        )["partitionBackfillOrError"]["status"]
+        if status not in ("REQUESTED", "CANCELING"):
+            break
+        time.sleep(2)
+    assert status in ("COMPLETED", "COMPLETED_SUCCESS"), status
+
+    manifest = lake.read_release("raw_manifest", "2026").to_pylist()
+    assert len(manifest) == 38 and {r["status"] for r in manifest} == {"ok"}
+    assert lake.read_release("raw_files", "2026").num_rows == 38 + 157
+    materialized = gql(
+        """query { assetOrError(assetKey: {path: ["pmc_raw_articles"]}) { ... on Asset {
+             assetMaterializations(limit: 10) { partition } } } }"""
+    )["assetOrError"]["assetMaterializations"]
+    assert sorted(m["partition"] for m in materialized) == [f"2026|{s}" for s in SHARDS]
