@@ -1,11 +1,11 @@
 """Acquisition assets: the release inventory and the raw articles of each (release, shard)."""
 
-
 from collections import Counter
 
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
@@ -13,7 +13,6 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     MultiToSingleDimensionPartitionMapping,
-    AssetCheckSpec,
     asset,
 )
 
@@ -37,7 +36,9 @@ POOL = "pmc_source"  # one concurrency pool for every asset that talks to the PM
     backfill_policy=BackfillPolicy.multi_run(1),
     description="The article list of a PMC-OA release, normalized, and its diff against the previous release.",
 )
-def pmc_inventory(context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource) -> MaterializeResult:
+def pmc_inventory(
+    context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource
+) -> MaterializeResult:
     release = context.partition_key
     lk = lake.lake()
     previous = previous_release(lk.releases("inventory"), release)
@@ -85,7 +86,9 @@ def pmc_inventory(context: AssetExecutionContext, lake: LakeResource, pmc_source
         )
     ],
 )
-def pmc_raw_articles(context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource) -> MaterializeResult:
+def pmc_raw_articles(
+    context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource
+) -> MaterializeResult:
     keys = context.partition_key.keys_by_dimension
     release, shard = keys["release"], keys["shard"]
     lk = lake.lake()

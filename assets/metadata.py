@@ -9,7 +9,8 @@ def preview(rows: list[dict], columns: list[str], limit: int = 10) -> MetadataVa
     """A Markdown table of the first ``limit`` rows, for the asset's page in the UI."""
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
     body = "".join(
-        "| " + " | ".join(str(row.get(c, "")).replace("|", "\\|")[:80] for c in columns) + " |\n" for row in rows[:limit]
+        "| " + " | ".join(str(row.get(c, "")).replace("|", "\\|")[:80] for c in columns) + " |\n"
+        for row in rows[:limit]
     )
     return MetadataValue.md(head + body if rows else "_no rows_")
 

@@ -79,7 +79,7 @@ def print_summary(lake, seconds: float) -> None:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
     con.close()
     print(
-        f"\nQuery it:   duckdb {lake.path('catalog.duckdb')} \"SELECT * FROM raw_manifest LIMIT 5\""
+        f'\nQuery it:   duckdb {lake.path("catalog.duckdb")} "SELECT * FROM raw_manifest LIMIT 5"'
         "\nOpen the UI: make ui   (then http://127.0.0.1:3000, runs are under Runs, assets under Assets)"
     )
 

@@ -1,6 +1,5 @@
 """The yearly PMC-OA refresh: a schedule opens the release, a sensor fans out its shards."""
 
-
 from datetime import datetime
 
 from dagster import (

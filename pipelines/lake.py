@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from pipelines.schemas import TABLES
 

@@ -14,10 +14,12 @@ from resources.loopback.ftp_server import FtpLoopbackServer
 from resources.loopback.s3_server import S3LoopbackServer
 from resources.loopback.sample_mirror import (
     DELETE,
-    SAMPLE_DIR as SAMPLE,
     build_cloud_mirror,
     build_legacy_mirror,
     package_path,
+)
+from resources.loopback.sample_mirror import (
+    SAMPLE_DIR as SAMPLE,
 )
 from tests.conftest import source_for
 from tests.helpers import N_SHARDS, files, manifest, run_release
@@ -39,7 +41,8 @@ def _check_sample_release(lake):
     assert all(sum(r["kind"] == "xml" for r in f.values()) == 1 for f in found.values())
     assert sorted(_images(found[ELIFE_46472])) == [f"fig{i}.jpg" for i in range(1, 9)]
     assert sorted(_images(found[PONE_0056489])) == sorted(
-        [f"pone.0056489.g00{i}.tif" for i in (1, 2, 3)] + [f"pone.0056489.{k}00{i}.PNG_M" for k in "gt" for i in (1, 2, 3)]
+        [f"pone.0056489.g00{i}.tif" for i in (1, 2, 3)]
+        + [f"pone.0056489.{k}00{i}.PNG_M" for k in "gt" for i in (1, 2, 3)]
     )
     assert rows[PONE_0056489]["dropped"] == ["MANIFEST.xml"]
     assert len(_images(found[BIORXIV_469032])) == 14  # extension-less JPEGs, recognised by magic bytes
@@ -84,7 +87,10 @@ def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake,
     with source_for(s3_server.url) as source:
         inventory, _ = run_release(lake, source, "2026")
         before = {
-            s: (open(lake.table_path("raw_manifest", "2026", s), "rb").read(), open(lake.table_path("raw_files", "2026", s), "rb").read())
+            s: (
+                open(lake.table_path("raw_manifest", "2026", s), "rb").read(),
+                open(lake.table_path("raw_files", "2026", s), "rb").read(),
+            )
             for s in inventory.rows_by_shard
         }
         served = s3_server.plan.count()
@@ -94,7 +100,10 @@ def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake,
             assert result.counts["already_done"] == len(rows)
     assert s3_server.plan.count() == served
     after = {
-        s: (open(lake.table_path("raw_manifest", "2026", s), "rb").read(), open(lake.table_path("raw_files", "2026", s), "rb").read())
+        s: (
+            open(lake.table_path("raw_manifest", "2026", s), "rb").read(),
+            open(lake.table_path("raw_files", "2026", s), "rb").read(),
+        )
         for s in inventory.rows_by_shard
     }
     assert after == before
@@ -131,7 +140,9 @@ def test_ftp_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_pa
         retrs = [p for _, m, p in plan.log if m == "RETR" and p.endswith(f"{dropped}.tar.gz")]
         assert len(retrs) == 2
         found = files(lake, "2026")
-        assert read_raw_file(lake, found[dropped]["fig8.jpg"]) == (SAMPLE / "articles/elife-46472/fig8.jpg").read_bytes()
+        assert (
+            read_raw_file(lake, found[dropped]["fig8.jpg"]) == (SAMPLE / "articles/elife-46472/fig8.jpg").read_bytes()
+        )
         assert not list(tmp_path.rglob("owned.jpg")) and not os.path.exists("/tmp/owned.jpg")
         assert sum(r["status"] == "ok" for r in rows.values()) == ARTICLES - 3
 
@@ -146,7 +157,12 @@ def test_ftp_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_pa
 
 def test_cloud_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_path):
     no_xml_url, bad_md5, gone, throttled, flaky, dropped = (
-        "PMC534114", "PMC1240052", "PMC1702562", "PMC2329613", "PMC3166277", ELIFE_46472,
+        "PMC534114",
+        "PMC1240052",
+        "PMC1702562",
+        "PMC2329613",
+        "PMC3166277",
+        ELIFE_46472,
     )
     for row in sample:
         if row["pmcid"] == "PMC3261204":

@@ -28,7 +28,11 @@ def test_dagster_definitions_validate_passes():
     dagster = Path(sys.executable).with_name("dagster")
     result = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PANELFORGE_PROFILE": "demo"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PANELFORGE_PROFILE": "demo"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "All code locations passed validation" in result.stderr + result.stdout
@@ -44,7 +48,11 @@ def test_profile_defaults(monkeypatch):
     for name in ("PANELFORGE_SHARDS", "PANELFORGE_PMC_SOURCE", "PANELFORGE_HOME", "PANELFORGE_CONCURRENCY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PANELFORGE_PROFILE", "local")
-    assert (settings.n_shards(), settings.pmc_source_url(), settings.lake_home()) == (256, "s3://pmc-oa-opendata", "./data")
+    assert (settings.n_shards(), settings.pmc_source_url(), settings.lake_home()) == (
+        256,
+        "s3://pmc-oa-opendata",
+        "./data",
+    )
     monkeypatch.setenv("PANELFORGE_PROFILE", "demo")
     assert settings.n_shards() == 4 and settings.pmc_source_url().startswith("file://")
     monkeypatch.setenv("PANELFORGE_PROFILE", "cluster")

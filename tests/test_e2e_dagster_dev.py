@@ -41,9 +41,9 @@ class Graphql:
     def wait_run(self, run_id: str, timeout: float = 300) -> str:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            status = self(
-                "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id
-            )["runOrError"]["status"]
+            status = self("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)[
+                "runOrError"
+            ]["status"]
             if status in ("SUCCESS", "FAILURE", "CANCELED"):
                 return status
             time.sleep(1)
@@ -69,7 +69,11 @@ def dagster_dev(tmp_path, cloud_mirror):
         log = open(tmp_path / "dagster_dev.log", "wb")
         proc = subprocess.Popen(
             [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         base = f"http://127.0.0.1:{port}"
         try:
@@ -99,7 +103,8 @@ def test_sample_release_through_the_web_server(dagster_dev):
         """mutation($sel: RepositorySelector!, $key: String!) {
              addDynamicPartition(repositorySelector: $sel, partitionsDefName: "releases", partitionKey: $key) {
                __typename ... on PythonError { message } } }""",
-        sel=LOCATION, key="2026",
+        sel=LOCATION,
+        key="2026",
     )["addDynamicPartition"]
     assert added["__typename"] == "AddDynamicPartitionSuccess", added
 

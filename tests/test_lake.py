@@ -15,8 +15,16 @@ from pipelines.lake import Lake
 from pipelines.schemas import TABLES
 
 ROW = {
-    "pmcid": "PMC1", "version": 1, "source": "ftp", "status": "ok", "error": None, "warning": None,
-    "n_files": 2, "bytes": 10, "dropped": [], "fetched_in_release": "2026",
+    "pmcid": "PMC1",
+    "version": 1,
+    "source": "ftp",
+    "status": "ok",
+    "error": None,
+    "warning": None,
+    "n_files": 2,
+    "bytes": 10,
+    "dropped": [],
+    "fetched_in_release": "2026",
 }
 
 

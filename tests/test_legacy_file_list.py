@@ -17,7 +17,11 @@ def test_real_excerpt_parses_completely():
     assert by_code == {"NO-CC CODE": 195, "CC BY": 60, "CC0": 15}  # `awk -F, '{print $NF}' | uniq -c`
     assert sum(r.pmid is None for r in records) == 70  # `awk -F, '$5==""'`
     first = records[0]
-    assert (first.pmcid, first.pmid, first.source_paths) == ("PMC13900", "11250746", ["oa_package/08/e0/PMC13900.tar.gz"])
+    assert (first.pmcid, first.pmid, first.source_paths) == (
+        "PMC13900",
+        "11250746",
+        ["oa_package/08/e0/PMC13900.tar.gz"],
+    )
     assert first.citation == "Breast Cancer Res. 2001 Nov 2; 3(1):55-60"
     assert first.last_updated.isoformat() == "2019-11-05T11:56:12+00:00"
     assert first.license_group == "other" and first.version is None and first.retracted is False

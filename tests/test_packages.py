@@ -8,7 +8,7 @@ import pytest
 
 from pipelines.acquire import packages
 from pipelines.acquire.files import classify, drop_gif_thumbnails, is_article_xml
-from pipelines.acquire.packages import UnsafePackage, extract_package
+from pipelines.acquire.packages import UnsafePackageError, extract_package
 from pipelines.acquire.retry import PermanentError
 from resources.loopback.sample_mirror import write_package
 
@@ -38,13 +38,25 @@ def test_keeps_xml_and_images_drops_the_rest(tmp_path):
         pkg,
         "PMC1",
         {
-            "a.nxml": XML, "a.pdf": b"%PDF-1.4", "fig1.jpg": JPEG, "fig1.gif": GIF, "fig2.gif": GIF,
-            "fig3": PNG, "movie.mp4": b"\0\0\0 ftyp", "table.PNG_M": PNG, "data.xlsx": b"PK", "MANIFEST.xml": b"<manifest/>",
+            "a.nxml": XML,
+            "a.pdf": b"%PDF-1.4",
+            "fig1.jpg": JPEG,
+            "fig1.gif": GIF,
+            "fig2.gif": GIF,
+            "fig3": PNG,
+            "movie.mp4": b"\0\0\0 ftyp",
+            "table.PNG_M": PNG,
+            "data.xlsx": b"PK",
+            "MANIFEST.xml": b"<manifest/>",
         },
     )
     kept, dropped = extract_package(pkg, tmp_path / "out")
     assert sorted(kept) == [
-        ("a.nxml", "xml"), ("fig1.jpg", "image"), ("fig2.gif", "image"), ("fig3", "image"), ("table.PNG_M", "image"),
+        ("a.nxml", "xml"),
+        ("fig1.jpg", "image"),
+        ("fig2.gif", "image"),
+        ("fig3", "image"),
+        ("table.PNG_M", "image"),
     ]
     assert sorted(dropped) == ["MANIFEST.xml", "a.pdf", "data.xlsx", "fig1.gif", "movie.mp4"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(n for n, _ in kept)
@@ -66,7 +78,7 @@ def test_keeps_xml_and_images_drops_the_rest(tmp_path):
 def test_unsafe_members_reject_the_package_and_write_nothing_outside(tmp_path, member, message):
     pkg = _raw_package(tmp_path / "PMC1.tar.gz", [_member("PMC1/a.nxml", size=len(XML)), member], {"PMC1/a.nxml": XML})
     target = tmp_path / "deep" / "out"
-    with pytest.raises(UnsafePackage, match=message):
+    with pytest.raises(UnsafePackageError, match=message):
         extract_package(pkg, target)
     assert list(target.iterdir()) == []  # the XML extracted before the bad member was removed again
     assert not (tmp_path / "evil.jpg").exists() and not (tmp_path / "deep" / "evil.jpg").exists()
@@ -76,11 +88,11 @@ def test_member_size_and_count_caps(tmp_path, monkeypatch):
     pkg = tmp_path / "PMC1.tar.gz"
     write_package(pkg, "PMC1", {"a.nxml": XML, "big.jpg": JPEG * 10})
     monkeypatch.setattr(packages, "MAX_MEMBER_BYTES", 100)
-    with pytest.raises(UnsafePackage, match="member too large"):
+    with pytest.raises(UnsafePackageError, match="member too large"):
         extract_package(pkg, tmp_path / "out")
     monkeypatch.setattr(packages, "MAX_MEMBER_BYTES", 1 << 30)
     monkeypatch.setattr(packages, "MAX_MEMBERS", 1)
-    with pytest.raises(UnsafePackage, match="more than 1 members"):
+    with pytest.raises(UnsafePackageError, match="more than 1 members"):
         extract_package(pkg, tmp_path / "out2")
 
 

@@ -39,7 +39,7 @@ def test_slots_hold_across_processes_and_threads(tmp_path):
         p.join(timeout=60)
     assert len(slots) == 24
     ordered = sorted(slots)
-    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    gaps = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
     assert min(gaps) >= 1 / RATE - 1e-6
     assert max_in_any_window(slots) <= RATE
 

@@ -1,6 +1,6 @@
 """Two releases through the Dagster assets (``materialize``): the diff, carry-over and metadata."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from dagster import (
@@ -11,7 +11,6 @@ from dagster import (
     materialize,
     partition_loading_context,
 )
-
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
 from jobs.definitions import defs
@@ -87,7 +86,10 @@ def test_inventory_diff_is_reported(two_releases):
     assert _metadata(inventory, "change_unchanged") == n - 4
     changes = {r["pmcid"]: r for r in two_releases["lake"].read_release("release_changes", "2026").to_pylist()}
     assert {p: c["change"] for p, c in changes.items()} == {
-        ADDED: "added", CHANGED: "changed", RETRACTED: "retracted", REMOVED: "removed",
+        ADDED: "added",
+        CHANGED: "changed",
+        RETRACTED: "retracted",
+        REMOVED: "removed",
     }
     assert (changes[CHANGED]["previous_version"], changes[CHANGED]["version"]) == (1, 2)
     assert changes[REMOVED]["reason"] == "no longer listed in the OA subset"
@@ -125,7 +127,11 @@ def test_carried_articles_point_at_the_previous_release(two_releases):
 def test_download_metadata_counts_requests(two_releases):
     _, shards = two_releases["second"]
     total = sum(_metadata(r, "source_requests") for r in shards.values())
-    plan_gets = sum(1 for _, m, p in two_releases["plan"].log if m.startswith("GET") and not p.endswith(".json") and "list-type" not in p)
+    plan_gets = sum(
+        1
+        for _, m, p in two_releases["plan"].log
+        if m.startswith("GET") and not p.endswith(".json") and "list-type" not in p
+    )
     assert total == plan_gets > 0
     checks = [e for r in shards.values() for e in r.get_asset_check_evaluations()]
     assert len(checks) == len(shards) and all(c.passed for c in checks)
@@ -133,9 +139,7 @@ def test_download_metadata_counts_requests(two_releases):
 
 def test_yearly_schedule_opens_the_release(two_releases):
     instance = two_releases["instance"]
-    context = build_schedule_context(
-        instance=instance, scheduled_execution_time=datetime(2027, 1, 2, 2, 0, tzinfo=timezone.utc)
-    )
+    context = build_schedule_context(instance=instance, scheduled_execution_time=datetime(2027, 1, 2, 2, 0, tzinfo=UTC))
     request = yearly_pmc_refresh(context)
     assert request.partition_key == "2027"
     assert instance.has_dynamic_partition(RELEASES, "2027")
@@ -147,4 +151,6 @@ def test_sensor_requests_every_shard_of_a_new_inventory(two_releases):
     with partition_loading_context(dynamic_partitions_store=instance):  # as the sensor daemon does
         requests = release_shards_sensor.evaluate_tick(context).run_requests
     # the latest inventory materialization is release 2026: one download run per shard
-    assert sorted(str(r.partition_key) for r in requests) == [f"2026|{s}" for s in shard_partitions.get_partition_keys()]
+    assert sorted(str(r.partition_key) for r in requests) == [
+        f"2026|{s}" for s in shard_partitions.get_partition_keys()
+    ]

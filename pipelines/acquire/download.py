@@ -53,8 +53,15 @@ def _by_pmcid(rows: list[dict]) -> dict[str, list[dict]]:
 
 def _manifest_row(record: dict, status: str, **extra) -> dict:
     row = {
-        "pmcid": record["pmcid"], "version": record["version"], "source": record["source"], "status": status,
-        "error": None, "warning": record.get("warning"), "n_files": 0, "bytes": 0, "dropped": [],
+        "pmcid": record["pmcid"],
+        "version": record["version"],
+        "source": record["source"],
+        "status": status,
+        "error": None,
+        "warning": record.get("warning"),
+        "n_files": 0,
+        "bytes": 0,
+        "dropped": [],
         "fetched_in_release": None,
     }
     row.update(extra)
@@ -98,8 +105,12 @@ def acquire_shard(
             continue
         prev = prev_manifest.get(pmcid)
         if record["change"] == "unchanged" and prev and prev["status"] in DONE:
-            manifest[pmcid] = {**prev, "status": "carried", "warning": record.get("warning"),
-                               "fetched_in_release": prev["fetched_in_release"] or previous_release}
+            manifest[pmcid] = {
+                **prev,
+                "status": "carried",
+                "warning": record.get("warning"),
+                "fetched_in_release": prev["fetched_in_release"] or previous_release,
+            }
             files[pmcid] = prev_files.get(pmcid, [])
             result.counts["carried"] += 1
             continue
@@ -141,8 +152,12 @@ def acquire_shard(
             pmcid = record["pmcid"]
             files[pmcid] = new_files.get(pmcid, [])
             manifest[pmcid] = _manifest_row(
-                record, "ok", n_files=len(files[pmcid]), bytes=sum(f["size"] for f in files[pmcid]),
-                dropped=staged.dropped, fetched_in_release=release,
+                record,
+                "ok",
+                n_files=len(files[pmcid]),
+                bytes=sum(f["size"] for f in files[pmcid]),
+                dropped=staged.dropped,
+                fetched_in_release=release,
             )
             result.counts["fetched"] += 1
 
@@ -150,7 +165,7 @@ def acquire_shard(
     result.files = sorted((f for p in sorted(files) for f in files[p]), key=lambda f: (f["pmcid"], f["name"]))
     lake.write_table("raw_files", release, shard, result.files)
     lake.write_table("raw_manifest", release, shard, result.manifest)
-    for record, staged in fetched:
+    for _, staged in fetched:
         shutil.rmtree(staged.directory, ignore_errors=True)
     result.requests = source.requests - requests_before
     result.bytes_fetched = source.bytes - bytes_before

@@ -17,7 +17,7 @@ import json
 import re
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.acquire.files import (
@@ -130,19 +130,25 @@ def parse_legacy_file_list(data: bytes, source: str = "ftp") -> tuple[list[Inven
         if not row or not any(c.strip() for c in row):
             continue
         if len(row) != len(columns):
-            problems.append(InventoryProblem(f"oa_file_list.csv:{line_no}", raw, f"expected {len(columns)} fields, got {len(row)}"))
+            problems.append(
+                InventoryProblem(f"oa_file_list.csv:{line_no}", raw, f"expected {len(columns)} fields, got {len(row)}")
+            )
             continue
-        fields = dict(zip(columns, (c.strip() for c in row)))
+        fields = dict(zip(columns, (c.strip() for c in row), strict=False))
         path, pmcid = fields["File"], fields["Accession ID"]
         match = PACKAGE_PATH.match(path)
         if not PMCID.match(pmcid):
             problems.append(InventoryProblem(f"oa_file_list.csv:{line_no}", raw, f"malformed accession id {pmcid!r}"))
             continue
         if not match or match.group(1) != pmcid:
-            problems.append(InventoryProblem(f"oa_file_list.csv:{line_no}", raw, f"package path {path!r} does not match {pmcid}"))
+            problems.append(
+                InventoryProblem(f"oa_file_list.csv:{line_no}", raw, f"package path {path!r} does not match {pmcid}")
+            )
             continue
         try:
-            updated = datetime.strptime(fields["Last Updated (YYYY-MM-DD HH:MM:SS)"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+            updated = datetime.strptime(fields["Last Updated (YYYY-MM-DD HH:MM:SS)"], "%Y-%m-%d %H:%M:%S").replace(
+                tzinfo=UTC
+            )
         except ValueError:
             problems.append(InventoryProblem(f"oa_file_list.csv:{line_no}", raw, "malformed Last Updated timestamp"))
             continue
@@ -151,9 +157,19 @@ def parse_legacy_file_list(data: bytes, source: str = "ftp") -> tuple[list[Inven
         retracted = fields.get("Retracted", "no").strip().lower() in ("yes", "y", "true", "1")
         records.append(
             InventoryRecord(
-                pmcid=pmcid, version=None, pmid=pmid, doi=None, citation=fields["Article Citation"] or None,
-                license_raw=lic["license_raw"], license_code=lic["license_code"], license_group=lic["license_group"],
-                retracted=retracted, last_updated=updated, source=source, source_paths=[path], source_md5=[None],
+                pmcid=pmcid,
+                version=None,
+                pmid=pmid,
+                doi=None,
+                citation=fields["Article Citation"] or None,
+                license_raw=lic["license_raw"],
+                license_code=lic["license_code"],
+                license_group=lic["license_group"],
+                retracted=retracted,
+                last_updated=updated,
+                source=source,
+                source_paths=[path],
+                source_md5=[None],
                 warning=_join_warnings(lic["warning"], pmid_warning),
             )
         )
@@ -165,7 +181,9 @@ class LegacyLayout:
 
     name = "legacy"
 
-    def inventory(self, transport: Transport, previous: dict[str, dict]) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
+    def inventory(
+        self, transport: Transport, previous: dict[str, dict]
+    ) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
         del previous  # the file list carries every field; nothing to reuse
         return parse_legacy_file_list(transport.read_bytes("oa_file_list.csv"), source=transport.scheme)
 
@@ -187,7 +205,14 @@ class LegacyLayout:
 
 
 # ---- cloud layout ---------------------------------------------------------------------------
-_CLOUD_FIELDS = {"pmcid": str, "version": int, "license_code": str, "is_retracted": bool, "xml_url": str, "media_urls": list}
+_CLOUD_FIELDS = {
+    "pmcid": str,
+    "version": int,
+    "license_code": str,
+    "is_retracted": bool,
+    "xml_url": str,
+    "media_urls": list,
+}
 
 
 def _key_from_url(url: str, prefix: str) -> str:
@@ -228,14 +253,24 @@ def parse_cloud_metadata(data: bytes, pmcid: str, version: int, source: str = "c
     except (AttributeError, ValueError) as exc:
         raise ValueError(f"metadata JSON field 'last_updated' is not an ISO timestamp: {updated!r}") from exc
     if last_updated is not None and last_updated.tzinfo is None:
-        last_updated = last_updated.replace(tzinfo=timezone.utc)
+        last_updated = last_updated.replace(tzinfo=UTC)
     pmid, pmid_warning = _pmid(meta.get("pmid"))
     lic = _license_fields(meta["license_code"])
     return InventoryRecord(
-        pmcid=pmcid, version=version, pmid=pmid, doi=meta.get("doi") or None, citation=meta.get("citation") or None,
-        license_raw=lic["license_raw"], license_code=lic["license_code"], license_group=lic["license_group"],
-        retracted=meta["is_retracted"], last_updated=last_updated, source=source, source_paths=paths,
-        source_md5=[md5s.get(p.rsplit("/", 1)[1]) for p in paths], warning=_join_warnings(lic["warning"], pmid_warning),
+        pmcid=pmcid,
+        version=version,
+        pmid=pmid,
+        doi=meta.get("doi") or None,
+        citation=meta.get("citation") or None,
+        license_raw=lic["license_raw"],
+        license_code=lic["license_code"],
+        license_group=lic["license_group"],
+        retracted=meta["is_retracted"],
+        last_updated=last_updated,
+        source=source,
+        source_paths=paths,
+        source_md5=[md5s.get(p.rsplit("/", 1)[1]) for p in paths],
+        warning=_join_warnings(lic["warning"], pmid_warning),
     )
 
 
@@ -244,7 +279,9 @@ class CloudLayout:
 
     name = "cloud"
 
-    def inventory(self, transport: Transport, previous: dict[str, dict]) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
+    def inventory(
+        self, transport: Transport, previous: dict[str, dict]
+    ) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
         """List every object with its ETag; read a metadata JSON only when it is new or its ETag
         changed since ``previous``. A retraction or license fix rewrites the JSON without a new
         version, so the ETag, not the version, decides what is re-read."""
@@ -266,7 +303,12 @@ class CloudLayout:
             version = latest[pmcid]
             etag = etags.get((pmcid, version))
             old = previous.get(pmcid)
-            if old is not None and etag and (old["version"], old["source_etag"]) == (version, etag) and not old["error"]:
+            if (
+                old is not None
+                and etag
+                and (old["version"], old["source_etag"]) == (version, etag)
+                and not old["error"]
+            ):
                 records.append(InventoryRecord(**{k: old[k] for k in InventoryRecord.__dataclass_fields__}))
                 continue
             try:
@@ -279,9 +321,21 @@ class CloudLayout:
             except (PermanentError, ValueError) as exc:
                 records.append(
                     InventoryRecord(
-                        pmcid=pmcid, version=version, pmid=None, doi=None, citation=None, license_raw=None,
-                        license_code=None, license_group="other", retracted=False, last_updated=None,
-                        source=transport.scheme, source_paths=[], source_md5=[], source_etag=etag, error=str(exc),
+                        pmcid=pmcid,
+                        version=version,
+                        pmid=None,
+                        doi=None,
+                        citation=None,
+                        license_raw=None,
+                        license_code=None,
+                        license_group="other",
+                        retracted=False,
+                        last_updated=None,
+                        source=transport.scheme,
+                        source_paths=[],
+                        source_md5=[],
+                        source_etag=etag,
+                        error=str(exc),
                     )
                 )
         return records, problems
@@ -290,7 +344,7 @@ class CloudLayout:
         target = staging / f"{record['pmcid']}.{record['version']}"
         target.mkdir(parents=True, exist_ok=True)
         xml_path, *media = record["source_paths"]
-        md5_of = dict(zip(record["source_paths"], record["source_md5"]))
+        md5_of = dict(zip(record["source_paths"], record["source_md5"], strict=False))
         article = StagedArticle(target)
         names = [p.rsplit("/", 1)[1] for p in media]
         _, thumbnails = drop_gif_thumbnails(n for n in names if extension(n) in (".jpg", ".jpeg", ".gif"))

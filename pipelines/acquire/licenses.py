@@ -15,7 +15,9 @@ NONCOMMERCIAL = ("CC BY-NC", "CC BY-NC-SA", "CC BY-NC-ND")
 OTHER = ("NO-CC CODE",)
 
 _URL = re.compile(r"creativecommons\.org/(?:licenses/(?P<kind>[a-z-]+)|publicdomain/(?P<pd>zero|mark))", re.I)
-_CODE = re.compile(r"^(?:CC[\s_-]*(?P<parts>BY(?:[\s_-]*(?:NC|SA|ND))*)|CC[\s_-]*0|CC[\s_-]*ZERO)(?:[\s_-]*\d(?:\.\d)?)?$", re.I)
+_CODE = re.compile(
+    r"^(?:CC[\s_-]*(?P<parts>BY(?:[\s_-]*(?:NC|SA|ND))*)|CC[\s_-]*0|CC[\s_-]*ZERO)(?:[\s_-]*\d(?:\.\d)?)?$", re.I
+)
 
 
 @dataclass(frozen=True)

@@ -20,29 +20,29 @@ MAX_MEMBER_BYTES = 1 << 30
 MAX_MEMBERS = 20_000
 
 
-class UnsafePackage(PermanentError):
+class UnsafePackageError(PermanentError):
     """The package holds a member that could escape the target or exhaust resources."""
 
 
 def _check_member(member: tarfile.TarInfo) -> None:
     name = member.name
     if name.startswith("/") or posixpath.isabs(name) or (len(name) > 1 and name[1] == ":"):
-        raise UnsafePackage(f"absolute path in package: {name!r}")
+        raise UnsafePackageError(f"absolute path in package: {name!r}")
     if ".." in posixpath.normpath(name).split("/") or ".." in name.split("/"):
-        raise UnsafePackage(f"path traversal in package: {name!r}")
+        raise UnsafePackageError(f"path traversal in package: {name!r}")
     if member.issym() or member.islnk():
-        raise UnsafePackage(f"link in package: {name!r} -> {member.linkname!r}")
+        raise UnsafePackageError(f"link in package: {name!r} -> {member.linkname!r}")
     if member.isdev() or member.isfifo():
-        raise UnsafePackage(f"device or fifo in package: {name!r}")
+        raise UnsafePackageError(f"device or fifo in package: {name!r}")
     if member.size > MAX_MEMBER_BYTES:
-        raise UnsafePackage(f"member too large: {name!r} ({member.size} bytes)")
+        raise UnsafePackageError(f"member too large: {name!r} ({member.size} bytes)")
 
 
 def extract_package(package: Path, target: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """Extract the article XML and figure images of ``package`` into ``target``.
 
     Returns ``(kept, dropped)`` where ``kept`` is a list of ``(file name, kind)``. Raises
-    :class:`UnsafePackage` for a dangerous member and :class:`PermanentError` for a truncated
+    :class:`UnsafePackageError` for a dangerous member and :class:`PermanentError` for a truncated
     or corrupt archive; in both cases nothing of the package is left in ``target``.
     """
     target.mkdir(parents=True, exist_ok=True)
@@ -55,12 +55,12 @@ def extract_package(package: Path, target: Path) -> tuple[list[tuple[str, str]],
             for member in tar:
                 count += 1
                 if count > MAX_MEMBERS:
-                    raise UnsafePackage(f"package has more than {MAX_MEMBERS} members")
+                    raise UnsafePackageError(f"package has more than {MAX_MEMBERS} members")
                 _check_member(member)
                 if member.isdir():
                     continue
                 if not member.isfile():
-                    raise UnsafePackage(f"unsupported member type in package: {member.name!r}")
+                    raise UnsafePackageError(f"unsupported member type in package: {member.name!r}")
                 name = posixpath.basename(member.name)
                 src = tar.extractfile(member)
                 head = src.read(4096)
@@ -69,7 +69,7 @@ def extract_package(package: Path, target: Path) -> tuple[list[tuple[str, str]],
                     dropped.append(name)
                     continue
                 if any(name == k for k, _ in kept):
-                    raise UnsafePackage(f"two members named {name!r} in package")
+                    raise UnsafePackageError(f"two members named {name!r} in package")
                 dest = target / name
                 with open(dest, "wb") as out:
                     written.append(dest)
@@ -83,7 +83,7 @@ def extract_package(package: Path, target: Path) -> tuple[list[tuple[str, str]],
         for path in written:
             path.unlink(missing_ok=True)
         raise PermanentError(f"corrupt or truncated package {package.name}: {type(exc).__name__}: {exc}") from exc
-    except UnsafePackage:
+    except UnsafePackageError:
         for path in written:
             path.unlink(missing_ok=True)
         raise

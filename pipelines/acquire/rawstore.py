@@ -56,8 +56,15 @@ def write_part(lake: Lake, release: str, shard: str, articles: list[tuple[dict, 
                 md5, sha256 = _digests(path)
                 rows.append(
                     {
-                        "pmcid": record["pmcid"], "version": record["version"], "name": name, "kind": kind,
-                        "tar_path": relative, "offset": offset, "size": info.size, "md5": md5, "sha256": sha256,
+                        "pmcid": record["pmcid"],
+                        "version": record["version"],
+                        "name": name,
+                        "kind": kind,
+                        "tar_path": relative,
+                        "offset": offset,
+                        "size": info.size,
+                        "md5": md5,
+                        "sha256": sha256,
                     }
                 )
     return rows

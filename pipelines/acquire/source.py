@@ -48,7 +48,9 @@ class PmcSource:
     def bytes(self) -> int:
         return self.transport.bytes
 
-    def inventory(self, previous: dict[str, dict] | None = None) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
+    def inventory(
+        self, previous: dict[str, dict] | None = None
+    ) -> tuple[list[InventoryRecord], list[InventoryProblem]]:
         return self.layout.inventory(self.transport, previous or {})
 
     def fetch(self, record: dict, staging: Path) -> StagedArticle:

@@ -11,7 +11,6 @@ import ftplib
 import os
 import re
 import shutil
-import socket
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -28,6 +27,8 @@ from pipelines.acquire.ratelimit import RateLimiter
 from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
 
 CHUNK = 1 << 16
+# FTP commands that count as requests against a mirror's limit: logins, transfers, listings.
+COUNTED_FTP_COMMANDS = frozenset({"USER", "RETR", "SIZE", "LIST", "NLST", "MLSD", "MLST", "MDTM", "STAT"})
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 SAFE_XML = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
 
@@ -80,7 +81,7 @@ class Transport(ABC):
         os.replace(partial, dest)
         return dest
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most transports hold no connection
         """Release connections."""
 
 
@@ -188,7 +189,11 @@ class HttpTransport(Transport):
                     while chunk := response.raw.read1(CHUNK):
                         fh.write(chunk)
                         received += len(chunk)
-            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, urllib3.exceptions.HTTPError) as exc:
+            except (
+                requests.ConnectionError,
+                requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.HTTPError,
+            ) as exc:
                 raise TransientError(f"connection dropped after {received} bytes of {url}") from exc
             finally:
                 self._received(received)
@@ -197,7 +202,12 @@ class HttpTransport(Transport):
 
 
 class FtpTransport(Transport):
-    """A legacy-layout FTP mirror through ``ftputil``; one connection per worker thread."""
+    """A legacy-layout FTP mirror through ``ftputil``, with a pool of logged-in connections.
+
+    ftputil opens a second (child) session for every file transfer; both logins go through the
+    rate limiter because the session factory itself takes a slot. Connections are borrowed
+    from a pool, so worker threads of successive shards reuse them instead of logging in again.
+    """
 
     scheme = "ftp"
 
@@ -215,14 +225,20 @@ class FtpTransport(Transport):
         super().__init__(limiter, retry)
         self.host, self.port, self.root = host, port, "/" + root.strip("/")
         self.user, self.password, self.timeout = user, password, timeout
-        self._local = threading.local()
-        self._all_hosts: list[ftputil.FTPHost] = []
-        self._hosts_lock = threading.Lock()
+        self._idle: list[ftputil.FTPHost] = []
+        self._pool_lock = threading.Lock()
 
     def _session_factory(self):
-        host, port, timeout = self.host, self.port, self.timeout
+        transport, host, port, timeout = self, self.host, self.port, self.timeout
 
         class Session(ftplib.FTP):
+            def putcmd(self, line: str) -> None:
+                # The slot is taken the moment a counted command goes on the wire, so the
+                # mirror sees the limit however ftputil interleaves CWD/PASV and child logins.
+                if line.split(" ", 1)[0].upper() in COUNTED_FTP_COMMANDS:
+                    transport._request()
+                super().putcmd(line)
+
             def __init__(self, _host, user, password):
                 super().__init__(timeout=timeout)
                 self.connect(host, port)
@@ -232,55 +248,60 @@ class FtpTransport(Transport):
 
         return Session
 
-    def _ftp(self) -> ftputil.FTPHost:
-        ftp = getattr(self._local, "host", None)
-        if ftp is None:
-            self._request()  # connect + login
-            try:
-                ftp = ftputil.FTPHost(self.host, self.user, self.password, session_factory=self._session_factory())
-            except (ftputil.error.FTPOSError, OSError, EOFError) as exc:
-                raise TransientError(f"cannot connect to ftp://{self.host}:{self.port}: {exc}") from exc
-            except ftputil.error.TemporaryError as exc:
-                raise TransientError(f"ftp login refused: {exc}") from exc
-            ftp.stat_cache.disable()
-            self._local.host = ftp
-            with self._hosts_lock:
-                self._all_hosts.append(ftp)
+    def _connect(self) -> ftputil.FTPHost:
+        try:
+            ftp = ftputil.FTPHost(self.host, self.user, self.password, session_factory=self._session_factory())
+        except (ftputil.error.FTPOSError, OSError, EOFError) as exc:
+            raise TransientError(f"cannot connect to ftp://{self.host}:{self.port}: {exc}") from exc
+        except ftputil.error.TemporaryError as exc:
+            raise TransientError(f"ftp login refused: {str(exc).splitlines()[0]}") from exc
+        except ftputil.error.PermanentError as exc:
+            raise PermanentError(f"ftp login failed: {str(exc).splitlines()[0]}") from exc
+        ftp.stat_cache.disable()
         return ftp
 
-    def _drop_connection(self) -> None:
-        ftp = getattr(self._local, "host", None)
-        self._local.host = None
-        if ftp is not None:
-            try:
-                ftp.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
-                pass
+    @staticmethod
+    def _close_quietly(ftp: ftputil.FTPHost) -> None:
+        try:
+            ftp.close()
+        except Exception:  # noqa: BLE001 - closing a connection that is already broken
+            pass
 
     def _path(self, path: str) -> str:
         return f"{self.root.rstrip('/')}/{path.lstrip('/')}"
 
     def _guard(self, what: str, fn):
-        """Run one FTP operation, mapping ftputil/socket errors to transient or permanent."""
-        ftp = self._ftp()
+        """Run one FTP operation on a pooled connection, mapping errors to transient or permanent.
+
+        A connection that failed in any way is closed, never returned to the pool.
+        """
+        with self._pool_lock:
+            ftp = self._idle.pop() if self._idle else None
+        ftp = ftp or self._connect()
+        healthy = False
         try:
-            return fn(ftp)
+            result = fn(ftp)
+            healthy = True
+            return result
         except (ftputil.error.FTPError, ftplib.error_perm, ftplib.error_temp, ftplib.error_reply) as exc:
             first_line = str(exc).splitlines()[0]
             reply = re.search(r"\b([45]\d\d)\b", str(exc))
-            if reply and reply.group(1) == "550":
-                raise PermanentError(f"{what}: not found on server ({first_line})") from exc
             if reply and reply.group(1).startswith("5"):
-                raise PermanentError(f"{what}: {first_line}") from exc
-            self._drop_connection()  # 4xx (421 closes the session), disconnects, timeouts
-            raise TransientError(f"{what}: {first_line}") from exc
-        except (OSError, EOFError, socket.timeout, ftplib.Error) as exc:  # disconnects, protocol breaks
-            self._drop_connection()
+                healthy = True  # the session is fine; the file is not
+                detail = "not found on server " if reply.group(1) == "550" else ""
+                raise PermanentError(f"{what}: {detail}({first_line})") from exc
+            raise TransientError(f"{what}: {first_line}") from exc  # 4xx (421 closes), disconnects
+        except (OSError, EOFError, ftplib.Error) as exc:  # disconnects, timeouts, protocol breaks
             raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if healthy:
+                with self._pool_lock:
+                    self._idle.append(ftp)
+            else:
+                self._close_quietly(ftp)
 
     def list(self, directory: str) -> Iterator[str]:
         def run(ftp):
-            self._request()
             base = self._path(directory)
             return [n + "/" if ftp.path.isdir(ftp.path.join(base, n)) else n for n in ftp.listdir(base)]
 
@@ -288,7 +309,6 @@ class FtpTransport(Transport):
 
     def _read_once(self, path: str) -> bytes:
         def run(ftp):
-            self._request()
             with ftp.open(self._path(path), "rb") as fh:
                 return fh.read()
 
@@ -307,7 +327,6 @@ class FtpTransport(Transport):
 
         def size(ftp) -> int:
             # One SIZE command (ftputil's getsize would LIST every parent directory).
-            self._request()
             return ftp._session.size(self._path(path))  # noqa: SLF001 - ftputil exposes no SIZE
 
         expected = self._guard(f"size {path}", size)
@@ -318,10 +337,12 @@ class FtpTransport(Transport):
             offset = 0
 
         def run(ftp):
-            self._request()
             received = 0
             try:
-                with ftp.open(self._path(path), "rb", rest=offset or None) as src, open(partial, "ab" if offset else "wb") as dst:
+                with (
+                    ftp.open(self._path(path), "rb", rest=offset or None) as src,
+                    open(partial, "ab" if offset else "wb") as dst,
+                ):
                     while chunk := src.read(CHUNK):
                         dst.write(chunk)
                         received += len(chunk)
@@ -333,13 +354,10 @@ class FtpTransport(Transport):
         self._guard(f"download {path}", run)
 
     def close(self) -> None:
-        with self._hosts_lock:
-            for ftp in self._all_hosts:
-                try:
-                    ftp.close()
-                except Exception:  # noqa: BLE001 - closing a dead connection
-                    pass
-            self._all_hosts.clear()
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        for ftp in idle:
+            self._close_quietly(ftp)
 
 
 class LocalTransport(Transport):

@@ -57,9 +57,12 @@ class FtpLoopbackServer:
         class Handler(FTPHandler):
             def pre_process_command(self, line, cmd, arg):
                 self._fault = None
-                if cmd in ("RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
+                if cmd in ("USER", "RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
                     # log the absolute virtual path: clients CWD first and then RETR a bare name
-                    path = self.fs.ftpnorm(arg) if arg else self.fs.cwd
+                    if cmd == "USER":  # a login: no file system before authentication
+                        path = ""
+                    else:
+                        path = self.fs.ftpnorm(arg) if arg else self.fs.cwd
                     self._fault = plan.record(cmd, path, faulty=cmd == "RETR")
                 return super().pre_process_command(line, cmd, arg)
 

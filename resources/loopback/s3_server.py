@@ -97,8 +97,12 @@ class S3LoopbackServer:
                 entries = [e for e in entries if e[0] > after]
                 page, truncated = entries[:max_keys], len(entries) > max_keys
                 xml = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{NS}">']
-                xml.append(f"<Name>{server.bucket}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>")
-                xml.append(f"<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+                xml.append(
+                    f"<Name>{server.bucket}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>"
+                )
+                xml.append(
+                    f"<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{'true' if truncated else 'false'}</IsTruncated>"
+                )
                 if truncated:
                     xml.append(f"<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>")
                 for name, is_prefix in page:

@@ -21,7 +21,13 @@ from pipelines.acquire.files import is_article_xml
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_DIR = REPO / "sample"
 LEGACY_HEADER = [
-    "File", "Article Citation", "Accession ID", "Last Updated (YYYY-MM-DD HH:MM:SS)", "PMID", "License", "Retracted",
+    "File",
+    "Article Citation",
+    "Accession ID",
+    "Last Updated (YYYY-MM-DD HH:MM:SS)",
+    "PMID",
+    "License",
+    "Retracted",
 ]
 
 
@@ -126,8 +132,15 @@ def build_legacy_mirror(
         path = package_path(pmcid)
         write_package(out / path, pmcid, files)
         writer.writerow(
-            [path, row["citation"], pmcid, row["last_updated"], row["pmid"], row["license"],
-             "yes" if row["retracted"] == "yes" else "no"]
+            [
+                path,
+                row["citation"],
+                pmcid,
+                row["last_updated"],
+                row["pmid"],
+                row["license"],
+                "yes" if row["retracted"] == "yes" else "no",
+            ]
         )
     text = listing.getvalue() + "".join(line + "\n" for line in extra_lines or [])
     (out / "oa_file_list.csv").write_text(text)

@@ -1,0 +1,158 @@
+"""Acquisition benchmark: rate-limit fidelity against a loopback FTP mirror with latency.
+
+Two processes x ``--concurrency`` threads download every shard of the sample release from a
+pyftpdlib server that adds ``--latency`` seconds to every command, sharing one host-wide
+limit. The server's own log of requests (logins, SIZE, RETR) is the measurement. Baseline
+in the same run: the configured limit itself (``achieved / limit``) and the same download
+with the limit lifted (what the mirror and the client could do unthrottled).
+
+    python -m benchmarks.acquisition [--rate 3] [--latency 0.05] [--concurrency 4]
+
+Writes ``benchmarks/results/acquisition.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from pipelines.acquire.download import acquire_shard
+from pipelines.acquire.inventory import build_inventory
+from pipelines.acquire.source import open_source
+from pipelines.lake import Lake
+from pipelines.partitioning import shard_keys
+from resources.loopback.faults import FaultPlan
+from resources.loopback.ftp_server import FtpLoopbackServer
+from resources.loopback.sample_mirror import build_legacy_mirror
+
+RESULTS = Path(__file__).parent / "results" / "acquisition.json"
+N_SHARDS = 8
+
+
+def _download(url: str, lake_root: str, shards: list[str], rate: float, concurrency: int, queue) -> None:
+    lake = Lake(lake_root)
+    with open_source(url, rate_limit=rate) as source:
+        fetched = 0
+        for shard in shards:
+            rows = lake.read_table("inventory", "bench", shard).to_pylist()
+            fetched += acquire_shard(lake, source, "bench", shard, rows, None, concurrency).counts["fetched"]
+        queue.put((source.requests, source.bytes, fetched, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+
+
+def densest_window(times: list[float], width: float = 1.0) -> tuple[int, int]:
+    """(count, first index) of the half-open window [t, t + width) holding the most events."""
+    times = sorted(times)
+    best, best_start, start = 0, 0, 0
+    for end, t in enumerate(times):
+        while times[start] <= t - width:
+            start += 1
+        if end - start + 1 > best:
+            best, best_start = end - start + 1, start
+    return best, best_start
+
+
+def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Path) -> dict:
+    """One full download of the mirror by two processes; returns the server-side measurements."""
+    os.environ["PANELFORGE_RATE_DIR"] = str(workdir / "ratelimit")
+    plan = FaultPlan(latency=latency)
+    lake = Lake(workdir / "lake")
+    with FtpLoopbackServer(mirror, plan=plan) as server:
+        with open_source(server.url, rate_limit=rate) as source:
+            inventory = build_inventory(source, [], None, N_SHARDS)
+        for shard in shard_keys(N_SHARDS):
+            lake.write_table("inventory", "bench", shard, inventory.rows_by_shard.get(shard, []))
+        plan.log.clear()
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        halves = [shard_keys(N_SHARDS)[0::2], shard_keys(N_SHARDS)[1::2]]
+        started = time.time()
+        procs = [
+            ctx.Process(target=_download, args=(server.url, str(lake.root), h, rate, concurrency, queue))
+            for h in halves
+        ]
+        for p in procs:
+            p.start()
+        reports = [queue.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join()
+        elapsed = time.time() - started
+        events = sorted(plan.log)
+        times = [t for t, _, _ in events]
+        # rerun: everything is complete and verified, so no request may reach the server
+        plan.log.clear()
+        with open_source(server.url, rate_limit=rate) as source:
+            for shard in shard_keys(N_SHARDS):
+                rows = lake.read_table("inventory", "bench", shard).to_pylist()
+                acquire_shard(lake, source, "bench", shard, rows, None, concurrency)
+        rerun_requests = len(plan.log)
+    client_requests = sum(r[0] for r in reports)
+    articles = sum(r[2] for r in reports)
+    span = max(times) - min(times)
+    return {
+        "configured_rate": rate,
+        "server_requests": len(times),
+        "client_counted_requests": client_requests,
+        "articles": articles,
+        "requests_per_article": round(len(times) / articles, 3),
+        "achieved_rate": round((len(times) - 1) / span, 3) if span else None,
+        "max_requests_in_any_1s_window": densest_window(times)[0],
+        "densest_window": [
+            f"+{t - times[densest_window(times)[1]]:.3f}s {m} {p}"
+            for t, m, p in events[densest_window(times)[1] : densest_window(times)[1] + densest_window(times)[0]]
+        ],
+        "megabytes": round(sum(r[1] for r in reports) / 1e6, 3),
+        "mb_per_s": round(sum(r[1] for r in reports) / 1e6 / elapsed, 3),
+        "elapsed_s": round(elapsed, 2),
+        "peak_rss_mb_per_process": round(max(r[3] for r in reports) / 1024, 1),
+        "rerun_requests": rerun_requests,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=3.0)
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--concurrency", type=int, default=4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mirror = build_legacy_mirror(Path(tmp) / "mirror")
+        limited = run(mirror, args.rate, args.latency, args.concurrency, Path(tmp) / "limited")
+        unlimited = run(mirror, 10_000.0, args.latency, args.concurrency, Path(tmp) / "unlimited")
+    result = {
+        "benchmark": "acquisition rate limit (loopback FTP, legacy layout, sample release)",
+        "setup": {
+            "processes": 2,
+            "threads_per_process": args.concurrency,
+            "latency_s_per_command": args.latency,
+            "shards": N_SHARDS,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "baseline": "the configured limit (ideal) and the same download with no limit",
+        "limited": limited,
+        "unlimited": unlimited,
+        "ratios": {
+            "achieved_over_limit": round(limited["achieved_rate"] / args.rate, 3),
+            "max_window_over_limit": round(limited["max_requests_in_any_1s_window"] / args.rate, 3),
+            "unlimited_rate_over_limit": round(unlimited["achieved_rate"] / args.rate, 2),
+        },
+        "passes": {
+            "never_over_limit": limited["max_requests_in_any_1s_window"] <= args.rate,
+            "at_least_90_percent": limited["achieved_rate"] >= 0.9 * args.rate,
+            "rerun_makes_zero_requests": limited["rerun_requests"] == 0 and unlimited["rerun_requests"] == 0,
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
