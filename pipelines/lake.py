@@ -83,7 +83,11 @@ class Lake:
         """Write one partition of ``table`` atomically, validated against its schema."""
         schema = TABLES[table]
         if not isinstance(data, pa.Table):
-            data = pa.Table.from_pylist(list(data), schema=schema)
+            rows, names = list(data), set(schema.names)
+            for row in rows:  # from_pylist would quietly fill a forgotten field with nulls
+                if row.keys() != names:
+                    raise ValueError(f"{table} row fields differ from the schema: {sorted(row.keys() ^ names)}")
+            data = pa.Table.from_pylist(rows, schema=schema)
         else:
             data = data.select(schema.names).cast(schema)
         dest = self.table_path(table, release, shard)

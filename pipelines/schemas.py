@@ -60,6 +60,8 @@ RAW_MANIFEST = pa.schema(
         pa.field("warning", pa.string()),
         pa.field("n_files", pa.int32()),
         pa.field("bytes", pa.int64()),
+        pa.field("files", pa.list_(pa.string())),
+        pa.field("md5", pa.list_(pa.string())),
         pa.field("dropped", pa.list_(pa.string())),
         pa.field("fetched_in_release", pa.string()),
     ]

@@ -6,6 +6,8 @@ import json
 import os
 import tarfile
 
+import pytest
+
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.partitioning import shard_of
@@ -111,7 +113,6 @@ def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake,
 
 def test_ftp_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_path):
     """404, corrupt package, path traversal, 421 answers and a dropped transfer, in one release."""
-    pick = {r["pmcid"]: r for r in sample}
     missing, corrupt, evil, busy, dropped = "PMC534114", "PMC1240052", "PMC1702562", "PMC2329613", ELIFE_46472
     mirror = build_legacy_mirror(tmp_path / "legacy", rows=sample)
     (mirror / package_path(missing)).unlink()
@@ -147,12 +148,22 @@ def test_ftp_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_pa
         assert sum(r["status"] == "ok" for r in rows.values()) == ARTICLES - 3
 
         # fix the server, rerun: only the three failed articles are requested again
-        build_legacy_mirror(tmp_path / "legacy", rows=[pick[missing], pick[corrupt], pick[evil]])
+        build_legacy_mirror(tmp_path / "legacy", rows=sample)  # restores the three packages
         before = plan.count("RETR")
         run_release(lake, source, "2026")
         assert plan.count("RETR") - before == 1 + 3  # the file list + the three packages
     rows = manifest(lake, "2026")
-    assert {r["status"] for r in rows.values()} == {"ok"}
+    assert len(rows) == ARTICLES and {r["status"] for r in rows.values()} == {"ok"}
+    # after the repair the release equals a clean run's, article for article and byte for byte
+    clean = type(lake)(tmp_path / "clean")
+    with FtpLoopbackServer(build_legacy_mirror(tmp_path / "pristine", rows=sample)) as server:
+        with source_for(server.url) as source:
+            run_release(clean, source, "2026")
+    assert rows == manifest(clean, "2026")
+    content = ("pmcid", "version", "name", "kind", "size", "md5", "sha256")
+    assert {p: {n: tuple(f[k] for k in content) for n, f in fs.items()} for p, fs in files(lake, "2026").items()} == {
+        p: {n: tuple(f[k] for k in content) for n, f in fs.items()} for p, fs in files(clean, "2026").items()
+    }
 
 
 def test_cloud_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_path):
@@ -200,6 +211,16 @@ def test_cloud_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_
     assert rows["PMC3261204"]["status"] == "ok"
     assert inv["PMC3441633"]["pmid"] is None and rows["PMC3441633"]["status"] == "ok"
     assert sum(r["status"] == "ok" for r in rows.values()) == ARTICLES - 3
+
+
+@pytest.mark.parametrize("layout", ["cloud", "legacy"])
+def test_local_file_sources(lake, tmp_path, layout):
+    builder = build_cloud_mirror if layout == "cloud" else build_legacy_mirror
+    mirror = builder(tmp_path / layout)
+    with source_for(mirror.as_uri()) as source:
+        assert source.layout.name == layout
+        run_release(lake, source, "2026")
+    _check_sample_release(lake)
 
 
 def test_every_article_lands_in_its_hash_shard(lake, s3_server):

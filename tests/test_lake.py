@@ -23,6 +23,8 @@ ROW = {
     "warning": None,
     "n_files": 2,
     "bytes": 10,
+    "files": ["a.xml", "b.jpg"],
+    "md5": ["0" * 32, "1" * 32],
     "dropped": [],
     "fetched_in_release": "2026",
 }
@@ -40,6 +42,8 @@ def test_write_and_read_back_with_the_table_schema(lake):
 def test_rows_that_break_the_schema_are_refused(lake):
     with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, TypeError)):
         lake.write_table("raw_manifest", "2026", "001", [{**ROW, "n_files": "many"}])
+    with pytest.raises(ValueError, match=r"fields differ from the schema: \['md5'\]"):
+        lake.write_table("raw_manifest", "2026", "001", [{k: v for k, v in ROW.items() if k != "md5"}])
     assert not os.path.exists(lake.table_path("raw_manifest", "2026", "001"))
 
 

@@ -61,6 +61,8 @@ def _manifest_row(record: dict, status: str, **extra) -> dict:
         "warning": record.get("warning"),
         "n_files": 0,
         "bytes": 0,
+        "files": [],
+        "md5": [],
         "dropped": [],
         "fetched_in_release": None,
     }
@@ -150,12 +152,14 @@ def acquire_shard(
         new_files = _by_pmcid(rows)
         for record, staged in fetched:
             pmcid = record["pmcid"]
-            files[pmcid] = new_files.get(pmcid, [])
+            files[pmcid] = sorted(new_files.get(pmcid, []), key=lambda f: f["name"])
             manifest[pmcid] = _manifest_row(
                 record,
                 "ok",
                 n_files=len(files[pmcid]),
                 bytes=sum(f["size"] for f in files[pmcid]),
+                files=[f["name"] for f in files[pmcid]],
+                md5=[f["md5"] for f in files[pmcid]],
                 dropped=staged.dropped,
                 fetched_in_release=release,
             )
