@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.inventory import build_inventory
+from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import open_source
 from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
@@ -44,18 +45,6 @@ def _download(url: str, lake_root: str, shards: list[str], rate: float, concurre
             rows = lake.read_table("inventory", "bench", shard).to_pylist()
             fetched += acquire_shard(lake, source, "bench", shard, rows, None, concurrency).counts["fetched"]
         queue.put((source.requests, source.bytes, fetched, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
-
-
-def densest_window(times: list[float], width: float = 1.0) -> tuple[int, int]:
-    """(count, first index) of the half-open window [t, t + width) holding the most events."""
-    times = sorted(times)
-    best, best_start, start = 0, 0, 0
-    for end, t in enumerate(times):
-        while times[start] <= t - width:
-            start += 1
-        if end - start + 1 > best:
-            best, best_start = end - start + 1, start
-    return best, best_start
 
 
 def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Path) -> dict:
@@ -85,6 +74,7 @@ def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Pa
         elapsed = time.time() - started
         events = sorted(plan.log)
         times = [t for t, _, _ in events]
+        densest, first = densest_window(times)
         # rerun: everything is complete and verified, so no request may reach the server
         plan.log.clear()
         with open_source(server.url, rate_limit=rate) as source:
@@ -102,11 +92,8 @@ def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Pa
         "articles": articles,
         "requests_per_article": round(len(times) / articles, 3),
         "achieved_rate": round((len(times) - 1) / span, 3) if span else None,
-        "max_requests_in_any_1s_window": densest_window(times)[0],
-        "densest_window": [
-            f"+{t - times[densest_window(times)[1]]:.3f}s {m} {p}"
-            for t, m, p in events[densest_window(times)[1] : densest_window(times)[1] + densest_window(times)[0]]
-        ],
+        "max_requests_in_any_1s_window": densest,
+        "densest_window": [f"+{t - times[first]:.3f}s {m} {p}" for t, m, p in events[first : first + densest]],
         "megabytes": round(sum(r[1] for r in reports) / 1e6, 3),
         "mb_per_s": round(sum(r[1] for r in reports) / 1e6 / elapsed, 3),
         "elapsed_s": round(elapsed, 2),

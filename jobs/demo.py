@@ -53,12 +53,19 @@ def main() -> int:
         if not instance.has_dynamic_partition(RELEASES, DEMO_RELEASE):
             instance.add_dynamic_partitions(RELEASES, [DEMO_RELEASE])
         resources = build_resources()
-        result = materialize([pmc_inventory], partition_key=DEMO_RELEASE, instance=instance, resources=resources)
+        quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+        result = materialize(
+            [pmc_inventory], partition_key=DEMO_RELEASE, instance=instance, resources=resources, run_config=quiet
+        )
         if not result.success:
             return 1
+        print(f"  materialized pmc_inventory[{DEMO_RELEASE}]")
         for shard in shard_partitions.get_partition_keys():
             key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
-            result = materialize([pmc_raw_articles], partition_key=key, instance=instance, resources=resources)
+            result = materialize(
+                [pmc_raw_articles], partition_key=key, instance=instance, resources=resources, run_config=quiet
+            )
+            print(f"  materialized pmc_raw_articles[{key}]")
             if not result.success:
                 return 1
     print_summary(resources["lake"].lake(), time.time() - started)
@@ -78,10 +85,10 @@ def print_summary(lake, seconds: float) -> None:
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
     con.close()
-    print(
-        f'\nQuery it:   duckdb {lake.path("catalog.duckdb")} "SELECT * FROM raw_manifest LIMIT 5"'
-        "\nOpen the UI: make ui   (then http://127.0.0.1:3000, runs are under Runs, assets under Assets)"
-    )
+    duckdb_cli = os.path.relpath(os.path.join(sys.prefix, "bin", "duckdb"))
+    catalog = os.path.relpath(lake.path("catalog.duckdb"))
+    print(f'\nQuery it:    {duckdb_cli} {catalog} "SELECT status, count(*) FROM raw_manifest GROUP BY ALL"')
+    print("Open the UI: make ui   (then http://127.0.0.1:3000: Assets for the graph, Runs for what ran)")
 
 
 if __name__ == "__main__":

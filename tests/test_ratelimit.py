@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipelines.acquire.ratelimit import RateLimiter
+from pipelines.acquire.ratelimit import RateLimiter, densest_window
 
 RATE = 10.0
 
@@ -15,17 +15,6 @@ def _take(state_dir: str, n: int, queue) -> None:
     with ThreadPoolExecutor(3) as pool:
         slots = list(pool.map(lambda _: limiter.acquire(), range(n)))
     queue.put(slots)
-
-
-def max_in_any_window(times: list[float], width: float = 1.0) -> int:
-    """The most events in any half-open window [t, t + width)."""
-    times = sorted(times)
-    best, start = 0, 0
-    for end, t in enumerate(times):
-        while times[start] <= t - width:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 def test_slots_hold_across_processes_and_threads(tmp_path):
@@ -41,12 +30,13 @@ def test_slots_hold_across_processes_and_threads(tmp_path):
     ordered = sorted(slots)
     gaps = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
     assert min(gaps) >= 1 / RATE - 1e-6
-    assert max_in_any_window(slots) <= RATE
+    assert densest_window(slots)[0] <= RATE
 
 
 def test_window_counter_counts_half_open_windows():
-    assert max_in_any_window([0.0, 0.5, 0.99, 1.0, 1.5]) == 3
-    assert max_in_any_window([0.0, 0.1, 0.2]) == 3
+    assert densest_window([0.0, 0.5, 0.99, 1.0, 1.5]) == (3, 0)  # [0, 1) holds 0, 0.5, 0.99
+    assert densest_window([0.0, 0.6, 0.7, 0.8, 1.65]) == (4, 0)  # [0, 1) holds four
+    assert densest_window([0.2, 0.0, 0.1]) == (3, 0)
 
 
 def test_rate_must_be_positive(tmp_path):

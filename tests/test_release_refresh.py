@@ -100,7 +100,7 @@ def test_only_new_and_changed_articles_are_fetched(two_releases):
     fetched_prefixes = {p.split("/")[2] for _, m, p in plan.log if m.startswith("GET") and p.count("/") >= 3}
     # article files were requested only under the new and the changed article's prefixes;
     # metadata JSON was read for those two and for the retraction
-    assert {p for p in fetched_prefixes} == {f"{ADDED}.1", f"{CHANGED}.2", f"{RETRACTED}.1"}
+    assert fetched_prefixes == {f"{ADDED}.1", f"{CHANGED}.2", f"{RETRACTED}.1"}
     json_reads = [p for _, _, p in plan.log if p.endswith(".json")]
     assert sorted(json_reads) == sorted(
         f"/pmc-oa-opendata/{p}/{p}.json" for p in (f"{ADDED}.1", f"{CHANGED}.2", f"{RETRACTED}.1")

@@ -63,6 +63,20 @@ class InventoryRecord:
     def row(self, change: str) -> dict:
         return {**self.__dict__, "change": change}
 
+    @classmethod
+    def normalized(cls, *, pmid: object, license: str | None, **fields) -> InventoryRecord:
+        """A record from a source's raw values; the PMID and license string are normalized here."""
+        pmid_value, pmid_warning = _pmid(pmid)
+        lic = normalize_license(license)
+        return cls(
+            pmid=pmid_value,
+            license_raw=license,
+            license_code=lic.code,
+            license_group=lic.group,
+            warning=_join_warnings(lic.warning, pmid_warning),
+            **fields,
+        )
+
 
 @dataclass
 class InventoryProblem:
@@ -92,11 +106,6 @@ class StagedArticle:
             return None
         data = json.loads(marker.read_text())
         return cls(directory, [tuple(f) for f in data["files"]], data["dropped"])
-
-
-def _license_fields(raw: str | None) -> dict:
-    lic = normalize_license(raw)
-    return {"license_raw": raw, "license_code": lic.code, "license_group": lic.group, "warning": lic.warning}
 
 
 def _pmid(value) -> tuple[str | None, str | None]:
@@ -152,25 +161,19 @@ def parse_legacy_file_list(data: bytes, source: str = "ftp") -> tuple[list[Inven
         except ValueError:
             problems.append(InventoryProblem(f"oa_file_list.csv:{line_no}", raw, "malformed Last Updated timestamp"))
             continue
-        pmid, pmid_warning = _pmid(fields["PMID"])
-        lic = _license_fields(fields["License"])
-        retracted = fields.get("Retracted", "no").strip().lower() in ("yes", "y", "true", "1")
         records.append(
-            InventoryRecord(
+            InventoryRecord.normalized(
+                pmid=fields["PMID"],
+                license=fields["License"],
                 pmcid=pmcid,
                 version=None,
-                pmid=pmid,
                 doi=None,
                 citation=fields["Article Citation"] or None,
-                license_raw=lic["license_raw"],
-                license_code=lic["license_code"],
-                license_group=lic["license_group"],
-                retracted=retracted,
+                retracted=fields.get("Retracted", "no").strip().lower() in ("yes", "y", "true", "1"),
                 last_updated=updated,
                 source=source,
                 source_paths=[path],
                 source_md5=[None],
-                warning=_join_warnings(lic["warning"], pmid_warning),
             )
         )
     return records, problems
@@ -254,23 +257,18 @@ def parse_cloud_metadata(data: bytes, pmcid: str, version: int, source: str = "c
         raise ValueError(f"metadata JSON field 'last_updated' is not an ISO timestamp: {updated!r}") from exc
     if last_updated is not None and last_updated.tzinfo is None:
         last_updated = last_updated.replace(tzinfo=UTC)
-    pmid, pmid_warning = _pmid(meta.get("pmid"))
-    lic = _license_fields(meta["license_code"])
-    return InventoryRecord(
+    return InventoryRecord.normalized(
+        pmid=meta.get("pmid"),
+        license=meta["license_code"],
         pmcid=pmcid,
         version=version,
-        pmid=pmid,
         doi=meta.get("doi") or None,
         citation=meta.get("citation") or None,
-        license_raw=lic["license_raw"],
-        license_code=lic["license_code"],
-        license_group=lic["license_group"],
         retracted=meta["is_retracted"],
         last_updated=last_updated,
         source=source,
         source_paths=paths,
         source_md5=[md5s.get(p.rsplit("/", 1)[1]) for p in paths],
-        warning=_join_warnings(lic["warning"], pmid_warning),
     )
 
 

@@ -62,3 +62,16 @@ class RateLimiter:
             time.sleep(delay)
         self.count += 1
         return slot
+
+
+def densest_window(times: list[float], width: float = 1.0) -> tuple[int, int]:
+    """Return (count, index of the first event) of the half-open window ``[t, t + width)`` that
+    holds the most of ``times`` (sorted): how tests and benchmarks check a request log."""
+    times = sorted(times)
+    best, best_start, start = 0, 0, 0
+    for end, t in enumerate(times):
+        while times[start] <= t - width:
+            start += 1
+        if end - start + 1 > best:
+            best, best_start = end - start + 1, start
+    return best, best_start
