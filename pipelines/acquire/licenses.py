@@ -40,6 +40,8 @@ def normalize_license(raw: str | None) -> License:
         return License(None, "other", "no license string")
     if text.upper().replace("_", "-") in ("NO-CC CODE", "NO-CC-CODE", "NONE"):
         return License("NO-CC CODE", "other")
+    if text.upper() in ("PDM", "PUBLIC DOMAIN"):
+        return License("PDM", "other")
     url = _URL.search(text)
     if url:
         if url.group("pd") == "zero":

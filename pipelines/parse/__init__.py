@@ -1,0 +1,1 @@
+"""nXML parsing: plain functions over article XML (no Dagster, no network)."""

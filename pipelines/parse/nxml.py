@@ -1,0 +1,522 @@
+"""Parse one PMC nXML / JATS article into typed records: article, figures, mentions, other graphics.
+
+A pure function over bytes: no Dagster, no network. The parser is hardened: no DTD loading, no
+network, no entity expansion, and a document that declares entities (the XXE and "billion
+laughs" attacks) is refused before parsing.
+
+Choices (documented in the README):
+
+* A figure is a ``<fig>``, including a ``<fig specific-use="child-fig">`` inside a
+  ``<fig-group>`` and figures of ``<sub-article>`` (author responses). A child figure's caption
+  and graphics are its own, never its parent's.
+* Not figures, recorded in ``other_graphics`` instead: graphics of ``<table-wrap>`` (table
+  images), ``<disp-formula>``/``<inline-formula>`` and ``<inline-graphic>`` (equations and
+  symbols), ``<supplementary-material>``, and graphical abstracts.
+* Publication date: ``epub`` first, then ``ppub``, then ``collection`` (JATS 1.1+ spellings
+  ``date-type="pub"`` with ``publication-format="electronic"``/``"print"`` count the same);
+  precision is ``day``, ``month``, ``season`` or ``year``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lxml import etree
+
+from pipelines.acquire.licenses import normalize_license
+
+XLINK = "{http://www.w3.org/1999/xlink}href"
+XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+ENTITY_DECL = re.compile(rb"<!ENTITY", re.I)
+WEB_FORMATS = (".jpg", ".jpeg", ".png", ".gif")
+PRINT_FORMATS = (".tif", ".tiff", ".eps", ".pdf")
+RANGE_DASH = re.compile(r"^\s*[\u2013\u2014\u2212-]\s*$|^\s*(?:to|through)\s*$")
+SEASONS = {"spring", "summer", "fall", "autumn", "winter"}
+
+
+class UnsafeXmlError(ValueError):
+    """The document declares entities (external or internal): refused, never expanded."""
+
+
+class XmlParseError(ValueError):
+    """The document is not a well-formed JATS article (truncated, bad encoding, wrong root)."""
+
+
+_PARSER = etree.XMLParser(
+    resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False, huge_tree=False, recover=False
+)
+
+
+@dataclass
+class ParsedArticle:
+    article: dict
+    figures: list[dict] = field(default_factory=list)
+    mentions: list[dict] = field(default_factory=list)
+    other_graphics: list[dict] = field(default_factory=list)
+
+
+# ---- small text helpers -----------------------------------------------------------------------
+def _local(tag) -> str:
+    return etree.QName(tag).localname if isinstance(tag, str) else ""
+
+
+def _text(node, skip: tuple[str, ...] = ()) -> str:
+    """Text of ``node`` with blocks separated by spaces and whitespace collapsed."""
+    if node is None:
+        return ""
+    parts: list[str] = []
+
+    def walk(el) -> None:
+        if _local(el.tag) in skip:
+            if el.tail:
+                parts.append(el.tail)
+            return
+        block = _local(el.tag) in ("p", "title", "label", "list-item", "td", "th", "break", "caption", "sec")
+        if block:
+            parts.append(" ")
+        if el.text:
+            parts.append(el.text)
+        for child in el:
+            walk(child)
+        if block:
+            parts.append(" ")
+        if el.tail and el is not node:
+            parts.append(el.tail)
+
+    walk(node)
+    return re.sub(r"\s+", " ", "".join(parts)).strip()
+
+
+def _first(node, path: str):
+    found = node.xpath(path)
+    return found[0] if found else None
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def load_xml(source: bytes | str | Path) -> etree._Element:
+    """Parse bytes or a file path with the hardened parser; return the ``<article>`` element."""
+    data = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+    prolog = data[: data.find(b"<article") if b"<article" in data[:65536] else 65536]
+    if ENTITY_DECL.search(prolog) or (b"<!DOCTYPE" in prolog and b"[" in prolog.split(b"<!DOCTYPE", 1)[1]):
+        raise UnsafeXmlError("document declares entities in an internal DTD subset; refused (XXE / entity expansion)")
+    try:
+        root = etree.fromstring(data, _PARSER)
+    except etree.XMLSyntaxError as exc:
+        raise XmlParseError(f"not well-formed XML: {exc}") from exc
+    if _local(root.tag) == "pmc-articleset":
+        articles = [el for el in root if _local(el.tag) == "article"]
+        if not articles:
+            raise XmlParseError("pmc-articleset holds no <article>")
+        root = articles[0]
+    if _local(root.tag) != "article":
+        raise XmlParseError(f"unknown root element <{_local(root.tag)}>; expected <article> or <pmc-articleset>")
+    _strip_namespaces(root)
+    return root
+
+
+def _strip_namespaces(root) -> None:
+    """JATS has no default namespace, but some producers add one (and hwp:/ali: prefixes);
+    element names are compared by local name everywhere, attributes keep their namespaces."""
+    for el in root.iter():
+        if isinstance(el.tag, str) and el.tag.startswith("{"):
+            el.tag = etree.QName(el).localname
+    etree.cleanup_namespaces(root)
+
+
+# ---- article metadata -------------------------------------------------------------------------
+def _article_ids(meta) -> dict[str, str]:
+    ids: dict[str, str] = {}
+    for node in meta.xpath("article-id"):
+        kind = node.get("pub-id-type") or ""
+        if kind and kind not in ids and (node.text or "").strip():
+            ids[kind] = node.text.strip()
+    return ids
+
+
+def _pub_date(meta) -> tuple[str | None, str | None, str | None]:
+    """(ISO date, precision, which date) by the epub > ppub > collection precedence."""
+    candidates: dict[str, object] = {}
+    for node in meta.xpath("pub-date"):
+        kind = node.get("pub-type") or node.get("date-type") or ""
+        fmt = node.get("publication-format") or ""
+        if kind == "pub" and fmt == "electronic" or kind == "epub":
+            kind = "epub"
+        elif kind == "pub" and fmt == "print" or kind == "ppub":
+            kind = "ppub"
+        elif kind not in ("collection", "epub-ppub"):
+            continue
+        if node.findtext("year"):
+            candidates.setdefault("collection" if kind == "epub-ppub" else kind, node)
+    for kind in ("epub", "ppub", "collection"):
+        node = candidates.get(kind)
+        if node is None:
+            continue
+        year = node.findtext("year").strip()
+        month, day = (node.findtext("month") or "").strip(), (node.findtext("day") or "").strip()
+        season = "" if month.isdigit() else (node.findtext("season") or month).strip()
+        month = month if month.isdigit() else ""
+        if month and day.isdigit():
+            return f"{int(year):04d}-{int(month):02d}-{int(day):02d}", "day", kind
+        if month:
+            return f"{int(year):04d}-{int(month):02d}", "month", kind
+        if season:
+            return f"{int(year):04d}", "season", kind
+        return f"{int(year):04d}", "year", kind
+    return None, None, None
+
+
+def _license(meta) -> dict:
+    lic = _first(meta, "permissions/license | license")  # NLM 2.x has no <permissions>
+    url = None
+    if lic is not None:
+        url = lic.get(XLINK) or _first(lic, "string(.//*[local-name()='license_ref'])") or None
+        url = url.strip() if isinstance(url, str) and url.strip() else None
+    ref = _first(meta, "string(permissions//*[local-name()='license_ref'])")
+    url = url or (ref.strip() if ref else None)
+    text = _text(lic) if lic is not None else ""
+    # older articles state the licence only in prose, sometimes in <copyright-statement>
+    prose = " ".join(_text(n) for n in meta.xpath("permissions | copyright-statement | license"))
+    kind = lic.get("license-type") if lic is not None else None
+    normalized = normalize_license(url or _license_from_text(prose) or kind)
+    return {
+        "license_url": url,
+        "license_code": normalized.code,
+        "license_group": normalized.group,
+        "license_text": text or prose or None,
+    }
+
+
+def _license_from_text(text: str) -> str | None:
+    """PLOS and others state the licence only in prose ("Creative Commons Attribution License")."""
+    lowered = text.lower()
+    if "public domain" in lowered and "cc0" not in lowered and "dedication" not in lowered:
+        return "PDM"
+    if "creative commons" not in lowered and "cc by" not in lowered and "cc0" not in lowered:
+        return None
+    if "cc0" in lowered or "public domain dedication" in lowered:
+        return "CC0"
+    if "attribution" in lowered or "cc by" in lowered:
+        parts = ["CC BY"]
+        parts += ["NC"] if "noncommercial" in lowered or "non-commercial" in lowered else []
+        parts += ["ND"] if "noderivatives" in lowered or "no derivatives" in lowered else []
+        parts += ["SA"] if "sharealike" in lowered or "share alike" in lowered else []
+        return "-".join(parts)
+    return None
+
+
+def _citation(meta, journal: str | None, year: str | None) -> str | None:
+    volume, issue = meta.findtext("volume"), meta.findtext("issue")
+    fpage, lpage, eloc = meta.findtext("fpage"), meta.findtext("lpage"), meta.findtext("elocation-id")
+    parts = [journal or ""]
+    parts.append(f" {year}" if year else "")
+    if volume:
+        parts.append(f";{volume.strip()}" + (f"({issue.strip()})" if issue else ""))
+    if fpage:
+        parts.append(f":{fpage.strip()}" + (f"-{lpage.strip()}" if lpage else ""))
+    elif eloc:
+        parts.append(f":{eloc.strip()}")
+    citation = "".join(parts).strip()
+    return citation or None
+
+
+def _body_text(body) -> str:
+    """Plain text of the body: section titles and paragraphs on their own lines; figure and
+    table captions are left out (they live in the figures table)."""
+    if body is None:
+        return ""
+    lines: list[str] = []
+    for el in body.iter("title", "p"):
+        if any(
+            _local(a.tag) in ("fig", "table-wrap", "fig-group", "supplementary-material") for a in el.iterancestors()
+        ):
+            continue
+        if _local(el.tag) == "p" and any(_local(a.tag) == "p" for a in el.iterancestors()):
+            continue
+        text = _text(el, skip=("fig", "table-wrap", "fig-group", "supplementary-material"))
+        if text:
+            lines.append(text)
+    return "\n".join(lines)
+
+
+def _article_record(article, pmcid: str | None) -> dict:
+    front = article.find("front")
+    meta = front.find("article-meta") if front is not None else None
+    if meta is None:
+        raise XmlParseError("article has no <front>/<article-meta>")
+    ids = _article_ids(meta)
+    journal_meta = front.find("journal-meta")
+    journal = None
+    if journal_meta is not None:
+        journal = (
+            _first(journal_meta, "string(.//journal-title)")
+            or _first(journal_meta, "string(journal-id[@journal-id-type='nlm-ta'])")
+            or None
+        )
+        journal = re.sub(r"\s+", " ", journal).strip() if journal else None
+    date, precision, date_kind = _pub_date(meta)
+    abstract_nodes = [a for a in meta.xpath("abstract") if a.get("abstract-type") not in ("graphical", "teaser")]
+    keywords = [_text(k) for k in meta.xpath("kwd-group/kwd") if _text(k)]
+    subjects = [_text(s) for s in meta.xpath("article-categories//subject") if _text(s)]
+    body = article.find("body")
+    pmc = ids.get("pmc") or ids.get("pmcid") or ids.get("pmcaid")
+    pmc = f"PMC{pmc}" if pmc and pmc.isdigit() else pmc
+    return {
+        "pmcid": pmcid or pmc,
+        "pmid": ids.get("pmid"),
+        "doi": ids.get("doi"),
+        "title": _text(_first(meta, "title-group/article-title")) or None,
+        "abstract": "\n".join(_text(a) for a in abstract_nodes) or None,
+        "keywords": keywords,
+        "subjects": subjects,
+        "article_type": article.get("article-type"),
+        "journal": journal,
+        "pub_date": date,
+        "pub_date_precision": precision,
+        "pub_date_type": date_kind,
+        **_license(meta),
+        "citation": _citation(meta, journal, date[:4] if date else None),
+        "body_text": _body_text(body) or None,
+        "has_body": body is not None,
+        "ref_count": len(article.xpath("back/ref-list//ref")),
+        "language": article.get(XML_LANG) or "en",
+    }
+
+
+# ---- figures and graphics ---------------------------------------------------------------------
+def _href_stem(href: str) -> str:
+    """``info:doi/10.1371/journal.pone.0056489.g001`` -> ``pone.0056489.g001``;
+    ``https://host/a/b/x.jpg`` -> ``x.jpg``; ``fig1`` -> ``fig1``."""
+    href = href.strip()
+    if href.startswith("info:doi/"):
+        tail = href.rsplit("/", 1)[-1]
+        return tail.split("journal.", 1)[1] if "journal." in tail else tail
+    return posixpath.basename(href.split("?", 1)[0])
+
+
+def resolve_graphic(href: str, files: list[str]) -> tuple[str | None, list[str]]:
+    """Return (chosen image file, other renditions) for a graphic href among the package files.
+
+    Exact name first; then same stem with any extension (hrefs without extension, or ``.tif``
+    in the XML with a ``.jpg`` in the package); ``_HTML``/``_Print`` pairs and multiple
+    renditions prefer the web image (jpg, png, gif) and list the rest.
+    """
+    name = _href_stem(href)
+    if name in files:
+        candidates = [name]
+        stem = name
+    else:
+        stem = (
+            posixpath.splitext(name)[0] if posixpath.splitext(name)[1].lower() in WEB_FORMATS + PRINT_FORMATS else name
+        )
+        candidates = []
+    for f in files:
+        base = posixpath.splitext(f)[0]
+        if f not in candidates and (base == stem or base in (f"{stem}_HTML", f"{stem}_Print") or f == stem):
+            candidates.append(f)
+    if not candidates:
+        return None, []
+
+    def rank(f: str) -> tuple[int, int, str]:
+        ext = posixpath.splitext(f)[1].lower()
+        web = 0 if ext in WEB_FORMATS or ext == "" else (1 if ext not in PRINT_FORMATS else 2)
+        return (web, 0 if "_HTML" in f else (2 if "_Print" in f else 1), f)
+
+    ordered = sorted(candidates, key=rank)
+    return ordered[0], ordered[1:]
+
+
+def _graphics_of(fig) -> list:
+    """Graphics that belong to this figure itself, not to a child figure nested inside it."""
+    out = []
+    for g in fig.iter("graphic"):
+        owner = next((a for a in g.iterancestors() if _local(a.tag) in ("fig", "table-wrap")), None)
+        if owner is fig:
+            out.append(g)
+    return out
+
+
+def _caption(fig) -> tuple[str | None, str | None]:
+    caption = fig.find("caption")
+    if caption is None:
+        return None, None
+    title = _text(caption.find("title")) or None
+    # the caption without its title and without nested child figures
+    paragraphs = [_text(p, skip=("fig",)) for p in caption if _local(p.tag) != "title" and _local(p.tag) != "fig"]
+    text = " ".join(p for p in paragraphs if p) or None
+    return title, text
+
+
+def _context(el) -> str:
+    for a in el.iterancestors():
+        tag = _local(a.tag)
+        if tag == "table-wrap":
+            return "table-wrap"
+        if tag in ("disp-formula", "inline-formula"):
+            return tag
+        if tag == "supplementary-material":
+            return "supplementary-material"
+        if tag == "abstract" and a.get("abstract-type") == "graphical":
+            return "graphical-abstract"
+    return "inline-graphic" if _local(el.tag) == "inline-graphic" else "other"
+
+
+def _is_graphical_abstract(fig) -> bool:
+    return fig.get("fig-type") in ("graphical-abstract", "graphical abstract") or any(
+        _local(a.tag) == "abstract" and a.get("abstract-type") == "graphical" for a in fig.iterancestors()
+    )
+
+
+def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[dict], list[dict]]:
+    figures, other = [], []
+    fig_nodes = set()
+    for fig in article.iter("fig"):
+        if _is_graphical_abstract(fig):
+            continue
+        fig_nodes.add(fig)
+        parent = next((a for a in fig.iterancestors() if _local(a.tag) == "fig"), None)
+        group = next((a for a in fig.iterancestors() if _local(a.tag) == "fig-group"), None)
+        title, text = _caption(fig)
+        hrefs = [g.get(XLINK) for g in _graphics_of(fig) if g.get(XLINK)]
+        chosen, others, missing = [], [], []
+        # a graphic with specific-use="...web..."/thumbnail is another rendition of the main one
+        for href in hrefs:
+            if files is None:
+                continue
+            image, renditions = resolve_graphic(href, files)
+            if image is None:
+                missing.append(href)
+            else:
+                chosen.append(image)
+                others.extend(renditions)
+        flags = []
+        if not (title or text):
+            flags.append("empty caption")
+        if not hrefs:
+            flags.append("no graphic")
+        if missing:
+            flags.append("image missing from package: " + ", ".join(missing))
+        figures.append(
+            {
+                "pmcid": pmcid,
+                "fig_id": fig.get("id"),
+                "label": _text(fig.find("label")) or None,
+                "caption_title": title,
+                "caption_text": text,
+                "parent_fig_id": parent.get("id") if parent is not None else None,
+                "fig_group_id": group.get("id") if group is not None else None,
+                "is_child": fig.get("specific-use") == "child-fig" or parent is not None or group is not None,
+                "in_sub_article": any(_local(a.tag) == "sub-article" for a in fig.iterancestors()),
+                "graphic_hrefs": hrefs,
+                "image_files": chosen,
+                "other_renditions": sorted(set(others) - set(chosen)),
+                "flags": flags,
+            }
+        )
+    for el in article.iter("graphic", "inline-graphic"):
+        owner = next((a for a in el.iterancestors() if _local(a.tag) == "fig"), None)
+        if owner is not None and owner in fig_nodes:
+            continue
+        href = el.get(XLINK)
+        image = resolve_graphic(href, files)[0] if (href and files is not None) else None
+        other.append({"pmcid": pmcid, "context": _context(el), "element_id": el.get("id"), "href": href, "file": image})
+    return figures, other
+
+
+# ---- mentions ---------------------------------------------------------------------------------
+def _fig_refs(paragraph, order: dict[str, int], ids_in_order: list[str], label_to_id: dict[str, str]) -> list[str]:
+    """Figure ids a paragraph refers to: multi-id rids, ranges "Figs 2–4" written as two xrefs
+    around a dash, and a single xref whose own text is a range."""
+    xrefs = [x for x in paragraph.iter("xref") if x.get("ref-type") == "fig"]
+    found: list[str] = []
+    for i, xref in enumerate(xrefs):
+        rids = [r for r in (xref.get("rid") or "").split() if r]
+        found.extend(rids)
+        if (
+            i + 1 < len(xrefs)
+            and xref.tail is not None
+            and RANGE_DASH.match(xref.tail)
+            and xref.getnext() is xrefs[i + 1]
+        ):
+            start, end = rids[-1:] or [None], (xrefs[i + 1].get("rid") or "").split()[:1] or [None]
+            if start[0] in order and end[0] in order and order[start[0]] < order[end[0]]:
+                found.extend(ids_in_order[order[start[0]] + 1 : order[end[0]]])
+        match = re.search(r"(\d+)\s*[\u2013\u2014\u2212-]\s*(\d+)\s*$", xref.text or "")
+        if match and len(rids) == 1:
+            low, high = int(match.group(1)), int(match.group(2))
+            for number in range(low, high + 1):
+                fig_id = label_to_id.get(str(number))
+                if fig_id:
+                    found.append(fig_id)
+    return list(dict.fromkeys(found))
+
+
+def _marked_text(paragraph) -> str:
+    """Paragraph text with every figure xref kept as an inline marker ``[fig:ID]``."""
+    copy = etree.fromstring(etree.tostring(paragraph))
+    for xref in list(copy.iter("xref")):
+        if xref.get("ref-type") != "fig":
+            continue
+        marker = f"[{_text(xref)}](fig:{xref.get('rid')})"
+        tail = xref.tail or ""
+        parent = xref.getparent()
+        previous = xref.getprevious()
+        if previous is not None:
+            previous.tail = (previous.tail or "") + marker + tail
+        else:
+            parent.text = (parent.text or "") + marker + tail
+        parent.remove(xref)
+    return _text(copy, skip=("fig", "table-wrap"))
+
+
+def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
+    ids_in_order = [f["fig_id"] for f in figures if f["fig_id"]]
+    order = {fig_id: i for i, fig_id in enumerate(ids_in_order)}
+    label_to_id = {}
+    for f in figures:
+        number = re.search(r"(\d+)", f["label"] or "")
+        if number and not f["is_child"] and number.group(1) not in label_to_id:
+            label_to_id[number.group(1)] = f["fig_id"]
+    rows = []
+    paragraphs = [
+        p
+        for p in article.iter("p")
+        if not any(_local(a.tag) in ("fig", "caption", "table-wrap-foot") for a in p.iterancestors())
+        and not any(_local(d.tag) == "p" for d in p.iterdescendants())
+    ]
+    for index, p in enumerate(paragraphs):
+        refs = _fig_refs(p, order, ids_in_order, label_to_id)
+        if not refs:
+            continue
+        section = next((a for a in p.iterancestors() if _local(a.tag) == "sec"), None)
+        text = _marked_text(p)
+        for fig_id in refs:
+            rows.append(
+                {
+                    "pmcid": pmcid,
+                    "fig_id": fig_id,
+                    "paragraph_index": index,
+                    "section": _text(section.find("title")) if section is not None else None,
+                    "text": text,
+                    "fig_known": fig_id in order,
+                }
+            )
+    return rows
+
+
+def parse_article(
+    source: bytes | str | Path, pmcid: str | None = None, files: list[str] | None = None
+) -> ParsedArticle:
+    """Parse one article (bytes or a path) into its article, figure, mention and graphic rows.
+
+    ``files`` are the names of the article's image files; given, graphic hrefs are resolved to
+    them. ``pmcid`` overrides the id in the XML (publisher JATS has none). Raises
+    :class:`UnsafeXmlError` or :class:`XmlParseError` with a readable reason.
+    """
+    article = load_xml(source)
+    record = _article_record(article, pmcid)
+    figures, other = _figures(article, record["pmcid"], files)
+    record["n_figures"] = len(figures)
+    return ParsedArticle(record, figures, _mentions(article, record["pmcid"], figures), other)
