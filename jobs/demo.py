@@ -46,6 +46,7 @@ def main() -> int:
         from dagster import DagsterInstance, MultiPartitionKey, materialize
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
+        from assets.parsing import image_duplicates, parsed_articles
         from jobs.partitions import RELEASES, shard_partitions
         from resources.profiles import build_resources
 
@@ -63,11 +64,21 @@ def main() -> int:
         for shard in shard_partitions.get_partition_keys():
             key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
             result = materialize(
-                [pmc_raw_articles], partition_key=key, instance=instance, resources=resources, run_config=quiet
+                [pmc_raw_articles, parsed_articles],
+                partition_key=key,
+                instance=instance,
+                resources=resources,
+                run_config=quiet,
             )
-            print(f"  materialized pmc_raw_articles[{key}]")
+            print(f"  materialized pmc_raw_articles, parsed_articles [{key}]")
             if not result.success:
                 return 1
+        result = materialize(
+            [image_duplicates], partition_key=DEMO_RELEASE, instance=instance, resources=resources, run_config=quiet
+        )
+        print(f"  materialized image_duplicates[{DEMO_RELEASE}]")
+        if not result.success:
+            return 1
     print_summary(resources["lake"].lake(), time.time() - started)
     return 0
 
@@ -77,7 +88,7 @@ def print_summary(lake, seconds: float) -> None:
 
     con = duckdb.connect(lake.path("catalog.duckdb"), read_only=True)
     print(f"\nPanelForge demo finished in {seconds:.1f}s. Lake: {lake.url}")
-    for table in ("inventory", "raw_manifest", "raw_files"):
+    for table in ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "image_duplicates"):
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
         print(f"  {table:<14} {count:>6} rows")
     print("  articles by status:", dict(con.execute("SELECT status, count(*) FROM raw_manifest GROUP BY 1").fetchall()))

@@ -81,12 +81,106 @@ RAW_FILES = pa.schema(
     ]
 )
 
+_strings = pa.list_(pa.string())
+
+ARTICLES = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("pmid", pa.string()),
+        pa.field("doi", pa.string()),
+        pa.field("title", pa.string()),
+        pa.field("abstract", pa.string()),
+        pa.field("keywords", _strings),
+        pa.field("subjects", _strings),
+        pa.field("article_type", pa.string()),
+        pa.field("journal", pa.string()),
+        pa.field("pub_date", pa.string()),
+        pa.field("pub_date_precision", pa.string()),
+        pa.field("pub_date_type", pa.string()),
+        pa.field("license_url", pa.string()),
+        pa.field("license_code", pa.string()),
+        pa.field("license_group", pa.string()),
+        pa.field("license_text", pa.string()),
+        pa.field("citation", pa.string()),
+        pa.field("body_text", pa.string()),
+        pa.field("has_body", pa.bool_()),
+        pa.field("ref_count", pa.int32()),
+        pa.field("language", pa.string()),
+        pa.field("n_figures", pa.int32()),
+        pa.field("parse_status", pa.string(), nullable=False),
+        pa.field("parse_error", pa.string()),
+    ]
+)
+
+FIGURES = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("label", pa.string()),
+        pa.field("caption_title", pa.string()),
+        pa.field("caption_text", pa.string()),
+        pa.field("parent_fig_id", pa.string()),
+        pa.field("fig_group_id", pa.string()),
+        pa.field("is_child", pa.bool_()),
+        pa.field("in_sub_article", pa.bool_()),
+        pa.field("graphic_hrefs", _strings),
+        pa.field("image_files", _strings),
+        pa.field("other_renditions", _strings),
+        pa.field("flags", _strings),
+        # one entry per image file, aligned with image_files
+        pa.field("widths", pa.list_(pa.int32())),
+        pa.field("heights", pa.list_(pa.int32())),
+        pa.field("sha256", _strings),
+        pa.field("phash", _strings),
+        pa.field("image_errors", _strings),
+    ]
+)
+
+MENTIONS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string(), nullable=False),
+        pa.field("paragraph_index", pa.int32()),
+        pa.field("section", pa.string()),
+        pa.field("text", pa.string()),
+        pa.field("fig_known", pa.bool_()),
+    ]
+)
+
+OTHER_GRAPHICS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("context", pa.string()),
+        pa.field("element_id", pa.string()),
+        pa.field("href", pa.string()),
+        pa.field("file", pa.string()),
+    ]
+)
+
+IMAGE_DUPLICATES = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string()),
+        pa.field("kind", pa.string(), nullable=False),  # exact (same sha256) or near (dHash distance)
+        pa.field("other_pmcid", pa.string(), nullable=False),
+        pa.field("other_fig_id", pa.string()),
+        pa.field("other_image_file", pa.string()),
+        pa.field("distance", pa.int32()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "inventory": INVENTORY,
     "inventory_errors": INVENTORY_ERRORS,
     "release_changes": RELEASE_CHANGES,
     "raw_manifest": RAW_MANIFEST,
     "raw_files": RAW_FILES,
+    "articles": ARTICLES,
+    "figures": FIGURES,
+    "mentions": MENTIONS,
+    "other_graphics": OTHER_GRAPHICS,
+    "image_duplicates": IMAGE_DUPLICATES,
 }
 
 MANIFEST_STATUSES = ("ok", "carried", "error", "retracted")

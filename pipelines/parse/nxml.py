@@ -90,6 +90,11 @@ def _text(node, skip: tuple[str, ...] = ()) -> str:
     return re.sub(r"\s+", " ", "".join(parts)).strip()
 
 
+def _string(node, path: str) -> str:
+    """The string value of an XPath (empty when nothing matches)."""
+    return node.xpath(f"string({path})").strip()
+
+
 def _first(node, path: str):
     found = node.xpath(path)
     return found[0] if found else None
@@ -172,9 +177,9 @@ def _license(meta) -> dict:
     lic = _first(meta, "permissions/license | license")  # NLM 2.x has no <permissions>
     url = None
     if lic is not None:
-        url = lic.get(XLINK) or _first(lic, "string(.//*[local-name()='license_ref'])") or None
+        url = lic.get(XLINK) or _string(lic, ".//*[local-name()='license_ref']") or None
         url = url.strip() if isinstance(url, str) and url.strip() else None
-    ref = _first(meta, "string(permissions//*[local-name()='license_ref'])")
+    ref = _string(meta, "permissions//*[local-name()='license_ref']")
     url = url or (ref.strip() if ref else None)
     text = _text(lic) if lic is not None else ""
     # older articles state the licence only in prose, sometimes in <copyright-statement>
@@ -251,8 +256,8 @@ def _article_record(article, pmcid: str | None) -> dict:
     journal = None
     if journal_meta is not None:
         journal = (
-            _first(journal_meta, "string(.//journal-title)")
-            or _first(journal_meta, "string(journal-id[@journal-id-type='nlm-ta'])")
+            _string(journal_meta, ".//journal-title")
+            or _string(journal_meta, "journal-id[@journal-id-type='nlm-ta']")
             or None
         )
         journal = re.sub(r"\s+", " ", journal).strip() if journal else None
@@ -318,14 +323,15 @@ def resolve_graphic(href: str, files: list[str]) -> tuple[str | None, list[str]]
             candidates.append(f)
     if not candidates:
         return None, []
-
-    def rank(f: str) -> tuple[int, int, str]:
-        ext = posixpath.splitext(f)[1].lower()
-        web = 0 if ext in WEB_FORMATS or ext == "" else (1 if ext not in PRINT_FORMATS else 2)
-        return (web, 0 if "_HTML" in f else (2 if "_Print" in f else 1), f)
-
-    ordered = sorted(candidates, key=rank)
+    ordered = sorted(candidates, key=_rank)
     return ordered[0], ordered[1:]
+
+
+def _rank(name: str) -> tuple[int, int, str]:
+    """Web renditions (jpg, png, gif, and extension-less) before others, print (tif) last."""
+    ext = posixpath.splitext(name)[1].lower()
+    web = 0 if ext in WEB_FORMATS or ext == "" else (1 if ext not in PRINT_FORMATS else 2)
+    return (web, 0 if "_HTML" in name else (2 if "_Print" in name else 1), name)
 
 
 def _graphics_of(fig) -> list:
@@ -338,6 +344,41 @@ def _graphics_of(fig) -> list:
     return out
 
 
+def _images_of(fig, files: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(image files, other renditions, unresolved hrefs) of one figure.
+
+    Graphics inside one ``<alternatives>`` are renditions of one image; so is a graphic marked
+    ``specific-use`` (SciELO's web thumbnail) next to an unmarked one. Each image keeps its
+    best rendition (web format, ``_HTML`` over ``_Print``) and lists the others.
+    """
+    units: list[list] = []
+    for g in _graphics_of(fig):
+        if not g.get(XLINK):
+            continue
+        parent = g.getparent()
+        if _local(parent.tag) == "alternatives" and units and units[-1][0].getparent() is parent:
+            units[-1].append(g)
+        else:
+            units.append([g])
+    chosen, others, missing = [], [], []
+    for unit in units:
+        resolved = []
+        for g in unit:
+            image, renditions = resolve_graphic(g.get(XLINK), files)
+            if image is None:
+                missing.append(g.get(XLINK))
+            else:
+                resolved.append((bool(g.get("specific-use")), image, renditions))
+        if not resolved:
+            continue
+        resolved.sort(key=lambda r: (r[0], _rank(r[1])))
+        chosen.append(resolved[0][1])
+        others.extend(resolved[0][2])
+        for _, image, renditions in resolved[1:]:
+            others.extend([image, *renditions])
+    return list(dict.fromkeys(chosen)), others, missing
+
+
 def _caption(fig) -> tuple[str | None, str | None]:
     caption = fig.find("caption")
     if caption is None:
@@ -347,6 +388,11 @@ def _caption(fig) -> tuple[str | None, str | None]:
     paragraphs = [_text(p, skip=("fig",)) for p in caption if _local(p.tag) != "title" and _local(p.tag) != "fig"]
     text = " ".join(p for p in paragraphs if p) or None
     return title, text
+
+
+def _group_id(group) -> str | None:
+    main = next((f for f in group.iter("fig") if f.get("specific-use") != "child-fig"), None)
+    return group.get("id") or (main.get("id") if main is not None else None)
 
 
 def _context(el) -> str:
@@ -378,19 +424,12 @@ def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[
         fig_nodes.add(fig)
         parent = next((a for a in fig.iterancestors() if _local(a.tag) == "fig"), None)
         group = next((a for a in fig.iterancestors() if _local(a.tag) == "fig-group"), None)
+        is_child = fig.get("specific-use") == "child-fig" or parent is not None
+        if is_child and parent is None and group is not None:  # eLife: the group's main figure
+            parent = next((f for f in group.iter("fig") if f.get("specific-use") != "child-fig"), None)
         title, text = _caption(fig)
         hrefs = [g.get(XLINK) for g in _graphics_of(fig) if g.get(XLINK)]
-        chosen, others, missing = [], [], []
-        # a graphic with specific-use="...web..."/thumbnail is another rendition of the main one
-        for href in hrefs:
-            if files is None:
-                continue
-            image, renditions = resolve_graphic(href, files)
-            if image is None:
-                missing.append(href)
-            else:
-                chosen.append(image)
-                others.extend(renditions)
+        chosen, others, missing = _images_of(fig, files) if files is not None else ([], [], [])
         flags = []
         if not (title or text):
             flags.append("empty caption")
@@ -406,8 +445,9 @@ def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[
                 "caption_title": title,
                 "caption_text": text,
                 "parent_fig_id": parent.get("id") if parent is not None else None,
-                "fig_group_id": group.get("id") if group is not None else None,
-                "is_child": fig.get("specific-use") == "child-fig" or parent is not None or group is not None,
+                # eLife's <fig-group> rarely has an id: the group is named by its main figure
+                "fig_group_id": _group_id(group) if group is not None else None,
+                "is_child": is_child,
                 "in_sub_article": any(_local(a.tag) == "sub-article" for a in fig.iterancestors()),
                 "graphic_hrefs": hrefs,
                 "image_files": chosen,
@@ -471,7 +511,19 @@ def _marked_text(paragraph) -> str:
     return _text(copy, skip=("fig", "table-wrap"))
 
 
+MENTION_BLOCKS = ("p", "td", "th", "list-item", "title", "def", "term")
+
+
+def _block_of(xref):
+    """The paragraph holding an xref: the outermost ``<p>``, else a table cell, list item or title."""
+    blocks = [a for a in xref.iterancestors() if _local(a.tag) in MENTION_BLOCKS]
+    paragraphs = [b for b in blocks if _local(b.tag) == "p"]
+    return paragraphs[-1] if paragraphs else (blocks[0] if blocks else None)
+
+
 def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
+    """One row per (paragraph, figure): every ``xref ref-type="fig"`` outside figure captions,
+    nested in bold, lists or tables included, grouped by the paragraph that holds it."""
     ids_in_order = [f["fig_id"] for f in figures if f["fig_id"]]
     order = {fig_id: i for i, fig_id in enumerate(ids_in_order)}
     label_to_id = {}
@@ -479,20 +531,18 @@ def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
         number = re.search(r"(\d+)", f["label"] or "")
         if number and not f["is_child"] and number.group(1) not in label_to_id:
             label_to_id[number.group(1)] = f["fig_id"]
-    rows = []
-    paragraphs = [
-        p
-        for p in article.iter("p")
-        if not any(_local(a.tag) in ("fig", "caption", "table-wrap-foot") for a in p.iterancestors())
-        and not any(_local(d.tag) == "p" for d in p.iterdescendants())
-    ]
-    for index, p in enumerate(paragraphs):
-        refs = _fig_refs(p, order, ids_in_order, label_to_id)
-        if not refs:
+    blocks = []
+    for xref in article.iter("xref"):
+        if xref.get("ref-type") != "fig" or any(_local(a.tag) in ("caption", "fig") for a in xref.iterancestors()):
             continue
-        section = next((a for a in p.iterancestors() if _local(a.tag) == "sec"), None)
-        text = _marked_text(p)
-        for fig_id in refs:
+        block = _block_of(xref)
+        if block is not None and block not in blocks:
+            blocks.append(block)
+    rows = []
+    for index, block in enumerate(blocks):
+        section = next((a for a in block.iterancestors() if _local(a.tag) == "sec"), None)
+        text = _marked_text(block)
+        for fig_id in _fig_refs(block, order, ids_in_order, label_to_id):
             rows.append(
                 {
                     "pmcid": pmcid,

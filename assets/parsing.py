@@ -1,0 +1,84 @@
+"""Parsing assets: articles, figures, mentions and other graphics per partition; duplicates per release."""
+
+from collections import Counter
+
+from dagster import (
+    AssetDep,
+    AssetExecutionContext,
+    BackfillPolicy,
+    MaterializeResult,
+    MetadataValue,
+    MultiToSingleDimensionPartitionMapping,
+    asset,
+)
+
+from assets.acquisition import pmc_raw_articles
+from assets.metadata import preview, previous_release
+from jobs.partitions import release_shard_partitions, releases_partitions
+from pipelines.parse.duplicates import find_duplicates
+from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from resources.lake import LakeResource
+
+
+@asset(
+    partitions_def=release_shard_partitions,
+    deps=[pmc_raw_articles],
+    group_name="parsing",
+    kinds={"parquet"},
+    backfill_policy=BackfillPolicy.multi_run(1),
+    description="Every article's metadata and body text, its figures (with image size, sha256, dHash), "
+    "the paragraphs that mention them, and non-figure graphics.",
+)
+def parsed_articles(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+    keys = context.partition_key.keys_by_dimension
+    release, shard = keys["release"], keys["shard"]
+    lk = lake.lake()
+    previous = previous_release(lk.releases("articles"), release)
+    result = parse_shard(lk, release, shard, previous)
+    for table in PARSE_TABLES:
+        lk.write_table(table, release, shard, result.tables[table])
+    lk.refresh_catalog()
+    articles, figures = result.tables["articles"], result.tables["figures"]
+    errors = [a for a in articles if a["parse_status"] == "error"]
+    for row in errors:
+        context.log.warning(f"{row['pmcid']}: {row['parse_error']}")
+    flags = Counter(flag.split(":")[0] for f in figures for flag in f["flags"])
+    return MaterializeResult(
+        metadata={
+            "articles": len(articles),
+            "parsed": result.parsed,
+            "carried": result.carried,
+            "parse_errors": len(errors),
+            "figures": len(figures),
+            "child_figures": sum(1 for f in figures if f["is_child"]),
+            "images": sum(len(f["image_files"]) for f in figures),
+            "mentions": len(result.tables["mentions"]),
+            "other_graphics": len(result.tables["other_graphics"]),
+            **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(flags.items())},
+            "path": MetadataValue.path(lk.path("tables", "figures", f"release={release}", f"shard={shard}")),
+            "preview": preview(figures, ["pmcid", "fig_id", "label", "caption_text", "image_files"]),
+        }
+    )
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[AssetDep(parsed_articles, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
+    group_name="parsing",
+    kinds={"parquet"},
+    description="Figure images shared across articles: exact (sha256) and near (dHash) duplicates, recorded.",
+)
+def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+    release = context.partition_key
+    lk = lake.lake()
+    rows = find_duplicates(lk.read_release("figures", release).to_pylist())
+    lk.write_table("image_duplicates", release, "all", rows)
+    lk.refresh_catalog()
+    kinds = Counter(r["kind"] for r in rows)
+    return MaterializeResult(
+        metadata={
+            "exact_pairs": kinds["exact"] // 2,
+            "near_pairs": kinds["near"] // 2,
+            "preview": preview(rows, ["pmcid", "fig_id", "kind", "other_pmcid", "other_fig_id", "distance"]),
+        }
+    )
