@@ -150,8 +150,10 @@ JATS = """<?xml version="1.0" encoding="UTF-8"?>
 <p>Also <xref ref-type="fig" rid="f1">Figures 1-3</xref>.</p>
 <list><list-item><p>In a list <italic><xref ref-type="fig" rid="f4">Fig 4</xref></italic></p></list-item></list>
 <table-wrap id="t1"><table><tr><td>cell <xref ref-type="fig" rid="f3">Fig 3</xref></td></tr></table></table-wrap>
-<fig id="f1"><label>Figure 1</label><caption><p>First block.</p><p>Second block.</p></caption><graphic xlink:href="f1"/></fig>
-<fig id="f2"><label>Figure 2</label><caption><p>Two <xref ref-type="fig" rid="f1">Fig 1</xref></p></caption><graphic xlink:href="f2.jpg"/></fig>
+<fig id="f1"><label>Figure 1</label><caption><p>First block.</p><p>Second block.</p></caption>
+<graphic xlink:href="f1"/></fig>
+<fig id="f2"><label>Figure 2</label><caption><p>Two <xref ref-type="fig" rid="f1">Fig 1</xref></p></caption>
+<graphic xlink:href="f2.jpg"/></fig>
 <fig id="f3"><label>Figure 3</label><caption><p></p></caption><graphic xlink:href="f3"/></fig>
 <fig id="f4"><label>Figure 4</label><graphic xlink:href="f4"/></fig>
 <p><inline-formula><inline-graphic xlink:href="eq1.gif"/></inline-formula></p>
