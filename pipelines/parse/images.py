@@ -45,13 +45,8 @@ def image_info(data: bytes) -> dict:
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 image.seek(0)  # first frame of an animated GIF
                 info["phash"] = dhash(image)
-    except (
-        UnidentifiedImageError,
-        OSError,
-        ValueError,
-        SyntaxError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        info["error"] = f"decompression bomb refused: {exc}"
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         info["error"] = f"undecodable image: {type(exc).__name__}: {exc}"
     return info
