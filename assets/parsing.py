@@ -1,4 +1,5 @@
-"""Parsing assets: articles, figures, mentions and other graphics per partition; duplicates per release."""
+"""Parsing assets: articles, figures, mentions, other graphics and PubMed metadata per partition;
+image duplicates per release."""
 
 from collections import Counter
 
@@ -15,8 +16,10 @@ from dagster import (
 from assets.acquisition import pmc_raw_articles
 from assets.metadata import preview, previous_release
 from jobs.partitions import release_shard_partitions, releases_partitions
+from pipelines.entrez.pubmed import pubmed_rows
 from pipelines.parse.duplicates import find_duplicates
 from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 
 
@@ -80,5 +83,38 @@ def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> Mate
             "exact_pairs": kinds["exact"] // 2,
             "near_pairs": kinds["near"] // 2,
             "preview": preview(rows, ["pmcid", "fig_id", "kind", "other_pmcid", "other_fig_id", "distance"]),
+        }
+    )
+
+
+@asset(
+    partitions_def=release_shard_partitions,
+    deps=[parsed_articles],
+    group_name="parsing",
+    kinds={"parquet"},
+    pool="ncbi_eutils",
+    backfill_policy=BackfillPolicy.multi_run(1),
+    description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID.",
+)
+def pubmed_metadata(context: AssetExecutionContext, lake: LakeResource, eutils: EutilsResource) -> MaterializeResult:
+    keys = context.partition_key.keys_by_dimension
+    release, shard = keys["release"], keys["shard"]
+    lk = lake.lake()
+    articles = lk.read_table("articles", release, shard)
+    client = eutils.client(lk, namespace=release)
+    rows = pubmed_rows(client, articles.to_pylist() if articles is not None else [])
+    lk.write_table("pubmed", release, shard, rows)
+    lk.refresh_catalog()
+    statuses = Counter(r["status"] for r in rows)
+    return MaterializeResult(
+        metadata={
+            "pmids": len(rows),
+            "articles_without_pmid": sum(1 for a in (articles.to_pylist() if articles else []) if not a["pmid"]),
+            **{f"status_{k}": v for k, v in sorted(statuses.items())},
+            "with_mesh": sum(1 for r in rows if r["mesh"]),
+            "citing_links": sum(r["cited_by_count"] or 0 for r in rows),
+            "eutils_requests": client.requests,
+            "eutils_cache_hits": client.cache_hits,
+            "preview": preview(rows, ["pmid", "pmcid", "status", "journal", "cited_by_count", "problem"]),
         }
     )

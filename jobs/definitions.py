@@ -5,12 +5,12 @@ from __future__ import annotations
 from dagster import Definitions
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
-from assets.parsing import image_duplicates, parsed_articles
+from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from jobs.refresh import pmc_download_job, pmc_inventory_job, release_shards_sensor, yearly_pmc_refresh
 from resources.profiles import build_resources
 
 defs = Definitions(
-    assets=[pmc_inventory, pmc_raw_articles, parsed_articles, image_duplicates],
+    assets=[pmc_inventory, pmc_raw_articles, parsed_articles, image_duplicates, pubmed_metadata],
     jobs=[pmc_inventory_job, pmc_download_job],
     schedules=[yearly_pmc_refresh],
     sensors=[release_shards_sensor],

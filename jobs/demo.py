@@ -32,6 +32,7 @@ def main() -> int:
         "concurrency:\n  pools:\n    default_limit: 1\ntelemetry:\n  enabled: false\n"
     )
 
+    from resources.loopback.eutils_server import EutilsLoopbackServer
     from resources.loopback.s3_server import S3LoopbackServer
     from resources.loopback.sample_mirror import build_cloud_mirror
 
@@ -40,13 +41,15 @@ def main() -> int:
         shutil.rmtree(mirror)
     build_cloud_mirror(mirror)
     started = time.time()
-    with S3LoopbackServer(mirror) as server:
+    with S3LoopbackServer(mirror) as server, EutilsLoopbackServer() as eutils:
         os.environ["PANELFORGE_PMC_SOURCE"] = server.url
+        os.environ["NCBI_EUTILS_URL"] = eutils.url
         print(f"serving the sample release (PMC Cloud layout) at {server.url}")
+        print(f"serving recorded E-utilities answers at {eutils.url}")
         from dagster import DagsterInstance, MultiPartitionKey, materialize
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
-        from assets.parsing import image_duplicates, parsed_articles
+        from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
         from jobs.partitions import RELEASES, shard_partitions
         from resources.profiles import build_resources
 
@@ -64,13 +67,13 @@ def main() -> int:
         for shard in shard_partitions.get_partition_keys():
             key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
             result = materialize(
-                [pmc_raw_articles, parsed_articles],
+                [pmc_raw_articles, parsed_articles, pubmed_metadata],
                 partition_key=key,
                 instance=instance,
                 resources=resources,
                 run_config=quiet,
             )
-            print(f"  materialized pmc_raw_articles, parsed_articles [{key}]")
+            print(f"  materialized pmc_raw_articles, parsed_articles, pubmed_metadata [{key}]")
             if not result.success:
                 return 1
         result = materialize(
@@ -88,10 +91,11 @@ def print_summary(lake, seconds: float) -> None:
 
     con = duckdb.connect(lake.path("catalog.duckdb"), read_only=True)
     print(f"\nPanelForge demo finished in {seconds:.1f}s. Lake: {lake.url}")
-    for table in ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "image_duplicates"):
+    for table in ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "pubmed", "image_duplicates"):
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
         print(f"  {table:<14} {count:>6} rows")
     print("  articles by status:", dict(con.execute("SELECT status, count(*) FROM raw_manifest GROUP BY 1").fetchall()))
+    print("  pubmed by status:  ", dict(con.execute("SELECT status, count(*) FROM pubmed GROUP BY 1").fetchall()))
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")

@@ -170,6 +170,34 @@ IMAGE_DUPLICATES = pa.schema(
     ]
 )
 
+_qualifier = pa.struct([("ui", pa.string()), ("name", pa.string()), ("major", pa.bool_())])
+MESH_HEADING = pa.struct(
+    [("ui", pa.string()), ("name", pa.string()), ("major", pa.bool_()), ("qualifiers", pa.list_(_qualifier))]
+)
+
+PUBMED = pa.schema(
+    [
+        pa.field("pmid", pa.string(), nullable=False),
+        pa.field("pmcid", pa.string()),
+        pa.field("status", pa.string(), nullable=False),  # ok, not_found, book, error
+        pa.field("problem", pa.string()),
+        pa.field("title", pa.string()),
+        pa.field("abstract", pa.string()),
+        pa.field("journal", pa.string()),
+        pa.field("journal_abbrev", pa.string()),
+        pa.field("languages", _strings),
+        pa.field("publication_types", _strings),
+        pa.field("mesh", pa.list_(MESH_HEADING)),
+        pa.field("keywords", _strings),
+        pa.field("pubmed_date", pa.string()),
+        pa.field("entrez_date", pa.string()),
+        pa.field("medline_status", pa.string()),
+        pa.field("citing_pmids", _strings),
+        pa.field("cited_by_count", pa.int32()),
+        pa.field("citations_problem", pa.string()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "inventory": INVENTORY,
     "inventory_errors": INVENTORY_ERRORS,
@@ -181,6 +209,7 @@ TABLES: dict[str, pa.Schema] = {
     "mentions": MENTIONS,
     "other_graphics": OTHER_GRAPHICS,
     "image_duplicates": IMAGE_DUPLICATES,
+    "pubmed": PUBMED,
 }
 
 MANIFEST_STATUSES = ("ok", "carried", "error", "retracted")

@@ -9,6 +9,9 @@ PANELFORGE_RATE_LIMIT     requests/s against the source                   3 (ftp
 PANELFORGE_PROFILE        demo, local or cluster                          local
 PANELFORGE_SHARDS         shards per release (fixed per deployment)       256 (demo: 4)
 PANELFORGE_CONCURRENCY    parallel transfers per download run             4 (cluster: 8)
+NCBI_EUTILS_URL           E-utilities base URL                            NCBI's
+NCBI_EMAIL                contact e-mail sent to NCBI                     none
+NCBI_API_KEY              secret: read at use, never config or logs       none (3 req/s)
 ========================  ==============================================  ======================
 """
 
@@ -56,3 +59,13 @@ def rate_limit() -> float | None:
 
 def concurrency() -> int:
     return int(os.environ.get("PANELFORGE_CONCURRENCY", 8 if profile() == "cluster" else 4))
+
+
+def eutils_url() -> str:
+    from pipelines.entrez.client import DEFAULT_EUTILS_URL
+
+    return os.environ.get("NCBI_EUTILS_URL", DEFAULT_EUTILS_URL)
+
+
+def ncbi_email() -> str | None:
+    return os.environ.get("NCBI_EMAIL") or None

@@ -13,7 +13,8 @@ class Fault:
     """Answer requests whose path matches ``pattern`` with ``kind`` for the first ``times`` hits.
 
     kinds: ``status`` (HTTP ``status``/FTP reply code, with optional ``retry_after``),
-    ``drop`` (send ``fraction`` of the body, then break the connection).
+    ``drop`` (send ``fraction`` of the body, then break the connection), ``body`` (answer
+    ``status`` with ``body`` instead, e.g. NCBI's rate-limit JSON with status 200).
     """
 
     pattern: str
@@ -22,6 +23,7 @@ class Fault:
     times: int = 1
     retry_after: int | None = None
     fraction: float = 0.5
+    body: bytes | None = None
     hits: int = 0
 
     def matches(self, path: str) -> bool:

@@ -1,0 +1,31 @@
+"""NCBI E-utilities as a resource. The API key is read from ``NCBI_API_KEY`` at use time only:
+it is no config field, so it never shows in the launchpad, run config or logs."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import ConfigurableResource
+
+from pipelines.entrez.client import DEFAULT_EUTILS_URL, EntrezClient
+from pipelines.lake import Lake
+
+
+class EutilsResource(ConfigurableResource):
+    """``base_url`` from ``NCBI_EUTILS_URL``; ``email`` from ``NCBI_EMAIL``; 3 req/s, 10 with a key."""
+
+    base_url: str = DEFAULT_EUTILS_URL
+    email: str | None = None
+    tool: str = "panelforge"
+    rate_limit: float | None = None
+
+    def client(self, cache: Lake, namespace: str) -> EntrezClient:
+        return EntrezClient(
+            base_url=self.base_url,
+            email=self.email,
+            api_key=os.environ.get("NCBI_API_KEY") or None,
+            tool=self.tool,
+            cache=cache,
+            cache_namespace=namespace,
+            rate_limit=self.rate_limit,
+        )
