@@ -33,6 +33,8 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.acquisition
+	$(BIN)/python -m benchmarks.parsing
+	$(BIN)/python -m benchmarks.entrez
 
 clean:
 	rm -rf .demo data .pytest_cache

@@ -91,9 +91,10 @@ def print_summary(lake, seconds: float) -> None:
 
     con = duckdb.connect(lake.path("catalog.duckdb"), read_only=True)
     print(f"\nPanelForge demo finished in {seconds:.1f}s. Lake: {lake.url}")
-    for table in ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "pubmed", "image_duplicates"):
+    tables = ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "pubmed", "image_duplicates")
+    for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
-        print(f"  {table:<14} {count:>6} rows")
+        print(f"  {table:<16} {count:>6} rows")
     print("  articles by status:", dict(con.execute("SELECT status, count(*) FROM raw_manifest GROUP BY 1").fetchall()))
     print("  pubmed by status:  ", dict(con.execute("SELECT status, count(*) FROM pubmed GROUP BY 1").fetchall()))
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()

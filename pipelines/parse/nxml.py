@@ -19,6 +19,7 @@ Choices (documented in the README):
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -59,35 +60,55 @@ class ParsedArticle:
 
 
 # ---- small text helpers -----------------------------------------------------------------------
+BLOCKS = ("p", "title", "label", "list-item", "td", "th", "break", "caption", "sec", "def", "term")
+
+
 def _local(tag) -> str:
-    return etree.QName(tag).localname if isinstance(tag, str) else ""
+    """Element name without namespace; "" for comments and processing instructions."""
+    if not isinstance(tag, str):
+        return ""
+    return tag.rsplit("}", 1)[1] if tag[0] == "{" else tag
+
+
+def _pad_blocks(root) -> None:
+    """Put a space around every block element once, so text extraction (in C) never glues two
+    blocks together ("First block.Second block.")."""
+    for el in root.iter(*BLOCKS):
+        el.text = " " + (el.text or "")
+        el.tail = " " + (el.tail or "")
 
 
 def _text(node, skip: tuple[str, ...] = ()) -> str:
-    """Text of ``node`` with blocks separated by spaces and whitespace collapsed."""
+    """Text of ``node`` with blocks separated by spaces and whitespace collapsed; elements named
+    in ``skip`` (nested figures, tables) are left out."""
     if node is None:
         return ""
-    parts: list[str] = []
+    if skip and _has_any(skip)(node):
+        node = _without(node, skip)
+    return " ".join(etree.tostring(node, method="text", encoding="unicode", with_tail=False).split())
 
-    def walk(el) -> None:
-        if _local(el.tag) in skip:
+
+@functools.cache
+def _has_any(tags: tuple[str, ...]) -> etree.XPath:
+    return etree.XPath("boolean(" + " | ".join(f".//{tag}" for tag in tags) + ")")
+
+
+def _without(node, skip: tuple[str, ...]):
+    """A copy of ``node`` without its ``skip`` descendants (their tails kept)."""
+    copy = etree.fromstring(etree.tostring(node, with_tail=False))
+    for tag in skip:
+        for el in list(copy.iter(tag)):
+            parent = el.getparent()
+            if parent is None:
+                continue
+            previous = el.getprevious()
             if el.tail:
-                parts.append(el.tail)
-            return
-        block = _local(el.tag) in ("p", "title", "label", "list-item", "td", "th", "break", "caption", "sec")
-        if block:
-            parts.append(" ")
-        if el.text:
-            parts.append(el.text)
-        for child in el:
-            walk(child)
-        if block:
-            parts.append(" ")
-        if el.tail and el is not node:
-            parts.append(el.tail)
-
-    walk(node)
-    return re.sub(r"\s+", " ", "".join(parts)).strip()
+                if previous is not None:
+                    previous.tail = (previous.tail or "") + el.tail
+                else:
+                    parent.text = (parent.text or "") + el.tail
+            parent.remove(el)
+    return copy
 
 
 def _string(node, path: str) -> str:
@@ -118,7 +139,9 @@ def load_xml(source: bytes | str | Path) -> etree._Element:
         root = articles[0]
     if _local(root.tag) != "article":
         raise XmlParseError(f"unknown root element <{_local(root.tag)}>; expected <article> or <pmc-articleset>")
-    _strip_namespaces(root)
+    if root.tag[0] == "{":  # JATS itself in a namespace (rare): compare plain names everywhere
+        _strip_namespaces(root)
+    _pad_blocks(root)
     return root
 
 
@@ -227,23 +250,19 @@ def _citation(meta, journal: str | None, year: str | None) -> str | None:
     return citation or None
 
 
+_BODY_BLOCKS = etree.XPath(
+    ".//*[self::p or self::title][not(ancestor::fig or ancestor::table-wrap or ancestor::fig-group"
+    " or ancestor::supplementary-material or ancestor::p)]"
+)
+
+
 def _body_text(body) -> str:
     """Plain text of the body: section titles and paragraphs on their own lines; figure and
     table captions are left out (they live in the figures table)."""
     if body is None:
         return ""
-    lines: list[str] = []
-    for el in body.iter("title", "p"):
-        if any(
-            _local(a.tag) in ("fig", "table-wrap", "fig-group", "supplementary-material") for a in el.iterancestors()
-        ):
-            continue
-        if _local(el.tag) == "p" and any(_local(a.tag) == "p" for a in el.iterancestors()):
-            continue
-        text = _text(el, skip=("fig", "table-wrap", "fig-group", "supplementary-material"))
-        if text:
-            lines.append(text)
-    return "\n".join(lines)
+    lines = (_text(el, skip=("fig", "table-wrap", "fig-group", "supplementary-material")) for el in _BODY_BLOCKS(body))
+    return "\n".join(line for line in lines if line)
 
 
 def _article_record(article, pmcid: str | None) -> dict:
@@ -301,28 +320,34 @@ def _href_stem(href: str) -> str:
     return posixpath.basename(href.split("?", 1)[0])
 
 
-def resolve_graphic(href: str, files: list[str]) -> tuple[str | None, list[str]]:
+class FileIndex:
+    """The article's image files by name and by stem, built once per article."""
+
+    def __init__(self, files: list[str]):
+        self.names = set(files)
+        self.by_stem: dict[str, list[str]] = {}
+        for f in files:
+            stem = posixpath.splitext(f)[0]
+            for key in {stem, f, stem.removesuffix("_HTML"), stem.removesuffix("_Print")}:
+                self.by_stem.setdefault(key, []).append(f)
+
+
+def resolve_graphic(href: str, files: list[str] | FileIndex) -> tuple[str | None, list[str]]:
     """Return (chosen image file, other renditions) for a graphic href among the package files.
 
     Exact name first; then same stem with any extension (hrefs without extension, or ``.tif``
     in the XML with a ``.jpg`` in the package); ``_HTML``/``_Print`` pairs and multiple
     renditions prefer the web image (jpg, png, gif) and list the rest.
     """
+    index = files if isinstance(files, FileIndex) else FileIndex(files)
     name = _href_stem(href)
-    if name in files:
-        candidates = [name]
-        stem = name
-    else:
-        stem = (
-            posixpath.splitext(name)[0] if posixpath.splitext(name)[1].lower() in WEB_FORMATS + PRINT_FORMATS else name
-        )
-        candidates = []
-    for f in files:
-        base = posixpath.splitext(f)[0]
-        if f not in candidates and (base == stem or base in (f"{stem}_HTML", f"{stem}_Print") or f == stem):
-            candidates.append(f)
+    ext = posixpath.splitext(name)[1].lower()
+    stem = posixpath.splitext(name)[0] if ext in WEB_FORMATS + PRINT_FORMATS else name
+    candidates = list(dict.fromkeys(([name] if name in index.names else []) + index.by_stem.get(stem, [])))
     if not candidates:
         return None, []
+    if name in index.names:
+        return name, sorted(set(candidates) - {name}, key=_rank)
     ordered = sorted(candidates, key=_rank)
     return ordered[0], ordered[1:]
 
@@ -344,7 +369,7 @@ def _graphics_of(fig) -> list:
     return out
 
 
-def _images_of(fig, files: list[str]) -> tuple[list[str], list[str], list[str]]:
+def _images_of(fig, files: FileIndex) -> tuple[list[str], list[str], list[str]]:
     """(image files, other renditions, unresolved hrefs) of one figure.
 
     Graphics inside one ``<alternatives>`` are renditions of one image; so is a graphic marked
@@ -417,6 +442,7 @@ def _is_graphical_abstract(fig) -> bool:
 
 def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[dict], list[dict]]:
     figures, other = [], []
+    index = FileIndex(files) if files is not None else None
     fig_nodes = set()
     for fig in article.iter("fig"):
         if _is_graphical_abstract(fig):
@@ -429,7 +455,7 @@ def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[
             parent = next((f for f in group.iter("fig") if f.get("specific-use") != "child-fig"), None)
         title, text = _caption(fig)
         hrefs = [g.get(XLINK) for g in _graphics_of(fig) if g.get(XLINK)]
-        chosen, others, missing = _images_of(fig, files) if files is not None else ([], [], [])
+        chosen, others, missing = _images_of(fig, index) if index is not None else ([], [], [])
         flags = []
         if not (title or text):
             flags.append("empty caption")
@@ -460,7 +486,7 @@ def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[
         if owner is not None and owner in fig_nodes:
             continue
         href = el.get(XLINK)
-        image = resolve_graphic(href, files)[0] if (href and files is not None) else None
+        image = resolve_graphic(href, index)[0] if (href and index is not None) else None
         other.append({"pmcid": pmcid, "context": _context(el), "element_id": el.get("id"), "href": href, "file": image})
     return figures, other
 
@@ -493,25 +519,21 @@ def _fig_refs(paragraph, order: dict[str, int], ids_in_order: list[str], label_t
     return list(dict.fromkeys(found))
 
 
-def _marked_text(paragraph) -> str:
-    """Paragraph text with every figure xref kept as an inline marker ``[fig:ID]``."""
-    copy = etree.fromstring(etree.tostring(paragraph))
-    for xref in list(copy.iter("xref")):
-        if xref.get("ref-type") != "fig":
-            continue
+def _mark_xrefs(xrefs) -> None:
+    """Replace each figure xref's content by an inline marker ``[text](fig:ID)``, in place.
+
+    Runs last in :func:`parse_article` (everything else has read the tree by then), so the
+    paragraphs' text can be taken by lxml in one C call instead of copying each paragraph.
+    """
+    for xref in xrefs:
         marker = f"[{_text(xref)}](fig:{xref.get('rid')})"
-        tail = xref.tail or ""
-        parent = xref.getparent()
-        previous = xref.getprevious()
-        if previous is not None:
-            previous.tail = (previous.tail or "") + marker + tail
-        else:
-            parent.text = (parent.text or "") + marker + tail
-        parent.remove(xref)
-    return _text(copy, skip=("fig", "table-wrap"))
+        for child in list(xref):
+            xref.remove(child)
+        xref.text = marker
 
 
 MENTION_BLOCKS = ("p", "td", "th", "list-item", "title", "def", "term")
+_FIG_XREFS = etree.XPath(".//xref[@ref-type='fig'][not(ancestor::caption or ancestor::fig)]")
 
 
 def _block_of(xref):
@@ -531,18 +553,15 @@ def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
         number = re.search(r"(\d+)", f["label"] or "")
         if number and not f["is_child"] and number.group(1) not in label_to_id:
             label_to_id[number.group(1)] = f["fig_id"]
-    blocks = []
-    for xref in article.iter("xref"):
-        if xref.get("ref-type") != "fig" or any(_local(a.tag) in ("caption", "fig") for a in xref.iterancestors()):
-            continue
-        block = _block_of(xref)
-        if block is not None and block not in blocks:
-            blocks.append(block)
+    xrefs = _FIG_XREFS(article)
+    blocks = list(dict.fromkeys(b for b in map(_block_of, xrefs) if b is not None))
+    refs = [_fig_refs(block, order, ids_in_order, label_to_id) for block in blocks]
+    _mark_xrefs(xrefs)
     rows = []
-    for index, block in enumerate(blocks):
+    for index, (block, fig_ids) in enumerate(zip(blocks, refs, strict=True)):
         section = next((a for a in block.iterancestors() if _local(a.tag) == "sec"), None)
-        text = _marked_text(block)
-        for fig_id in _fig_refs(block, order, ids_in_order, label_to_id):
+        text = _text(block, skip=("fig", "table-wrap"))
+        for fig_id in fig_ids:
             rows.append(
                 {
                     "pmcid": pmcid,

@@ -1,0 +1,162 @@
+"""The E-utilities client against the loopback server replaying recorded NCBI answers."""
+
+import pytest
+from dagster import DagsterInstance, MultiPartitionKey, materialize
+
+from assets.parsing import pubmed_metadata
+from jobs.partitions import RELEASES
+from pipelines.acquire.retry import RetryPolicy
+from pipelines.entrez.client import EntrezClient
+from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
+from resources.eutils import EutilsResource
+from resources.lake import LakeResource
+from resources.loopback.eutils_server import RECORDINGS, EutilsLoopbackServer
+from resources.loopback.faults import Fault, FaultPlan
+
+FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
+# PMIDs of the recorded efetch answers (read from sample/entrez/efetch_pubmed/*.xml)
+RECORDED = ["9997", "11700088", "11748933", "12091962", "27797938", "28775130", "29768149", "29963580", "30108519"]
+RATE_LIMIT_BODY = (RECORDINGS / "errors" / "rate_limit_exceeded.documented.json").read_bytes()
+
+
+def client(server, lake=None, **kwargs) -> EntrezClient:
+    return EntrezClient(server.url, cache=lake, retry=FAST, rate_limit=100, **kwargs)
+
+
+def test_recorded_pubmed_records_are_keyed_by_their_own_pmid():
+    records, problems = parse_pubmed_articles((RECORDINGS / "efetch_pubmed" / "biopython_pubmed4.xml").read_bytes())
+    assert problems == {} and list(records) == ["27797938"]
+    record = records["27797938"]
+    assert len(record["mesh"]) == 21 and record["pmcid"] == "PMC5442267" and record["journal"] == "Gut"
+    assert record["publication_types"][:2] == ["Journal Article", "Observational Study"]
+    mesh = {m["name"]: m for m in record["mesh"]}
+    assert all(m["ui"].startswith("D") for m in record["mesh"])
+    assert any(m["major"] for m in mesh.values()) or any(q["major"] for m in mesh.values() for q in m["qualifiers"])
+    two, _ = parse_pubmed_articles((RECORDINGS / "efetch_pubmed" / "biopython_pubmed2.xml").read_bytes())
+    assert sorted(two) == ["11700088", "11748933"]
+    assert two["11700088"]["mesh"] == [] and len(two["11748933"]["mesh"]) == 11
+
+
+def test_recorded_citations():
+    links, problems = parse_citedin((RECORDINGS / "elink" / "biopython_elink1.xml").read_bytes())
+    assert list(links) == ["9298984"] and len(links["9298984"]) == 39 and problems == {}
+    links, problems = parse_citedin((RECORDINGS / "elink" / "biopython_elink3.xml").read_bytes())
+    assert links == {} and set(problems) == {"11812492", "11774222"}  # one link set for two ids
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("esummary/biopython_esummary8.xml", "unexpected answer <eSummaryResult>: Neither query_key nor id specified"),
+        ("errors/biopython_pubmed3_pmfetch_asn1.html", "unexpected answer <html>"),
+        ("errors/rate_limit_exceeded.documented.json", "JSON error answer"),
+    ],
+)
+def test_error_answers_are_named(path, message):
+    with pytest.raises(EntrezAnswerError, match=message):
+        parse_pubmed_articles((RECORDINGS / path).read_bytes())
+
+
+def test_batched_posts_one_id_per_link_set_and_missing_pmids(tmp_path):
+    wanted = RECORDED + ["1", "2"]  # two PMIDs PubMed does not know
+    with EutilsLoopbackServer() as server:
+        c = client(server)
+        records, problems = c.pubmed_records(wanted, batch=4)
+        links, link_problems = c.citing_pmids(["9298984", "12242737", "1"], batch=2)
+    assert sorted(records) == sorted(RECORDED)
+    assert problems == {"1": "not found in PubMed", "2": "not found in PubMed"}
+    assert server.ids_per_request == [4, 4, 3, 2, 1]  # 11 ids in batches of 4, then 3 ids in batches of 2
+    assert [len(links[p]) for p in ("9298984", "12242737", "1")] == [39, 6, 0] and link_problems == {}
+    assert c.requests == 5
+
+
+def test_rate_limit_answers_are_retried_and_answers_cached(lake):
+    plan = FaultPlan(
+        faults=[
+            Fault("efetch", kind="body", status=200, body=RATE_LIMIT_BODY, times=1),
+            Fault("efetch", status=429, retry_after=0, times=1),
+            Fault("elink", status=503, times=1),
+        ]
+    )
+    with EutilsLoopbackServer(plan=plan) as server:
+        first = client(server, lake, cache_namespace="2026")
+        records, _ = first.pubmed_records(RECORDED)
+        links, _ = first.citing_pmids(["9298984"])
+        assert sorted(records) == sorted(RECORDED) and len(links["9298984"]) == 39
+        assert first.requests == 3 + 2  # efetch: rate-limit body, 429, answer; elink: 503, answer
+        again = client(server, lake, cache_namespace="2026")
+        assert again.pubmed_records(RECORDED)[0] == records and again.citing_pmids(["9298984"])[0] == links
+        assert again.requests == 0 and again.cache_hits == 2
+        fresh = client(server, lake, cache_namespace="2027")  # a new release asks afresh
+        fresh.pubmed_records(RECORDED)
+        assert fresh.requests == 1
+
+
+def test_a_bad_answer_affects_only_its_batch_and_is_not_cached(lake):
+    book = b"""<PubmedBookArticle><BookDocument><PMID Version="1">20301295</PMID></BookDocument></PubmedBookArticle>"""
+    plan = FaultPlan(faults=[Fault("efetch", kind="body", status=200, body=b"<html>oops</html>", times=1)])
+    with EutilsLoopbackServer(plan=plan, extra_records={"20301295": book}) as server:
+        c = client(server, lake)
+        records, problems = c.pubmed_records(["9997", "20301295", "27797938"], batch=1)
+        # batches go in PMID order: the first (20301295) got an HTML page instead of XML
+        assert problems == {"20301295": "unexpected answer <html>"}
+        assert sorted(records) == ["27797938", "9997"]
+        retry = client(server, lake)
+        records, problems = retry.pubmed_records(["9997", "20301295", "27797938"], batch=1)
+        assert sorted(records) == ["27797938", "9997"]
+        assert problems["20301295"].startswith("PubMed returned a PubmedBookArticle")
+        assert retry.requests == 1  # only the batch whose bad answer was not cached
+
+
+def test_api_key_sets_the_limit_and_stays_out_of_caches_and_errors(lake, monkeypatch):
+    monkeypatch.setenv("NCBI_API_KEY", "s3cr3t-key")
+    plan = FaultPlan(faults=[Fault("efetch", status=500, times=10)])
+    with EutilsLoopbackServer(plan=plan) as server:
+        url = server.url
+        resource = EutilsResource(base_url=url)
+        c = resource.client(lake, namespace="2026")
+        assert c.limiter.rate == 10.0
+        c.retry = FAST
+        records, problems = c.pubmed_records(["9997"])
+        assert "s3cr3t" not in problems["9997"] and "HTTP 500" in problems["9997"]
+        assert all(server.api_keys_seen)
+        c.citing_pmids(["9997"])
+    cached = [p for p in lake.fs.find(lake.path("cache"))]
+    assert cached and not any("s3cr3t" in p or "s3cr3t" in lake.fs.cat(p).decode("utf-8", "replace") for p in cached)
+    monkeypatch.delenv("NCBI_API_KEY")
+    assert EutilsResource(base_url=url).client(lake, namespace="x").limiter.rate == 3.0
+
+
+def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
+    articles = [
+        {"pmcid": "PMC5442267", "pmid": "27797938"},
+        {"pmcid": "PMC1", "pmid": None},
+        {"pmcid": "PMC2", "pmid": "1"},
+    ]
+    full = [
+        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
+        for a in articles
+    ]
+    lake.write_table("articles", "2026", "000", full)
+    (tmp_path / "dh").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
+    instance.add_dynamic_partitions(RELEASES, ["2026"])
+    with EutilsLoopbackServer() as server:
+        result = materialize(
+            [pubmed_metadata],
+            partition_key=MultiPartitionKey({"release": "2026", "shard": "000"}),
+            instance=instance,
+            resources={"lake": LakeResource(home=str(lake.root)), "eutils": EutilsResource(base_url=server.url)},
+        )
+    assert result.success
+    rows = {r["pmid"]: r for r in lake.read_table("pubmed", "2026", "000").to_pylist()}
+    assert set(rows) == {"27797938", "1"}
+    assert rows["27797938"]["pmcid"] == "PMC5442267" and rows["27797938"]["status"] == "ok"
+    assert len(rows["27797938"]["mesh"]) == 21 and rows["27797938"]["cited_by_count"] == 0
+    assert rows["1"]["status"] == "not_found"
+
+
+def lake_articles_fields():
+    from pipelines.schemas import ARTICLES
+
+    return ARTICLES.names
