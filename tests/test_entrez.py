@@ -50,6 +50,7 @@ def test_recorded_citations():
         ("esummary/biopython_esummary8.xml", "unexpected answer <eSummaryResult>: Neither query_key nor id specified"),
         ("errors/biopython_pubmed3_pmfetch_asn1.html", "unexpected answer <html>"),
         ("errors/rate_limit_exceeded.documented.json", "JSON error answer"),
+        ("epost/biopython_epost2.xml", "unexpected answer <ePostResult>"),
     ],
 )
 def test_error_answers_are_named(path, message):

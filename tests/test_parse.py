@@ -5,6 +5,7 @@ Expectations come from reading the XML (noted per case), and for graphic resolut
 """
 
 import csv
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -77,6 +78,17 @@ ARTICLE_FACTS = [
     ("PMC6385181", 4, 0, None, "CC BY"),  # Europe PMC variant without PMID
     ("PMC3363814", 0, 0, None, "CC BY"),  # meeting abstract: no figures
     ("PMC2329613", 0, 0, "18405359", "CC BY"),
+    ("PMC3585041", 1, 0, "23469300", "CC BY"),
+    ("PMC3460867", 4, 0, "23029536", "CC BY"),
+    ("PMC2597732", 5, 0, "19088846", "CC BY"),
+    ("PMC7289444", 5, 0, "32479495", "CC0"),
+    ("PMC3847091", 5, 0, "24312625", "CC BY"),
+    ("PMC1240052", 5, 0, "16187797", "CC BY"),
+    ("PMC7417471", 6, 0, "32776254", "CC BY"),
+    ("PMC4234027", 6, 0, "24708867", "CC BY"),
+    ("PMC1702562", 7, 0, "17177604", "CC BY"),
+    ("PMC3166277", 4, 0, "21810267", "CC BY"),
+    ("PMC2231364", 5, 0, "17963531", "CC BY"),
 ]
 
 
@@ -87,6 +99,24 @@ def test_article_facts(pmcid, n_fig, n_child, pmid, license_code):
     assert sum(f["is_child"] for f in parsed.figures) == n_child
     assert parsed.article["pmid"] == pmid
     assert parsed.article["license_code"] == license_code
+
+
+def _fig_xrefs_outside_figures(xml: bytes) -> int:
+    """An oracle independent of the parser: figure xrefs in the raw text once every
+    <fig>...</fig> and <caption>...</caption> is cut out."""
+    text = xml.decode("utf-8")
+    text = re.sub(r"<fig[ >].*?</fig>", "", text, flags=re.S)
+    text = re.sub(r"<caption[ >].*?</caption>", "", text, flags=re.S)
+    return len(re.findall(r"<xref[^>]*ref-type=\"fig\"", text))
+
+
+@pytest.mark.parametrize("pmcid", sorted(ROWS))
+def test_every_figure_xref_becomes_a_marked_mention(pmcid):
+    xml, _ = article_files(SAMPLE_DIR, ROWS[pmcid])
+    parsed = parse_sample(pmcid)
+    paragraphs = {m["paragraph_index"]: m["text"] for m in parsed.mentions}
+    markers = sum(text.count("](fig:") for text in paragraphs.values())
+    assert markers == _fig_xrefs_outside_figures(xml.read_bytes())
 
 
 def test_every_sample_article_parses():
@@ -204,7 +234,8 @@ def test_mentions_multi_ids_ranges_and_nesting():
             XmlParseError,
             "not well-formed",
         ),
-        (b"<book><title>x</title></book>", XmlParseError, "unknown root element <book>"),
+        (b"<records><title>x</title></records>", XmlParseError, "unknown root element <records>"),
+        (b"<book-part-wrapper><book-part/></book-part-wrapper>", XmlParseError, "a book chapter"),
         (b"<pmc-articleset></pmc-articleset>", XmlParseError, "holds no <article>"),
         (b"<article><body/></article>", XmlParseError, "no <front>"),
     ],
@@ -212,6 +243,17 @@ def test_mentions_multi_ids_ranges_and_nesting():
 def test_bad_documents_fail_with_a_reason(document, error, message):
     with pytest.raises(error, match=message):
         parse_article(document)
+
+
+def test_article_without_body_or_figures():
+    parsed = parse_article(
+        b'<article article-type="editorial" xml:lang="en"><front><article-meta>'
+        b'<article-id pub-id-type="pmid">7</article-id><title-group><article-title>Only a title'
+        b"</article-title></title-group></article-meta></front></article>"
+    )
+    assert parsed.article["has_body"] is False and parsed.article["body_text"] is None
+    assert parsed.figures == [] and parsed.mentions == [] and parsed.article["pmid"] == "7"
+    assert parsed.article["license_code"] is None and parsed.article["license_group"] == "other"
 
 
 def test_a_path_works_like_bytes():

@@ -137,6 +137,8 @@ def load_xml(source: bytes | str | Path) -> etree._Element:
         if not articles:
             raise XmlParseError("pmc-articleset holds no <article>")
         root = articles[0]
+    if _local(root.tag) in ("book", "book-part-wrapper", "book-part"):
+        raise XmlParseError(f"a book chapter (<{_local(root.tag)}>), not a journal article: not parsed")
     if _local(root.tag) != "article":
         raise XmlParseError(f"unknown root element <{_local(root.tag)}>; expected <article> or <pmc-articleset>")
     if root.tag[0] == "{":  # JATS itself in a namespace (rare): compare plain names everywhere
