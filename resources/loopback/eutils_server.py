@@ -9,13 +9,14 @@ both accepted. Faults (429, NCBI's rate-limit body, errors) come from a :class:`
 
 from __future__ import annotations
 
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Self
 
 from lxml import etree
 
+from resources.loopback.base import LoopbackHttpServer
 from resources.loopback.faults import FaultPlan
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "sample" / "entrez"
@@ -39,7 +40,7 @@ def index_recordings(directory: Path = RECORDINGS) -> tuple[dict[str, bytes], di
     return articles, linksets
 
 
-class EutilsLoopbackServer:
+class EutilsLoopbackServer(LoopbackHttpServer):
     """Serve recorded E-utilities answers on 127.0.0.1; use as a context manager."""
 
     def __init__(self, plan: FaultPlan | None = None, extra_records: dict[str, bytes] | None = None):
@@ -48,12 +49,10 @@ class EutilsLoopbackServer:
         self.articles.update(extra_records or {})
         self.api_keys_seen: list[bool] = []
         self.ids_per_request: list[int] = []
-        self._server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/entrez/eutils"
+        return f"{self.address}/entrez/eutils"
 
     def answer(self, endpoint: str, params: dict[str, list[str]]) -> tuple[int, bytes]:
         ids = [i for value in params.get("id", []) for i in value.split(",") if i]
@@ -70,7 +69,7 @@ class EutilsLoopbackServer:
             return 200, b'<?xml version="1.0" ?>\n<eLinkResult>' + b"".join(sets) + b"</eLinkResult>"
         return 200, b"<eSummaryResult><ERROR>Invalid endpoint or database</ERROR></eSummaryResult>"
 
-    def start(self) -> EutilsLoopbackServer:
+    def start(self) -> Self:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -100,19 +99,4 @@ class EutilsLoopbackServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 self._handle(self.rfile.read(length).decode())
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="eutils-loopback", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> EutilsLoopbackServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return self._serve(Handler, "eutils-loopback")

@@ -18,6 +18,7 @@ from pyftpdlib.handlers import FTPHandler
 from pyftpdlib.handlers.ftp.producers import FileProducer
 from pyftpdlib.servers import ThreadedFTPServer
 
+from resources.loopback.base import LoopbackServer
 from resources.loopback.faults import FaultPlan
 
 
@@ -35,7 +36,7 @@ class _DroppingFile(io.BytesIO):
         return super().read(min(size if size > 0 else self.cut, self.cut - self.tell()))
 
 
-class FtpLoopbackServer:
+class FtpLoopbackServer(LoopbackServer):
     """Serve ``root`` read-only to anonymous users on 127.0.0.1; use as a context manager."""
 
     def __init__(self, root: str | os.PathLike[str], plan: FaultPlan | None = None):
@@ -98,9 +99,3 @@ class FtpLoopbackServer:
         if self._server is not None:
             self._server.close_all()
             self._server = None
-
-    def __enter__(self) -> FtpLoopbackServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

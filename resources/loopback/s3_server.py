@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Self
 from xml.sax.saxutils import escape
 
+from resources.loopback.base import LoopbackHttpServer
 from resources.loopback.faults import FaultPlan
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -28,22 +29,19 @@ def _keys(root: Path) -> list[str]:
     return sorted(keys)
 
 
-class S3LoopbackServer:
+class S3LoopbackServer(LoopbackHttpServer):
     """Serve ``root`` as bucket ``bucket`` on 127.0.0.1; use as a context manager."""
 
     def __init__(self, root: str | os.PathLike[str], bucket: str = "pmc-oa-opendata", plan: FaultPlan | None = None):
         self.root = Path(root)
         self.bucket = bucket
         self.plan = plan or FaultPlan()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/{self.bucket}"
+        return f"{self.address}/{self.bucket}"
 
-    def start(self) -> S3LoopbackServer:
+    def start(self) -> Self:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -150,20 +148,4 @@ class S3LoopbackServer:
                     return
                 self.wfile.write(body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="s3-loopback", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> S3LoopbackServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return self._serve(Handler, "s3-loopback")

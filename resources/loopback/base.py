@@ -1,0 +1,46 @@
+"""What every loopback stand-in shares: start on 127.0.0.1, stop, use as a context manager."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
+
+
+class LoopbackServer:
+    """A server started by tests, benchmarks and ``make demo``; subclasses implement ``start``."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class LoopbackHttpServer(LoopbackServer):
+    """A threaded HTTP server on a free loopback port."""
+
+    _server: ThreadingHTTPServer | None = None
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler], name: str) -> Self:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
+        return self
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
