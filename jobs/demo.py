@@ -17,9 +17,15 @@ import warnings
 from dagster import BetaWarning
 
 DEMO_RELEASE = "2026"
+# 157 sample images: a handful of clusters a person can review (production: k = 2000)
+DEMO_CONCEPT_MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}
 
 
 def main() -> int:
+    from resources.settings import REPO
+
+    global DEMO_ANNOTATIONS
+    DEMO_ANNOTATIONS = REPO / "sample" / "annotations"
     warnings.filterwarnings("ignore", category=BetaWarning)
     os.environ.setdefault("PANELFORGE_PROFILE", "demo")
     from resources.settings import DEMO_DIR
@@ -49,6 +55,7 @@ def main() -> int:
         from dagster import DagsterInstance, MultiPartitionKey, materialize
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
+        from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
         from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
         from jobs.partitions import RELEASES, shard_partitions
         from resources.profiles import build_resources
@@ -67,13 +74,13 @@ def main() -> int:
         for shard in shard_partitions.get_partition_keys():
             key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
             result = materialize(
-                [pmc_raw_articles, parsed_articles, pubmed_metadata],
+                [pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings],
                 partition_key=key,
                 instance=instance,
                 resources=resources,
                 run_config=quiet,
             )
-            print(f"  materialized pmc_raw_articles, parsed_articles, pubmed_metadata [{key}]")
+            print(f"  materialized pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings [{key}]")
             if not result.success:
                 return 1
         result = materialize(
@@ -82,6 +89,32 @@ def main() -> int:
         print(f"  materialized image_duplicates[{DEMO_RELEASE}]")
         if not result.success:
             return 1
+        concepts = {
+            "ops": {
+                "concept_model": {"config": DEMO_CONCEPT_MODEL},
+                "cluster_labels": {"config": {"directory": str(DEMO_ANNOTATIONS)}},
+            },
+            **quiet,
+        }
+        for asset_def in (concept_model, concept_review, cluster_labels):
+            result = materialize(
+                [asset_def],
+                partition_key=DEMO_RELEASE,
+                instance=instance,
+                resources=resources,
+                run_config={"ops": {k: v for k, v in concepts["ops"].items() if k == asset_def.key.path[-1]}, **quiet},
+            )
+            print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
+            if not result.success:
+                return 1
+        for shard in shard_partitions.get_partition_keys():
+            key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
+            result = materialize(
+                [figure_concepts], partition_key=key, instance=instance, resources=resources, run_config=quiet
+            )
+            if not result.success:
+                return 1
+        print("  materialized figure_concepts (every shard)")
     print_summary(resources["lake"].lake(), time.time() - started)
     return 0
 
@@ -91,12 +124,25 @@ def print_summary(lake, seconds: float) -> None:
 
     con = duckdb.connect(lake.path("catalog.duckdb"), read_only=True)
     print(f"\nPanelForge demo finished in {seconds:.1f}s. Lake: {lake.url}")
-    tables = ("inventory", "raw_manifest", "raw_files", "articles", "figures", "mentions", "pubmed", "image_duplicates")
+    tables = (
+        "inventory",
+        "raw_manifest",
+        "raw_files",
+        "articles",
+        "figures",
+        "mentions",
+        "pubmed",
+        "image_duplicates",
+        "embeddings",
+        "figure_concepts",
+    )
     for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
         print(f"  {table:<16} {count:>6} rows")
     print("  articles by status:", dict(con.execute("SELECT status, count(*) FROM raw_manifest GROUP BY 1").fetchall()))
     print("  pubmed by status:  ", dict(con.execute("SELECT status, count(*) FROM pubmed GROUP BY 1").fetchall()))
+    concepts = con.execute("SELECT global_concept, count(*) FROM figure_concepts GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    print("  figure concepts:   ", dict(concepts), "(tiny random DINOv2: marked synthetic)")
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")

@@ -198,6 +198,50 @@ PUBMED = pa.schema(
     ]
 )
 
+EMBEDDINGS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("sha256", pa.string()),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("synthetic", pa.bool_(), nullable=False),  # made by a tiny random test model
+        pa.field("pooling", pa.string()),
+        pa.field("dim", pa.int32()),
+        pa.field("vector", pa.binary()),  # float16, little-endian, dim values; null on error
+        pa.field("error", pa.string()),
+    ]
+)
+
+FIGURE_CONCEPTS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("sha256", pa.string()),
+        pa.field("model_version", pa.string()),
+        pa.field("cluster_id", pa.int32()),
+        pa.field("distance", pa.float32()),
+        pa.field("panel_type", pa.string()),
+        pa.field("global_concept", pa.string()),
+        pa.field("local_concepts", _strings),
+        pa.field("label_status", pa.string(), nullable=False),  # labeled, partly_labeled, unannotated_cluster, ...
+        pa.field("synthetic", pa.bool_()),
+    ]
+)
+
+CLUSTER_LABELS = pa.schema(
+    [
+        pa.field("model_version", pa.string(), nullable=False),
+        pa.field("cluster_id", pa.int32(), nullable=False),
+        pa.field("panel_type", pa.string()),
+        pa.field("global_concept", pa.string()),
+        pa.field("local_concepts", _strings),
+        pa.field("annotators", pa.int32()),
+        pa.field("ties", _strings),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "inventory": INVENTORY,
     "inventory_errors": INVENTORY_ERRORS,
@@ -210,6 +254,9 @@ TABLES: dict[str, pa.Schema] = {
     "other_graphics": OTHER_GRAPHICS,
     "image_duplicates": IMAGE_DUPLICATES,
     "pubmed": PUBMED,
+    "embeddings": EMBEDDINGS,
+    "figure_concepts": FIGURE_CONCEPTS,
+    "cluster_labels": CLUSTER_LABELS,
 }
 
 MANIFEST_STATUSES = ("ok", "carried", "error", "retracted")

@@ -12,6 +12,11 @@ PANELFORGE_CONCURRENCY    parallel transfers per download run             4 (clu
 NCBI_EUTILS_URL           E-utilities base URL                            NCBI's
 NCBI_EMAIL                contact e-mail sent to NCBI                     none
 NCBI_API_KEY              secret: read at use, never config or logs       none (3 req/s)
+PANELFORGE_DINOV2_MODEL   DINOv2 weights: model id or local directory     facebook/dinov2-large
+PANELFORGE_SYNTHETIC      1: tiny random models, outputs marked           1 in demo, else 0
+PANELFORGE_RAY_ADDRESS    Ray cluster address; unset starts Ray locally   unset
+PANELFORGE_RAY_ACTORS     embedding actors (model replicas) per run       1
+PANELFORGE_GPUS_PER_ACTOR GPUs per actor                                  0 (cluster: 1)
 ========================  ==============================================  ======================
 """
 
@@ -69,3 +74,21 @@ def eutils_url() -> str:
 
 def ncbi_email() -> str | None:
     return os.environ.get("NCBI_EMAIL") or None
+
+
+def dinov2_model() -> str:
+    from pipelines.concepts.dinov2 import DEFAULT_MODEL
+
+    return os.environ.get("PANELFORGE_DINOV2_MODEL", DEFAULT_MODEL)
+
+
+def synthetic_models() -> bool:
+    return os.environ.get("PANELFORGE_SYNTHETIC", "1" if profile() == "demo" else "0") == "1"
+
+
+def ray_settings() -> dict:
+    return {
+        "address": os.environ.get("PANELFORGE_RAY_ADDRESS") or None,
+        "actors": int(os.environ.get("PANELFORGE_RAY_ACTORS", 1)),
+        "gpus_per_actor": float(os.environ.get("PANELFORGE_GPUS_PER_ACTOR", 1 if profile() == "cluster" else 0)),
+    }

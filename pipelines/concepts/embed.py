@@ -1,0 +1,117 @@
+"""Embed a partition's figure images with DINOv2 on Ray Data.
+
+Two stages, so the GPU never waits on JPEG decoding: CPU tasks read each image from the raw
+tar (by offset), decode it robustly and resize/crop it with the model's own processor to a
+224 x 224 uint8 array; a pool of actors, each holding the model once, normalises and embeds
+batches. Only image references travel into Ray, and every stage holds one batch at a time,
+so memory is bounded by the batch size, not the partition size. Locally Ray starts on the
+CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors onto GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+
+from pipelines.acquire.rawstore import read_raw_file
+from pipelines.concepts.decode import decode_image
+from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
+from pipelines.lake import Lake
+
+EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    import logging
+
+    import ray
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # progress lines flood run logs
+    if not ray.is_initialized():
+        ray.init(
+            address=address or None,
+            num_cpus=None if address else num_cpus,
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+
+
+def _prepare_batch(batch: dict, lake_root: str, config: dict) -> dict:
+    """CPU stage: raw bytes -> decoded RGB -> 224 x 224 uint8, or an error for that image."""
+    cfg = EmbedderConfig(**config)
+    lake, processor = Lake(lake_root), load_processor(cfg)
+    pixels, errors = [], []
+    for tar_path, offset, size in zip(batch["tar_path"], batch["offset"], batch["size"], strict=True):
+        image, error = decode_image(
+            read_raw_file(lake, {"tar_path": tar_path, "offset": int(offset), "size": int(size)})
+        )
+        pixels.append(prepare(image, processor, cfg.pad) if image is not None else EMPTY)
+        errors.append(error or "")
+    return {**{k: v for k, v in batch.items()}, "pixels": np.stack(pixels), "error": np.array(errors, dtype=object)}
+
+
+class _EmbedActor:
+    """GPU (or CPU) stage: the model is loaded once per actor."""
+
+    def __init__(self, config: dict):
+        self.embedder = Embedder(EmbedderConfig(**config))
+
+    def __call__(self, batch: dict) -> dict:
+        ok = np.array([not e for e in batch["error"]], dtype=bool)
+        vectors = np.zeros((len(ok), self.embedder.dim), dtype=np.float16)
+        if ok.any():
+            vectors[ok] = self.embedder.embed(batch["pixels"][ok])
+        out = {k: v for k, v in batch.items() if k != "pixels"}
+        out["vector"] = np.array(
+            [v.tobytes() if good else b"" for v, good in zip(vectors, ok, strict=True)], dtype=object
+        )
+        out["dim"] = np.full(len(ok), self.embedder.dim, dtype=np.int32)
+        return out
+
+
+def embed_images(
+    lake: Lake,
+    refs: list[dict],
+    config: EmbedderConfig,
+    batch_size: int = 32,
+    actors: int = 1,
+    gpus_per_actor: float = 0,
+    address: str | None = None,
+) -> list[dict]:
+    """Embed ``refs`` (rows with pmcid, fig_id, image_file, sha256, tar_path, offset, size).
+
+    Returns one row per ref with ``vector`` (float16 bytes, empty on error), ``dim`` and ``error``.
+    """
+    if not refs:
+        return []
+    import ray
+
+    ensure_ray(address)
+    cfg = asdict(config)
+    ds = ray.data.from_items(refs)
+    ds = ds.map_batches(_prepare_batch, fn_kwargs={"lake_root": lake.url, "config": cfg}, batch_size=batch_size)
+    ds = ds.map_batches(
+        _EmbedActor,
+        fn_constructor_kwargs={"config": cfg},
+        batch_size=batch_size,
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        num_gpus=gpus_per_actor or None,
+    )
+    rows = []
+    for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
+        for i in range(len(batch["sha256"])):
+            rows.append(
+                {
+                    "pmcid": str(batch["pmcid"][i]),
+                    "fig_id": batch["fig_id"][i],
+                    "image_file": str(batch["image_file"][i]),
+                    "sha256": str(batch["sha256"][i]),
+                    "vector": bytes(batch["vector"][i]) or None,
+                    "dim": int(batch["dim"][i]),
+                    "error": batch["error"][i] or None,
+                }
+            )
+    return sorted(rows, key=lambda r: (r["pmcid"], r["fig_id"] or "", r["image_file"]))

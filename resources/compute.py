@@ -1,0 +1,35 @@
+"""Ray (where GPU stages run) and model weights, as resources chosen per profile."""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+
+from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
+
+
+class RayResource(ConfigurableResource):
+    """``address`` None starts Ray on this machine (CPU); ``ray://head:10001`` uses a cluster.
+
+    ``actors`` x ``gpus_per_actor`` is how a run packs the GPUs: e.g. 8 actors with 1 GPU each
+    on an 8-GPU node, or 16 with 0.5 to put two small-model replicas on every GPU.
+    """
+
+    address: str | None = None
+    actors: int = 1
+    gpus_per_actor: float = 0.0
+    batch_size: int = 32
+
+
+class ModelsResource(ConfigurableResource):
+    """Model weights by id or local directory. ``synthetic`` builds tiny random models from
+    configs in code (tests, demo); everything they produce is marked ``synthetic``."""
+
+    dinov2: str = DEFAULT_MODEL
+    dinov2_pooling: str = "cls"
+    dinov2_pad: bool = False
+    synthetic: bool = False
+
+    def dinov2_config(self) -> EmbedderConfig:
+        return EmbedderConfig(
+            model=self.dinov2, synthetic=self.synthetic, pooling=self.dinov2_pooling, pad=self.dinov2_pad
+        )
