@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home
+DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF_HUB_OFFLINE=1
 
 .PHONY: install demo test ui lint format bench clean
 
@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m jobs.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 ui: $(STAMP)
 	mkdir -p .demo/dagster_home
@@ -35,6 +35,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.acquisition
 	$(BIN)/python -m benchmarks.parsing
 	$(BIN)/python -m benchmarks.entrez
+	$(BIN)/python -m benchmarks.embeddings
+	$(BIN)/python -m benchmarks.kmeans
 
 clean:
 	rm -rf .demo data .pytest_cache

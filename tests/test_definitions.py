@@ -21,7 +21,18 @@ def test_every_job_schedule_and_sensor_resolves():
     assert defs.resolve_sensor_def("release_shards_sensor").job_name == "pmc_download_job"
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {"pmc_inventory", "pmc_raw_articles", "parsed_articles", "image_duplicates", "pubmed_metadata"}
+    assert keys == {
+        "pmc_inventory",
+        "pmc_raw_articles",
+        "parsed_articles",
+        "image_duplicates",
+        "pubmed_metadata",
+        "figure_embeddings",
+        "concept_model",
+        "concept_review",
+        "cluster_labels",
+        "figure_concepts",
+    }
 
 
 def test_dagster_definitions_validate_passes():
