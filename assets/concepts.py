@@ -98,6 +98,7 @@ class ConceptModelSettings(Config):
     k: int = 2000
     sample_size: int = 200_000
     seed: int = 0
+    kmeans_backend: str = "auto"  # auto (faiss when installed), faiss or sklearn
     reuse_previous: bool = False
 
 
@@ -120,7 +121,9 @@ def concept_model(
     context: AssetExecutionContext, config: ConceptModelSettings, lake: LakeResource, models: ModelsResource
 ) -> MaterializeResult:
     release, lk = context.partition_key, lake.lake()
-    settings = ConceptModelConfig(config.n_components, config.k, config.sample_size, config.seed)
+    settings = ConceptModelConfig(
+        config.n_components, config.k, config.sample_size, config.seed, backend=config.kmeans_backend
+    )
     previous = latest_version(lk, before_release=release) if config.reuse_previous else None
     if previous:
         version, model, reused = previous, load_concept_model(lk, previous), True

@@ -59,6 +59,17 @@ def test_scikit_learn_fallback(monkeypatch):
     model = fit_concept_model(points, ConceptModelConfig(n_components=5, k=3))
     assert model.info["kmeans_backend"] == "scikit-learn"
     assert _same_partition(model.assign(points)[0], truth)
+    with pytest.raises(RuntimeError, match="faiss is not installed"):
+        fit_concept_model(points, ConceptModelConfig(n_components=5, k=3, backend="faiss"))
+
+
+def test_scikit_learn_chosen_by_configuration():
+    points, truth = blobs(3)
+    model = fit_concept_model(points, ConceptModelConfig(n_components=5, k=3, backend="sklearn"))
+    assert model.info["kmeans_backend"] == "scikit-learn" and model.info["backend"] == "sklearn"
+    assert _same_partition(model.assign(points)[0], truth)
+    with pytest.raises(ValueError, match="k-means backend must be one of"):
+        ConceptModelConfig(backend="cuml")
 
 
 def test_artifacts_round_trip_and_versions(lake):

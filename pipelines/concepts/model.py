@@ -3,7 +3,8 @@
 The sample is chosen by a keyed hash of each image's sha256 (the ``sample_size`` smallest
 hashes), so it is the same whatever the partition order and holds each distinct image once;
 only ``sample_size`` vectors are ever in memory. k-means runs on faiss (on the GPU when faiss
-sees one) and falls back to scikit-learn's KMeans. Artifacts are versioned under
+sees one) and falls back to scikit-learn's KMeans when faiss is not installed or
+``backend="sklearn"`` asks for it. Artifacts are versioned under
 ``models/concepts/<version>/`` in the lake; a later release can reuse them unchanged.
 """
 
@@ -19,6 +20,8 @@ import numpy as np
 
 from pipelines.lake import Lake
 
+KMEANS_BACKENDS = ("auto", "faiss", "sklearn")
+
 
 @dataclass(frozen=True)
 class ConceptModelConfig:
@@ -27,6 +30,11 @@ class ConceptModelConfig:
     sample_size: int = 200_000
     seed: int = 0
     niter: int = 25
+    backend: str = "auto"  # "auto" (faiss when installed), "faiss" or "sklearn"
+
+    def __post_init__(self) -> None:
+        if self.backend not in KMEANS_BACKENDS:
+            raise ValueError(f"k-means backend must be one of {', '.join(KMEANS_BACKENDS)}, got {self.backend!r}")
 
     def version(self, release: str, model_label: str) -> str:
         digest = hashlib.sha1(json.dumps([asdict(self), model_label], sort_keys=True).encode()).hexdigest()[:8]
@@ -96,21 +104,29 @@ def kmeans_plusplus_init(points: np.ndarray, k: int, seed: int, per_centroid: in
     return np.ascontiguousarray(centres, dtype=np.float32)
 
 
-def _kmeans(points: np.ndarray, k: int, seed: int, niter: int) -> tuple[np.ndarray, str, float]:
-    try:
-        import faiss
+def _kmeans(points: np.ndarray, k: int, seed: int, niter: int, backend: str) -> tuple[np.ndarray, str, float]:
+    if backend != "sklearn":
+        try:
+            import faiss
+        except ImportError:
+            if backend == "faiss":
+                raise RuntimeError("k-means backend 'faiss' requested but faiss is not installed") from None
+        else:
+            return _faiss_kmeans(faiss, points, k, seed, niter)
+    from sklearn.cluster import KMeans
 
-        gpu = faiss.get_num_gpus() > 0
-        km = faiss.Kmeans(points.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False)
-        km.train(np.ascontiguousarray(points, dtype=np.float32), init_centroids=kmeans_plusplus_init(points, k, seed))
-        _, labels = km.index.search(np.ascontiguousarray(points, dtype=np.float32), 1)
-        inertia = float(((points - km.centroids[labels[:, 0]]) ** 2).sum())
-        return km.centroids.astype(np.float32), "faiss-gpu" if gpu else "faiss-cpu", inertia
-    except ImportError:
-        from sklearn.cluster import KMeans
+    km = KMeans(n_clusters=k, random_state=seed, n_init=1, max_iter=niter).fit(points)
+    return km.cluster_centers_.astype(np.float32), "scikit-learn", float(km.inertia_)
 
-        km = KMeans(n_clusters=k, random_state=seed, n_init=1, max_iter=niter).fit(points)
-        return km.cluster_centers_.astype(np.float32), "scikit-learn", float(km.inertia_)
+
+def _faiss_kmeans(faiss, points: np.ndarray, k: int, seed: int, niter: int) -> tuple[np.ndarray, str, float]:
+    gpu = faiss.get_num_gpus() > 0
+    points = np.ascontiguousarray(points, dtype=np.float32)
+    km = faiss.Kmeans(points.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False)
+    km.train(points, init_centroids=kmeans_plusplus_init(points, k, seed))
+    _, labels = km.index.search(points, 1)
+    inertia = float(((points - km.centroids[labels[:, 0]]) ** 2).sum())
+    return km.centroids.astype(np.float32), "faiss-gpu" if gpu else "faiss-cpu", inertia
 
 
 def fit_concept_model(vectors: np.ndarray, config: ConceptModelConfig) -> ConceptModel:
@@ -126,7 +142,7 @@ def fit_concept_model(vectors: np.ndarray, config: ConceptModelConfig) -> Concep
     components = vt[:n_components].astype(np.float32)
     k = min(config.k, len(vectors))
     points = (centred @ components.T).astype(np.float32)
-    centroids, backend, inertia = _kmeans(points, k, config.seed, config.niter)
+    centroids, backend, inertia = _kmeans(points, k, config.seed, config.niter, config.backend)
     cumulative = np.cumsum(ratio)
     info = {
         **asdict(config),
