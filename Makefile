@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.entrez
 	$(BIN)/python -m benchmarks.embeddings
 	$(BIN)/python -m benchmarks.kmeans
+	$(BIN)/python -m benchmarks.serialization
 
 clean:
 	rm -rf .demo data .pytest_cache

@@ -57,6 +57,23 @@ def main() -> int:
         from assets.acquisition import pmc_inventory, pmc_raw_articles
         from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
         from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
+        from assets.release import (
+            dataset_card,
+            dataset_samples,
+            hf_upload,
+            release_parquet,
+            webdataset_concept_balanced,
+            webdataset_concept_filtered,
+            webdataset_shards,
+        )
+
+        RELEASE_ASSETS = (  # noqa: N806
+            webdataset_shards,
+            webdataset_concept_filtered,
+            webdataset_concept_balanced,
+            release_parquet,
+            dataset_card,
+        )
         from jobs.partitions import RELEASES, shard_partitions
         from resources.profiles import build_resources
 
@@ -115,6 +132,29 @@ def main() -> int:
             if not result.success:
                 return 1
         print("  materialized figure_concepts (every shard)")
+        for shard in shard_partitions.get_partition_keys():
+            key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
+            result = materialize(
+                [dataset_samples], partition_key=key, instance=instance, resources=resources, run_config=quiet
+            )
+            if not result.success:
+                return 1
+        print("  materialized dataset_samples (every shard)")
+        upload = {"ops": {"hf_upload": {"config": {"dry_run": True}}}, **quiet}
+        for asset_def in (*RELEASE_ASSETS, hf_upload):
+            result = materialize(
+                [asset_def],
+                partition_key=DEMO_RELEASE,
+                instance=instance,
+                resources=resources,
+                run_config=upload if asset_def is hf_upload else quiet,
+            )
+            print(
+                f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]"
+                + (" (dry run)" if asset_def is hf_upload else "")
+            )
+            if not result.success:
+                return 1
     print_summary(resources["lake"].lake(), time.time() - started)
     return 0
 
@@ -135,6 +175,7 @@ def print_summary(lake, seconds: float) -> None:
         "image_duplicates",
         "embeddings",
         "figure_concepts",
+        "samples",
     )
     for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
@@ -143,6 +184,10 @@ def print_summary(lake, seconds: float) -> None:
     print("  pubmed by status:  ", dict(con.execute("SELECT status, count(*) FROM pubmed GROUP BY 1").fetchall()))
     concepts = con.execute("SELECT global_concept, count(*) FROM figure_concepts GROUP BY 1 ORDER BY 2 DESC").fetchall()
     print("  figure concepts:   ", dict(concepts), "(tiny random DINOv2: marked synthetic)")
+    samples = con.execute(
+        "SELECT coalesce(reason, status), count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC"
+    ).fetchall()
+    print("  samples:           ", dict(samples))
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
@@ -150,6 +195,8 @@ def print_summary(lake, seconds: float) -> None:
     duckdb_cli = os.path.relpath(os.path.join(sys.prefix, "bin", "duckdb"))
     catalog = os.path.relpath(lake.path("catalog.duckdb"))
     print(f'\nQuery it:    {duckdb_cli} {catalog} "SELECT status, count(*) FROM raw_manifest GROUP BY ALL"')
+    dataset = os.path.relpath(lake.path("dataset"))
+    print(f"The dataset: {dataset}/README.md (card), {dataset}/{DEMO_RELEASE}/commercial/*.tar (WebDataset)")
     print("Open the UI: make ui   (then http://127.0.0.1:3000: Assets for the graph, Runs for what ran)")
 
 

@@ -32,6 +32,13 @@ pmc_download_job = define_asset_job(
     description="Fetch the new and changed articles of one (release, shard); carry over the rest.",
 )
 
+publish_release_job = define_asset_job(
+    "publish_release_job",
+    selection=AssetSelection.groups("release") - AssetSelection.assets("dataset_samples", "hf_upload"),
+    partitions_def=releases_partitions,
+    description="Serialize a release whose samples are planned: shards, mixtures, Parquet, statistics, card.",
+)
+
 
 def release_key(when: datetime) -> str:
     """Releases are named by year: the yearly refresh of January 2027 opens release ``2027``."""

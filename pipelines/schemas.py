@@ -242,6 +242,35 @@ CLUSTER_LABELS = pa.schema(
     ]
 )
 
+# The serialization plan: one row per figure image of a partition, sorted by shuffle_key.
+SAMPLES = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string()),
+        pa.field("status", pa.string(), nullable=False),  # included or excluded
+        pa.field("reason", pa.string()),  # why excluded: one of pipelines.release.samples.REASONS
+        pa.field("detail", pa.string()),
+        pa.field("shuffle_seed", pa.int64(), nullable=False),
+        pa.field("shuffle_key", pa.string(), nullable=False),
+        pa.field("license_group", pa.string()),
+        pa.field("license_code", pa.string()),
+        pa.field("global_concept", pa.string()),
+        pa.field("panel_type", pa.string()),
+        pa.field("cluster_id", pa.int32()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("converted_from", pa.string()),  # source format when the .jpg is a conversion
+        pa.field("image_tar", pa.string()),  # lake-relative tar holding the bytes to write
+        pa.field("image_offset", pa.int64()),
+        pa.field("image_size", pa.int64()),
+        pa.field("image_sha256", pa.string()),  # of the bytes written as .jpg
+        pa.field("caption", pa.string()),
+        pa.field("meta_json", pa.string()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "inventory": INVENTORY,
     "inventory_errors": INVENTORY_ERRORS,
@@ -257,6 +286,7 @@ TABLES: dict[str, pa.Schema] = {
     "embeddings": EMBEDDINGS,
     "figure_concepts": FIGURE_CONCEPTS,
     "cluster_labels": CLUSTER_LABELS,
+    "samples": SAMPLES,
 }
 
 MANIFEST_STATUSES = ("ok", "carried", "error", "retracted")

@@ -17,6 +17,8 @@ PANELFORGE_SYNTHETIC      1: tiny random models, outputs marked           1 in d
 PANELFORGE_RAY_ADDRESS    Ray cluster address; unset starts Ray locally   unset
 PANELFORGE_RAY_ACTORS     embedding actors (model replicas) per run       1
 PANELFORGE_GPUS_PER_ACTOR GPUs per actor                                  0 (cluster: 1)
+PANELFORGE_HF_REPO        Hugging Face dataset repository for releases    unset (upload refused)
+HF_TOKEN                  secret: read at use, never config or logs       none
 ========================  ==============================================  ======================
 """
 
@@ -92,3 +94,7 @@ def ray_settings() -> dict:
         "actors": int(os.environ.get("PANELFORGE_RAY_ACTORS", 1)),
         "gpus_per_actor": float(os.environ.get("PANELFORGE_GPUS_PER_ACTOR", 1 if profile() == "cluster" else 0)),
     }
+
+
+def hf_repo() -> str | None:
+    return os.environ.get("PANELFORGE_HF_REPO") or None

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_job_schedule_and_sensor_resolves():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"pmc_inventory_job", "pmc_download_job"} <= jobs
+    assert {"pmc_inventory_job", "pmc_download_job", "publish_release_job"} <= jobs
     assert defs.resolve_schedule_def("yearly_pmc_refresh").cron_schedule == "0 2 2 1 *"
     assert defs.resolve_sensor_def("release_shards_sensor").job_name == "pmc_download_job"
     graph = defs.resolve_asset_graph()
@@ -32,6 +32,13 @@ def test_every_job_schedule_and_sensor_resolves():
         "concept_review",
         "cluster_labels",
         "figure_concepts",
+        "dataset_samples",
+        "webdataset_shards",
+        "webdataset_concept_filtered",
+        "webdataset_concept_balanced",
+        "release_parquet",
+        "dataset_card",
+        "hf_upload",
     }
 
 

@@ -75,3 +75,35 @@ def read_raw_file(lake: Lake, row: dict) -> bytes:
     with lake.fs.open(lake.path(row["tar_path"]), "rb") as fh:
         fh.seek(row["offset"])
         return fh.read(row["size"])
+
+
+class RawReader:
+    """Reads byte ranges of lake files, keeping one open handle per file.
+
+    The release writer reads thousands of figures from each raw tar in shuffled order; reopening
+    the tar (an object-store request on remote lakes) for each would dominate its time.
+    """
+
+    def __init__(self, lake: Lake, max_open: int = 64):
+        self.lake, self.max_open = lake, max_open
+        self._handles: dict[str, object] = {}
+
+    def read(self, relative_path: str, offset: int, size: int) -> bytes:
+        handle = self._handles.get(relative_path)
+        if handle is None:
+            if len(self._handles) >= self.max_open:
+                self._handles.pop(next(iter(self._handles))).close()
+            handle = self._handles[relative_path] = self.lake.fs.open(self.lake.path(relative_path), "rb")
+        handle.seek(offset)
+        return handle.read(size)
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+
+    def __enter__(self) -> RawReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

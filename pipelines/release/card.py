@@ -1,0 +1,255 @@
+"""The dataset card: the Hub's ``README.md`` (YAML header + a user's manual) for every release.
+
+The card is regenerated from each release's ``release.json`` whenever a release is built, so a
+repository that receives a release every year describes all of them. The Hub takes one license
+entry per repository; PanelForge's subsets are license groups, so the header says ``other`` and
+the card and ``LICENSES.md`` give the licenses of each subset with counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from pipelines.lake import Lake
+from pipelines.release.samples import JSON_FIELDS
+from pipelines.release.webdataset import dataset_dir
+
+SUBSET_LICENSES = {
+    "commercial": "CC0, CC BY, CC BY-SA, CC BY-ND: commercial use allowed, with attribution (except CC0)",
+    "noncommercial": "CC BY-NC, CC BY-NC-SA, CC BY-NC-ND: no commercial use",
+    "other": "no Creative Commons license (PMC's 'NO-CC CODE') or public-domain mark: check each article",
+}
+SIZE_CATEGORIES = [
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"),
+    (100_000_000, "10M<n<100M"),
+]
+CITATION = """@misc{panelforge,
+  title  = {PanelForge: figure-caption pairs from PubMed Central Open Access},
+  note   = {Built with PanelForge from the PMC Open Access Subset},
+  url    = {https://www.ncbi.nlm.nih.gov/pmc/tools/openftlist/}
+}
+@article{lozano2025biomedica,
+  title   = {BIOMEDICA: An Open Biomedical Image-Caption Archive, Dataset, and Vision-Language Models
+             Derived from Scientific Literature},
+  author  = {Lozano, Alejandro and Sun, Min Woo and Burgess, James and others},
+  journal = {arXiv preprint arXiv:2501.07171},
+  year    = {2025}
+}"""
+
+
+def size_category(n: int) -> str:
+    for bound, name in SIZE_CATEGORIES:
+        if n < bound:
+            return name
+    return "100M<n<1B"
+
+
+def write_release_json(lake: Lake, release: str, info: dict) -> str:
+    dest = dataset_dir(lake, release, "release.json")
+    with lake.atomic_local_file(dest) as tmp, open(tmp, "w") as fh:
+        json.dump(info, fh, indent=1, sort_keys=True)
+    return dest
+
+
+def releases(lake: Lake) -> dict[str, dict]:
+    found = {}
+    for path in sorted(lake.fs.glob(dataset_dir(lake, "*", "release.json"))):
+        with lake.fs.open(path, "rb") as fh:
+            info = json.loads(fh.read())
+        found[info["release"]] = info
+    return found
+
+
+def webdataset_features() -> list[dict]:
+    """The features of a WebDataset config in the card's YAML (the ``datasets`` library's format)."""
+    json_fields = [
+        {"name": name, "list": "string"} if kind == "list" else {"name": name, "dtype": kind}
+        for name, kind in JSON_FIELDS.items()
+    ]
+    return [
+        {"name": "__key__", "dtype": "string"},
+        {"name": "__url__", "dtype": "string"},
+        {"name": "jpg", "dtype": "image"},
+        {"name": "json", "struct": json_fields},
+        {"name": "txt", "dtype": "string"},
+    ]
+
+
+def card_header(infos: dict[str, dict], repo_id: str | None) -> dict:
+    configs, features = [], []
+    latest = max(infos)
+    for release, info in sorted(infos.items(), reverse=True):
+        for subset, facts in info["subsets"].items():
+            if facts["samples"]:
+                configs.append(
+                    {
+                        "config_name": f"{release}-{subset}",
+                        "data_files": [{"split": "train", "path": f"{release}/{subset}/*.tar"}],
+                    }
+                )
+                features.append({"config_name": f"{release}-{subset}", "features": webdataset_features()})
+        for table, facts in info["tables"].items():
+            if facts["rows"]:
+                configs.append(
+                    {
+                        "config_name": f"{release}-{table}",
+                        "data_files": [{"split": "train", "path": f"{release}/parquet/{table}/*.parquet"}],
+                    }
+                )
+    default = next((c for c in configs if c["config_name"] == f"{latest}-commercial"), configs[0] if configs else None)
+    if default is not None:
+        default["default"] = True
+    total = sum(f["samples"] for f in infos[latest]["subsets"].values() if not f.get("mixture"))
+    return {
+        "pretty_name": "PanelForge: PMC-OA figure-caption pairs",
+        "license": "other",
+        "license_name": "pmc-oa-per-article",
+        "license_link": "LICENSES.md",
+        "language": ["en"],
+        "task_categories": ["image-to-text", "zero-shot-image-classification", "image-classification"],
+        "tags": ["biology", "medical", "pubmed-central", "webdataset", "image-text"],
+        "size_categories": [size_category(total)],
+        "configs": configs,
+        "dataset_info": features,
+    }
+
+
+def _table(rows: list[list], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_card(infos: dict[str, dict], repo_id: str | None) -> str:
+    header = card_header(infos, repo_id)
+    latest = max(infos)
+    info = infos[latest]
+    repo = repo_id or "<user>/<dataset>"
+    subsets = [
+        [
+            f"`{latest}/{name}`",
+            f"{facts['samples']:,}",
+            facts["shards"],
+            f"{facts['bytes'] / 1e9:.3f}",
+            ", ".join(f"{code} ({n:,})" for code, n in sorted(facts["license_codes"].items())) or "-",
+        ]
+        for name, facts in info["subsets"].items()
+    ]
+    tables = [
+        [f"`{latest}/parquet/{t}/`", f"{f['rows']:,}", f"{f['bytes'] / 1e6:.2f}"] for t, f in info["tables"].items()
+    ]
+    stats = info.get("stats", {}).get("fields", {})
+    stat_rows = []
+    for name, entry in stats.items():
+        chars = entry.get("chars") or entry.get("value") or {}
+        tokens = entry.get("tokens", {})
+        stat_rows.append(
+            [
+                name,
+                chars.get("count", 0),
+                chars.get("mean", "-"),
+                chars.get("p50", "-"),
+                chars.get("p95", "-"),
+                tokens.get("mean", "-"),
+                tokens.get(f"share_over_{75}", "-"),
+            ]
+        )
+    warning = (
+        "\n> **Test build.** This release's concept labels come from a tiny randomly initialised model, "
+        "not DINOv2: they are placeholders.\n"
+        if info.get("synthetic_labels")
+        else ""
+    )
+    limits = info["limits"]
+    last_shard = max(info["subsets"].get("commercial", {}).get("shards", 1) - 1, 0)
+    body = f"""
+# PanelForge: PMC-OA figure-caption pairs
+
+Figure images and their captions from the [PubMed Central Open Access Subset](https://www.ncbi.nlm.nih.gov/pmc/tools/openftlist/),
+with article metadata, PubMed MeSH terms, citation counts and concept labels, built by PanelForge.
+One sample is one figure image with a non-empty caption. Releases: {", ".join(sorted(infos))}.
+{warning}
+## Release {latest}: WebDataset subsets
+
+Shards are named `{{release}}/{{subset}}/panelforge-{{000000..N}}.tar`, hold at most
+{limits["max_samples"]:,} samples or {limits["max_bytes"] / 1e9:g} GB, and are shuffled across clusters
+and articles with seed {info["shuffle_seed"]}. Each sample has `.jpg` (the original bytes for JPEG figures;
+other formats are converted once to JPEG, quality 95, 4:4:4, alpha on white, and say so in
+`converted_from`), `.txt` (the caption) and `.json` (figure and article metadata; the article's
+full text is in the `articles` table, joined by `pmcid`). Next to each shard,
+`panelforge-NNNNNN.parquet` lists its keys; `sizes.json` gives the sample counts OpenCLIP reads.
+Subsets never mix license groups.
+
+{_table(subsets, ["subset", "samples", "shards", "GB", "licenses (samples)"])}
+
+Licenses: commercial = {SUBSET_LICENSES["commercial"]}; noncommercial = {SUBSET_LICENSES["noncommercial"]};
+other = {SUBSET_LICENSES["other"]}. Every sample's JSON carries its article's `license_code` and `license_url`.
+
+## Parquet tables
+
+{_table(tables, ["table", "rows", "MB"])}
+
+## Statistics
+
+Characters are exact over all samples; tokens are {info.get("stats", {}).get("tokenizer", "-")} on a seeded sample.
+
+{_table(stat_rows, ["field", "n", "mean chars", "median chars", "p95 chars", "mean tokens", "share > 75 tokens"])}
+
+Excluded while planning (counted, never written half-way): {json.dumps(info.get("excluded", {}), sort_keys=True)}.
+
+## Loading
+
+```python
+from datasets import load_dataset
+
+ds = load_dataset("{repo}", "{latest}-commercial", split="train", streaming=True)
+articles = load_dataset("{repo}", "{latest}-articles", split="train")
+```
+
+OpenCLIP: `--dataset-type webdataset --train-data "{latest}/commercial/panelforge-{{000000..{last_shard:06d}}}.tar"`
+(the sample count comes from `sizes.json`).
+
+DuckDB, all commercial-license microscopy figures with their shard keys:
+
+```sql
+SELECT key, shard, pmcid, fig_id
+FROM '{latest}/commercial/*.parquet'
+WHERE global_concept = 'Microscopy';
+```
+
+## Attribution and citation
+
+The figures and captions are from articles in the PMC Open Access Subset; each remains under its authors' license,
+named per sample. PubMed metadata courtesy of the U.S. National Library of Medicine. Please cite the articles you use
+and:
+
+```bibtex
+{CITATION}
+```
+"""
+    return "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True) + "---\n" + body
+
+
+def render_licenses(infos: dict[str, dict]) -> str:
+    lines = ["# Licenses", "", "Each figure keeps its article's license. Per release and subset:", ""]
+    for release, info in sorted(infos.items()):
+        for subset, facts in info["subsets"].items():
+            codes = ", ".join(f"{c}: {n:,}" for c, n in sorted(facts["license_codes"].items())) or "empty"
+            lines.append(f"- `{release}/{subset}`: {codes}")
+    lines += ["", *(f"- {k}: {v}" for k, v in SUBSET_LICENSES.items()), ""]
+    return "\n".join(lines)
+
+
+def write_card(lake: Lake, repo_id: str | None) -> str:
+    infos = releases(lake)
+    dest = dataset_dir(lake, "README.md")
+    for name, text in (("README.md", render_card(infos, repo_id)), ("LICENSES.md", render_licenses(infos))):
+        with lake.atomic_local_file(dataset_dir(lake, name)) as tmp, open(tmp, "w") as fh:
+            fh.write(text)
+    return dest

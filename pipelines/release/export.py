@@ -1,0 +1,44 @@
+"""The release's Parquet dataset: the lake tables a person filters in SQL, one file per shard.
+
+Only articles whose license is known are exported (the same rule as the WebDataset samples),
+so every exported row can be redistributed under the license it carries. ``labels`` is the
+``figure_concepts`` table under the name a dataset user looks for.
+"""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipelines.lake import Lake
+from pipelines.release.webdataset import dataset_dir
+
+EXPORTED = {"articles": "articles", "figures": "figures", "mentions": "mentions", "pubmed": "pubmed"}
+EXPORTED["labels"] = "figure_concepts"
+
+
+def export_tables(lake: Lake, release: str, shards: list[str]) -> dict[str, dict]:
+    """Write ``dataset/<release>/parquet/<table>/part-<shard>.parquet``; returns rows and bytes per table."""
+    summary = {name: {"rows": 0, "bytes": 0, "files": 0} for name in EXPORTED}
+    withheld = 0
+    for shard in shards:
+        articles = lake.read_table("articles", release, shard)
+        if articles is None:
+            continue
+        licensed = articles.filter(pc.is_valid(articles["license_code"]))
+        withheld += articles.num_rows - licensed.num_rows
+        keep = licensed["pmcid"]
+        for name, source in EXPORTED.items():
+            table = licensed if name == "articles" else lake.read_table(source, release, shard)
+            if table is None:
+                continue
+            if name != "articles":
+                table = table.filter(pc.is_in(table["pmcid"], value_set=keep))
+            dest = dataset_dir(lake, release, "parquet", name, f"part-{shard}.parquet")
+            with lake.atomic_local_file(dest) as tmp:
+                pq.write_table(table, tmp, compression="zstd")
+            summary[name]["rows"] += table.num_rows
+            summary[name]["bytes"] += lake.fs.size(dest)
+            summary[name]["files"] += 1
+    summary["articles"]["withheld_unknown_license"] = withheld
+    return summary

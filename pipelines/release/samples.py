@@ -1,0 +1,322 @@
+"""The sample plan of one (release, shard): one row per figure image, included or excluded.
+
+Planning is the per-partition, embarrassingly parallel half of serialization. It joins a
+partition's figures with their article, PubMed record, mentions and concept labels; decides
+every exclusion (with a counted reason); converts the images that are not JPEG once, into a
+per-partition tar; and writes the caption and the sample's JSON. The release writer then only
+copies bytes, in one global shuffled order, so it is fast and its memory is flat.
+
+The shuffle order is a keyed hash of each sample's key (``shuffle_key``); each partition's plan
+is stored sorted by it, so the writer merges partitions as sorted runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from pipelines.acquire.rawstore import RawReader
+from pipelines.concepts.decode import decode_image
+from pipelines.lake import Lake
+from pipelines.schemas import SAMPLES
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+JPEG_QUALITY = 95  # conversions of PNG/TIFF/GIF figures: 4:4:4 chroma, no visible loss on line art
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+# The sample JSON: every field, always present, with a fixed type and never null ("" and -1 mean
+# unknown). Readers that infer a schema from the first samples (Hugging Face datasets reads five)
+# would otherwise type a field as null and fail at its first value. The dataset card declares it.
+JSON_FIELDS = {
+    "key": "string",
+    "pmcid": "string",
+    "pmid": "string",
+    "doi": "string",
+    "title": "string",
+    "journal": "string",
+    "pub_date": "string",
+    "article_type": "string",
+    "keywords": "list",
+    "mesh_terms": "list",
+    "mesh_major_terms": "list",
+    "publication_types": "list",
+    "cited_by_count": "int64",
+    "fig_id": "string",
+    "fig_label": "string",
+    "image_file": "string",
+    "parent_fig_id": "string",
+    "license_code": "string",
+    "license_group": "string",
+    "license_url": "string",
+    "global_concept": "string",
+    "local_concepts": "list",
+    "panel_type": "string",
+    "cluster_id": "int64",
+    "label_status": "string",
+    "concept_model_version": "string",
+    "labels_from_synthetic_model": "bool",
+    "source_sha256": "string",
+    "sha256": "string",
+    "phash": "string",
+    "width": "int64",
+    "height": "int64",
+    "converted_from": "string",
+    "mentions": "list",
+}
+_UNKNOWN = {"string": "", "int64": -1, "bool": False, "list": []}
+
+
+def stable_json(meta: dict) -> dict:
+    """``meta`` with every ``JSON_FIELDS`` entry present and typed (unknown: "" or -1)."""
+    if meta.keys() != JSON_FIELDS.keys():
+        raise ValueError(f"sample JSON fields differ from JSON_FIELDS: {sorted(meta.keys() ^ JSON_FIELDS.keys())}")
+    return {name: _UNKNOWN[kind] if meta[name] is None else meta[name] for name, kind in JSON_FIELDS.items()}
+
+
+REASONS = ("no_graphic", "missing_image", "zero_byte_image", "undecodable_image", "empty_caption", "unknown_license")
+
+
+@dataclass
+class SamplePlan:
+    rows: list[dict]
+    converted: int = 0
+    excluded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def included(self) -> int:
+        return sum(1 for r in self.rows if r["status"] == "included")
+
+
+def sample_key(pmcid: str, fig_id: str | None, index: int, n_images: int) -> str:
+    """``PMC123_F1`` (``_2``... for a figure with several images); no dots, so WebDataset's
+    "key up to the first dot" rule and Hugging Face's loader keep it whole."""
+    base = f"{pmcid}_{fig_id or 'fig'}" + (f"_{index + 1}" if n_images > 1 else "")
+    return _KEY_UNSAFE.sub("-", base)
+
+
+def shuffle_key(seed: int, key: str) -> str:
+    return hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).hexdigest()
+
+
+def caption_of(figure: dict) -> str:
+    """Caption title and text joined by a space (the label, "Figure 2", carries no content)."""
+    parts = [(figure.get("caption_title") or "").strip(), (figure.get("caption_text") or "").strip()]
+    return " ".join(p for p in parts if p)
+
+
+def to_jpeg(data: bytes) -> tuple[bytes | None, str | None]:
+    """The image re-encoded as baseline JPEG (RGB by PanelForge's decoding rules), or a reason."""
+    image, reason = decode_image(data)
+    if image is None:
+        return None, reason
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
+    return out.getvalue(), None
+
+
+def _article_fields(article: dict, pubmed: dict | None) -> dict:
+    mesh = (pubmed or {}).get("mesh") or []
+    return {
+        "pmcid": article["pmcid"],
+        "pmid": article["pmid"],
+        "doi": article["doi"],
+        "title": article["title"],
+        "journal": article["journal"],
+        "pub_date": article["pub_date"],
+        "article_type": article["article_type"],
+        "keywords": list(article["keywords"] or []),
+        "mesh_terms": [m["name"] for m in mesh],
+        "mesh_major_terms": [m["name"] for m in mesh if m["major"]],
+        "publication_types": list((pubmed or {}).get("publication_types") or []),
+        "cited_by_count": (pubmed or {}).get("cited_by_count"),
+    }
+
+
+def _by(rows, *fields) -> dict:
+    return {tuple(r[f] for f in fields): r for r in rows}
+
+
+def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: str) -> SamplePlan:
+    """Plan every figure image of one partition; non-JPEG images are converted into
+    ``converted_tar`` (a lake path, written atomically only when there is something to write)."""
+
+    def table(name: str) -> list[dict]:
+        found = lake.read_table(name, release, shard)
+        if found is None and name in ("figures", "articles", "raw_files"):
+            raise FileNotFoundError(f"release {release} shard {shard} has no {name} table: parse it first")
+        return found.to_pylist() if found is not None else []
+
+    articles = _by(table("articles"), "pmcid")
+    raw = _by(table("raw_files"), "pmcid", "name")
+    pubmed = {r["pmcid"]: r for r in table("pubmed") if r["pmcid"] and r["status"] == "ok"}
+    concepts = _by(table("figure_concepts"), "pmcid", "fig_id", "image_file")
+    embedding_errors = {(r["pmcid"], r["image_file"]): r["error"] for r in table("embeddings") if r["error"]}
+    mentions: dict[tuple, list[str]] = defaultdict(list)
+    for m in table("mentions"):
+        mentions[(m["pmcid"], m["fig_id"])].append(m["text"])
+
+    rows: list[dict] = []
+    conversions: list[tuple[dict, bytes]] = []
+    keys_seen: set[str] = set()
+    reader = RawReader(lake)
+    for fig in table("figures"):
+        article = articles.get((fig["pmcid"],))
+        if article is None:
+            continue
+        files = list(fig["image_files"] or [])
+        if not files:  # a figure without a graphic (its images are in child figures), or one not in the package
+            reason = "missing_image" if fig["graphic_hrefs"] else "no_graphic"
+            detail = "; ".join(fig["flags"] or []) or None
+            key = sample_key(fig["pmcid"], fig["fig_id"], 0, 1)
+            rows.append(_excluded(fig, None, key, reason, seed, detail))
+            keys_seen.add(key)
+            continue
+        for index, name in enumerate(files):
+            key = sample_key(fig["pmcid"], fig["fig_id"], index, len(files))
+            while key in keys_seen:  # two fig ids that differ only in unsafe characters
+                key += "_"
+            keys_seen.add(key)
+            source = raw.get((fig["pmcid"], name))
+            head = reader.read(source["tar_path"], source["offset"], min(3, source["size"])) if source else b""
+            context = (article, concepts, embedding_errors, mentions, pubmed.get(fig["pmcid"]))
+            row = _plan_image(fig, index, name, key, source, head == JPEG_MAGIC, context, seed)
+            if row["status"] == "included" and row["converted_from"]:
+                data, reason = to_jpeg(reader.read(source["tar_path"], source["offset"], source["size"]))
+                if data is None:
+                    row.update(_exclusion("undecodable_image", reason))
+                else:
+                    conversions.append((row, data))
+            rows.append(row)
+    reader.close()
+    if conversions:
+        _write_converted(lake, converted_tar, conversions)
+    rows.sort(key=lambda r: r["shuffle_key"])
+    excluded: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row["status"] == "excluded":
+            excluded[row["reason"]] += 1
+    return SamplePlan(rows, converted=len(conversions), excluded=dict(excluded))
+
+
+def _exclusion(reason: str, detail: str | None = None) -> dict:
+    return {"status": "excluded", "reason": reason, "detail": detail}
+
+
+def _excluded(fig: dict, name: str | None, key: str, reason: str, seed: int, detail: str | None = None) -> dict:
+    row = {column: None for column in SAMPLES.names if column != "meta_json"} | {"meta": None}
+    row.update(
+        key=key,
+        pmcid=fig["pmcid"],
+        fig_id=fig["fig_id"],
+        image_file=name,
+        shuffle_seed=seed,
+        shuffle_key=shuffle_key(seed, key),
+        **_exclusion(reason, detail),
+    )
+    return row
+
+
+def _plan_image(fig, index, name, key, source, is_jpeg, context, seed) -> dict:
+    article, concepts, embedding_errors, mentions, pubmed = context
+    errors = list(fig["image_errors"] or [])
+    image_error = (errors[index] if index < len(errors) else None) or embedding_errors.get((fig["pmcid"], name))
+    caption = caption_of(fig)
+    if source is None:
+        return _excluded(fig, name, key, "missing_image", seed, "listed in the figure but not in the package")
+    if source["size"] == 0:
+        return _excluded(fig, name, key, "zero_byte_image", seed)
+    if image_error:
+        return _excluded(fig, name, key, "undecodable_image", seed, image_error)
+    if not caption:
+        return _excluded(fig, name, key, "empty_caption", seed)
+    if not article["license_code"]:
+        return _excluded(fig, name, key, "unknown_license", seed, article["license_url"] or article["license_text"])
+    label = concepts.get((fig["pmcid"], fig["fig_id"], name)) or {}
+    widths, heights, hashes = fig["widths"] or [], fig["heights"] or [], fig["phash"] or []
+    meta = {
+        "key": key,
+        "fig_id": fig["fig_id"],
+        "fig_label": fig["label"],
+        "image_file": name,
+        "parent_fig_id": fig["parent_fig_id"],
+        "license_code": article["license_code"],
+        "license_group": article["license_group"],
+        "license_url": article["license_url"],
+        "global_concept": label.get("global_concept"),
+        "local_concepts": list(label.get("local_concepts") or []),
+        "panel_type": label.get("panel_type"),
+        "cluster_id": label.get("cluster_id"),
+        "label_status": label.get("label_status", "not_labeled"),
+        "concept_model_version": label.get("model_version"),
+        "labels_from_synthetic_model": bool(label.get("synthetic", False)),
+        "source_sha256": source["sha256"],
+        "phash": hashes[index] if index < len(hashes) else None,
+        "width": widths[index] if index < len(widths) else None,
+        "height": heights[index] if index < len(heights) else None,
+        "converted_from": None if is_jpeg else _extension(name),
+        "mentions": mentions.get((fig["pmcid"], fig["fig_id"]), []),
+        **_article_fields(article, pubmed),
+    }
+    return {
+        "key": key,
+        "pmcid": fig["pmcid"],
+        "fig_id": fig["fig_id"],
+        "image_file": name,
+        "status": "included",
+        "reason": None,
+        "detail": None,
+        "shuffle_seed": seed,
+        "shuffle_key": shuffle_key(seed, key),
+        "license_group": article["license_group"],
+        "license_code": article["license_code"],
+        "global_concept": meta["global_concept"],
+        "panel_type": meta["panel_type"],
+        "cluster_id": meta["cluster_id"],
+        "width": meta["width"],
+        "height": meta["height"],
+        "converted_from": meta["converted_from"],
+        "image_tar": source["tar_path"],
+        "image_offset": source["offset"],
+        "image_size": source["size"],
+        "image_sha256": source["sha256"] if is_jpeg else None,
+        "caption": caption,
+        "meta": meta,
+    }
+
+
+def _extension(name: str) -> str:
+    return name.rsplit(".", 1)[1].lower() if "." in name else "unknown"
+
+
+def _write_converted(lake: Lake, dest: str, conversions: list[tuple[dict, bytes]]) -> None:
+    relative = dest[len(lake.root) + 1 :]
+    with lake.atomic_local_file(dest) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
+        for row, data in sorted(conversions, key=lambda item: item[0]["key"]):
+            info = tarfile.TarInfo(f"{row['key']}.jpg")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+            offset = tar.offset - -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            row.update(image_tar=relative, image_offset=offset, image_size=len(data))
+            row["image_sha256"] = hashlib.sha256(data).hexdigest()
+
+
+def finish_rows(rows: list[dict]) -> list[dict]:
+    """Rows as stored in the ``samples`` table: the JSON is completed (with the sha256 of the bytes
+    that will be written) and serialized once, with sorted keys, so shards are reproducible."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        meta = row.pop("meta", None)
+        if meta is not None:
+            meta["sha256"] = row["image_sha256"]
+            stable = stable_json(meta)
+            row["meta_json"] = json.dumps(stable, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        else:
+            row["meta_json"] = None
+        out.append(row)
+    return out

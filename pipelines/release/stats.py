@@ -1,0 +1,172 @@
+"""Release statistics in the spirit of BIOMEDICA's Table 7, with flat memory.
+
+Lengths in characters and image sizes are exact in count, mean, min and max; quantiles and
+histograms come from a seeded reservoir of ``reservoir`` values per field. Token lengths are
+measured on a seeded sample of ``token_sample`` texts per field with OpenCLIP's CLIP BPE
+tokenizer (``open_clip.tokenizer.SimpleTokenizer``, 49,408 tokens), whose vocabulary ships
+inside the package, so it works offline and counts what a CLIP trainer will see; the share
+above 75 tokens is the share truncated by CLIP's 77-token context (75 plus start and end).
+Full texts are long (thousands of tokens, tens of milliseconds each in pure-Python BPE), so
+their token sample is ``FULL_TEXT_TOKEN_SAMPLE``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TOKENIZER = "OpenCLIP SimpleTokenizer (CLIP BPE, 49,408 tokens, open_clip_torch)"
+CLIP_TEXT_TOKENS = 75
+FULL_TEXT_TOKEN_SAMPLE = 200
+
+
+@dataclass
+class Reservoir:
+    """Exact count/mean/min/max; a seeded uniform sample of values (and texts) for the rest."""
+
+    size: int
+    rng: np.random.Generator
+    text_size: int = 0
+    count: int = 0
+    total: float = 0.0
+    low: float = float("inf")
+    high: float = float("-inf")
+    values: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+    def add(self, value: float, text: str | None = None) -> None:
+        self.count += 1
+        self.total += value
+        self.low, self.high = min(self.low, value), max(self.high, value)
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            slot = int(self.rng.integers(self.count))
+            if slot < self.size:
+                self.values[slot] = value
+        if text is not None and self.text_size:
+            if len(self.texts) < self.text_size:
+                self.texts.append(text)
+            else:
+                slot = int(self.rng.integers(self.count))
+                if slot < self.text_size:
+                    self.texts[slot] = text
+
+    def summary(self) -> dict:
+        if not self.count:
+            return {"count": 0}
+        q = np.percentile(self.values, [5, 25, 50, 75, 95])
+        return {
+            "count": self.count,
+            "mean": round(self.total / self.count, 2),
+            "min": self.low,
+            "max": self.high,
+            **{f"p{p}": round(float(v), 1) for p, v in zip((5, 25, 50, 75, 95), q, strict=True)},
+        }
+
+
+@dataclass
+class ReleaseStats:
+    reservoir: int = 100_000
+    token_sample: int = 5_000
+    seed: int = 0
+    fields: dict[str, Reservoir] = field(default_factory=dict)
+    counts: dict[str, Counter] = field(default_factory=lambda: {"concept": Counter(), "license": Counter()})
+
+    def _field(self, name: str, text_sample: int = 0) -> Reservoir:
+        if name not in self.fields:
+            rng = np.random.default_rng([self.seed, len(self.fields)])
+            self.fields[name] = Reservoir(self.reservoir, rng, text_sample)
+        return self.fields[name]
+
+    def add_text(self, name: str, text: str, text_sample: int | None = None) -> None:
+        self._field(name, self.token_sample if text_sample is None else text_sample).add(len(text), text)
+
+    def add_value(self, name: str, value: float) -> None:
+        self._field(name).add(value)
+
+    def add_sample(self, caption: str, meta: dict) -> None:
+        self.add_text("caption", caption)
+        for mention in meta["mentions"]:
+            self.add_text("mention", mention)
+        if meta["width"] and meta["height"]:
+            self.add_value("image_width", meta["width"])
+            self.add_value("image_height", meta["height"])
+            self.add_value("image_area", meta["width"] * meta["height"])
+        self.counts["concept"][meta["global_concept"] or "unlabeled"] += 1
+        self.counts["license"][f"{meta['license_group']}: {meta['license_code']}"] += 1
+
+    def result(self) -> dict:
+        from open_clip.tokenizer import SimpleTokenizer
+
+        tokenizer = SimpleTokenizer()
+        out: dict = {"tokenizer": TOKENIZER, "fields": {}, "counts": {k: dict(v) for k, v in self.counts.items()}}
+        for name, res in sorted(self.fields.items()):
+            entry = {"chars" if res.text_size else "value": res.summary()}
+            if res.texts:
+                lengths = np.array([len(tokenizer.encode(t)) for t in res.texts])
+                entry["tokens"] = {
+                    "sampled_texts": len(lengths),
+                    "mean": round(float(lengths.mean()), 2),
+                    "p50": float(np.percentile(lengths, 50)),
+                    "p95": float(np.percentile(lengths, 95)),
+                    "max": int(lengths.max()),
+                    f"share_over_{CLIP_TEXT_TOKENS}": round(float((lengths > CLIP_TEXT_TOKENS).mean()), 4),
+                }
+            out["fields"][name] = entry
+        return out
+
+    def histograms(self) -> dict[str, bytes]:
+        """One PNG per field (log-scaled lengths and sizes) and one per count table."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        pngs = {}
+        for name, res in sorted(self.fields.items()):
+            if not res.values:
+                continue
+            fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+            values = np.maximum(np.array(res.values, dtype=float), 1)
+            bins = np.logspace(0, np.log10(values.max() + 1), 40)
+            ax.hist(values, bins=bins, color="#4c72b0")
+            ax.set_xscale("log")
+            unit = "characters" if res.text_size else ("pixels" if "area" in name else "px")
+            ax.set_xlabel(f"{name.replace('_', ' ')} ({unit})")
+            ax.set_ylabel("count" + ("" if res.count <= res.size else f" (sample of {res.size:,})"))
+            ax.set_title(f"{name.replace('_', ' ')}: n = {res.count:,}")
+            pngs[f"{name}.png"] = _png(fig, plt)
+        for name, counter in self.counts.items():
+            if not counter:
+                continue
+            fig, ax = plt.subplots(figsize=(7, 0.35 * len(counter) + 1.2), dpi=100)
+            labels, values = zip(*sorted(counter.items(), key=lambda kv: kv[1]), strict=True)
+            ax.barh(labels, values, color="#55a868")
+            ax.set_xlabel("samples")
+            ax.set_title(f"samples per {name}")
+            pngs[f"per_{name}.png"] = _png(fig, plt)
+        return pngs
+
+
+def _png(fig, plt) -> bytes:
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out.getvalue()
+
+
+def release_stats(samples, articles, reservoir: int = 100_000, token_sample: int = 5_000, seed: int = 0):
+    """Statistics over included samples (``(caption, meta_json)`` pairs) and exported articles' body text."""
+    stats = ReleaseStats(reservoir, token_sample, seed)
+    for caption, meta_json in samples:
+        stats.add_sample(caption, json.loads(meta_json))
+    for body in articles:
+        if body:
+            stats.add_text("full_text", body, min(token_sample, FULL_TEXT_TOKEN_SAMPLE))
+    return stats

@@ -1,0 +1,288 @@
+"""WebDataset shards of a release: a global shuffled order, bounded shards, byte-reproducible.
+
+Every partition's sample plan is stored sorted by ``shuffle_key``, so the release order is a
+k-way merge of sorted runs: memory holds one batch per partition plus one output shard, however
+large the release. Shards are cut at ``max_samples`` samples or ``max_bytes`` bytes, whichever
+comes first, and named ``{name}-{000000}.tar`` so OpenCLIP's brace patterns read them. A shard
+appears atomically; its Parquet sidecar (the keys it holds, written after it) marks it complete,
+so a rerun skips finished shards and rewrites nothing that would come out the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import io
+import json
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.acquire.rawstore import RawReader
+from pipelines.lake import Lake
+
+SHARD_NAME = "panelforge"
+LICENSE_SUBSETS = ("commercial", "noncommercial", "other")
+_TAR_END = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE  # end-of-archive blocks and record padding, at most
+
+SIDECAR = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string()),
+        pa.field("license_group", pa.string()),
+        pa.field("license_code", pa.string()),
+        pa.field("global_concept", pa.string()),
+        pa.field("panel_type", pa.string()),
+        pa.field("cluster_id", pa.int32()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("image_sha256", pa.string()),
+        pa.field("converted_from", pa.string()),
+        pa.field("shard", pa.string(), nullable=False),
+    ]
+)
+_PLAN_COLUMNS = [*(n for n in SIDECAR.names if n != "shard"), "status", "shuffle_seed", "shuffle_key"]
+_PLAN_COLUMNS += ["image_tar", "image_offset", "image_size", "caption", "meta_json"]
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    max_samples: int = 10_000
+    max_bytes: int = 1_000_000_000
+
+
+@dataclass
+class SubsetResult:
+    subset: str
+    shards: list[dict] = field(default_factory=list)  # name, samples, bytes, sha256, reused
+    seed: int | None = None
+    license_codes: dict[str, int] = field(default_factory=dict)
+    concepts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return sum(s["samples"] for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s["bytes"] for s in self.shards)
+
+
+def dataset_dir(lake: Lake, *parts: str) -> str:
+    """The folder mirrored to the Hub: ``README.md`` and one folder per release."""
+    return lake.path("dataset", *parts)
+
+
+def _member_bytes(size: int) -> int:
+    return tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def sample_bytes(row: dict) -> int:
+    return (
+        _member_bytes(row["image_size"])
+        + _member_bytes(len(row["caption"].encode()))
+        + _member_bytes(len(row["meta_json"].encode()))
+    )
+
+
+def _plan_rows(lake: Lake, path: str, batch_size: int) -> Iterator[dict]:
+    with lake.fs.open(path, "rb") as fh:
+        for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_size, columns=_PLAN_COLUMNS):
+            yield from batch.to_pylist()
+
+
+def shuffled_samples(lake: Lake, release: str, batch_size: int = 1024) -> Iterator[dict]:
+    """Every included sample of ``release`` in shuffle order (a merge of the sorted partitions)."""
+    paths = sorted(lake.fs.glob(lake.path("tables", "samples", f"release={release}", "shard=*", "data.parquet")))
+    if not paths:
+        raise FileNotFoundError(f"release {release} has no sample plan: materialize dataset_samples first")
+    seed = None
+    for row in heapq.merge(*(_plan_rows(lake, p, batch_size) for p in paths), key=itemgetter("shuffle_key")):
+        if seed is None:
+            seed = row["shuffle_seed"]
+        elif row["shuffle_seed"] != seed:
+            raise ValueError(
+                f"release {release} was planned with shuffle seeds {seed} and {row['shuffle_seed']}: "
+                "re-materialize dataset_samples for every shard with one seed"
+            )
+        if row["status"] == "included":
+            yield row
+
+
+class _HashingFile(io.RawIOBase):
+    """A write-only file that hashes what passes through, so a shard is read once."""
+
+    def __init__(self, fh):
+        self.fh, self.sha, self.position = fh, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.fh.write(data)
+        self.sha.update(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tuple[int, str]:
+    with lake.atomic_local_file(dest) as tmp:
+        with open(tmp, "wb") as raw:
+            out = _HashingFile(raw)
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                for row in rows:
+                    key = row["key"]
+                    _add(tar, f"{key}.jpg", reader.read(row["image_tar"], row["image_offset"], row["image_size"]))
+                    _add(tar, f"{key}.json", row["meta_json"].encode())
+                    _add(tar, f"{key}.txt", row["caption"].encode())
+        return out.position, out.sha.hexdigest()
+
+
+def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str) -> pa.Table:
+    table = pa.Table.from_pylist(
+        [{name: row.get(name) for name in SIDECAR.names if name != "shard"} | {"shard": shard} for row in rows],
+        schema=SIDECAR,
+    )
+    return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256})
+
+
+def _existing_shard(lake: Lake, directory: str, stem: str, keys: list[str]) -> dict | None:
+    """The finished shard's facts when its sidecar lists exactly ``keys``, else None."""
+    tar, sidecar = f"{directory}/{stem}.tar", f"{directory}/{stem}.parquet"
+    if not (lake.fs.exists(tar) and lake.fs.exists(sidecar)):
+        return None
+    with lake.fs.open(sidecar, "rb") as fh:
+        table = pq.read_table(fh, columns=["key"])
+    meta = table.schema.metadata or {}
+    if table.column("key").to_pylist() != keys or b"tar_sha256" not in meta:
+        return None
+    if lake.fs.size(tar) != int(meta[b"tar_bytes"]):
+        return None
+    return {"bytes": int(meta[b"tar_bytes"]), "sha256": meta[b"tar_sha256"].decode()}
+
+
+def write_subset(
+    lake: Lake,
+    release: str,
+    subset: str,
+    rows: Iterable[dict],
+    limits: ShardLimits = ShardLimits(),
+    name: str = SHARD_NAME,
+) -> SubsetResult:
+    """Write ``rows`` (in order) as the shards of ``dataset/<release>/<subset>/``."""
+    directory = dataset_dir(lake, release, subset)
+    result = SubsetResult(subset)
+    reader = RawReader(lake)
+    pending: list[dict] = []
+    pending_bytes = _TAR_END
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        stem = f"{name}-{len(result.shards):06d}"
+        keys = [r["key"] for r in pending]
+        facts = _existing_shard(lake, directory, stem, keys)
+        reused = facts is not None
+        if not reused:
+            nbytes, sha = _write_tar(lake, f"{directory}/{stem}.tar", pending, reader)
+            with lake.atomic_local_file(f"{directory}/{stem}.parquet") as tmp:
+                pq.write_table(_sidecar_table(pending, f"{stem}.tar", nbytes, sha), tmp, compression="zstd")
+            facts = {"bytes": nbytes, "sha256": sha}
+        result.shards.append({"name": f"{stem}.tar", "samples": len(pending), "reused": reused, **facts})
+        pending, pending_bytes = [], _TAR_END
+
+    try:
+        for row in rows:
+            result.seed = row["shuffle_seed"]
+            code, concept = row["license_code"], row["global_concept"] or "unlabeled"
+            result.license_codes[code] = result.license_codes.get(code, 0) + 1
+            result.concepts[concept] = result.concepts.get(concept, 0) + 1
+            size = sample_bytes(row)
+            if size + _TAR_END > limits.max_bytes:
+                raise ValueError(f"sample {row['key']} alone ({size} bytes) exceeds the shard limit")
+            if pending and (len(pending) >= limits.max_samples or pending_bytes + size > limits.max_bytes):
+                flush()
+            pending.append(row)
+            pending_bytes += size
+        if pending:
+            flush()
+    finally:
+        reader.close()
+    _finish_directory(lake, directory, result, name)
+    return result
+
+
+def _finish_directory(lake: Lake, directory: str, result: SubsetResult, name: str) -> None:
+    """Remove shards left from a larger earlier run, then write ``sizes.json`` (OpenCLIP reads it
+    for the sample count) and ``manifest.json`` last."""
+    keep = {s["name"] for s in result.shards} | {s["name"].replace(".tar", ".parquet") for s in result.shards}
+    if lake.fs.exists(directory):
+        for path in lake.fs.glob(f"{directory}/{name}-*"):
+            if path.rsplit("/", 1)[1] not in keep:
+                lake.fs.rm(path)
+    files = {
+        "sizes.json": {s["name"]: s["samples"] for s in result.shards},
+        "manifest.json": {
+            "subset": result.subset,
+            "shuffle_seed": result.seed,
+            "samples": result.samples,
+            "bytes": result.bytes,
+            "license_codes": result.license_codes,
+            "concepts": result.concepts,
+            "shards": [{k: s[k] for k in ("name", "samples", "bytes", "sha256")} for s in result.shards],
+        },
+    }
+    for filename, payload in files.items():
+        with lake.atomic_local_file(f"{directory}/{filename}") as tmp, open(tmp, "w") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=True)
+
+
+def by_license(group: str) -> Callable[[dict], bool]:
+    return lambda row: row["license_group"] == group
+
+
+def concept_filter(group: str, concepts: Iterable[str]) -> Callable[[dict], bool]:
+    wanted = set(concepts)
+    return lambda row: row["license_group"] == group and row["global_concept"] in wanted
+
+
+def concept_cap(group: str, cap: int) -> Callable[[dict], bool]:
+    """At most ``cap`` samples per global concept: in shuffle order, so a random subset of each."""
+    counts: dict[str, int] = {}
+
+    def keep(row: dict) -> bool:
+        concept = row["global_concept"]
+        if row["license_group"] != group or concept is None or counts.get(concept, 0) >= cap:
+            return False
+        counts[concept] = counts.get(concept, 0) + 1
+        return True
+
+    return keep
+
+
+def write_release_subsets(
+    lake: Lake,
+    release: str,
+    subsets: dict[str, Callable[[dict], bool]],
+    limits: ShardLimits = ShardLimits(),
+    name: str = SHARD_NAME,
+) -> dict[str, SubsetResult]:
+    """Write each named subset (its own pass over the merged plan, so memory stays flat)."""
+    return {
+        subset: write_subset(lake, release, subset, filter(keep, shuffled_samples(lake, release)), limits, name)
+        for subset, keep in subsets.items()
+    }
