@@ -150,6 +150,14 @@ def test_bad_input_is_excluded_with_a_reason(parsed_lake, tmp_path):
             raw_rows[row["pmcid"]].append(row)
     for pmcid in {zero["pmcid"], broken["pmcid"]}:
         _edit(lake, "raw_files", shard_of[pmcid], raw_edit)
+    gone = by_article[victims[0]][1]  # a figure whose image file is not in the package
+    shard = shard_of[gone["pmcid"]]
+    kept = [
+        r
+        for r in lake.read_table("raw_files", RELEASE, shard).to_pylist()
+        if (r["pmcid"], r["name"]) != (gone["pmcid"], gone["image_file"])
+    ]
+    lake.write_table("raw_files", RELEASE, shard, kept)
 
     def figure_edit(row):
         if (row["pmcid"], row["fig_id"]) == (uncaptioned["pmcid"], uncaptioned["fig_id"]):
@@ -165,11 +173,12 @@ def test_bad_input_is_excluded_with_a_reason(parsed_lake, tmp_path):
 
     rows = {r["key"]: r for r in all_rows(plan_release(lake))}
     assert rows[zero["key"]]["reason"] == "zero_byte_image"
+    assert rows[gone["key"]]["reason"] == "missing_image"
     assert rows[uncaptioned["key"]]["reason"] == "empty_caption"
     # the broken image is not JPEG (it is XML), so conversion tries to decode it and records why not
     assert rows[broken["key"]]["reason"] == "undecodable_image" and rows[broken["key"]]["detail"]
     assert {rows[r["key"]]["reason"] for r in by_article[unlicensed]} == {"unknown_license"}
-    changed = {zero["key"], broken["key"], uncaptioned["key"], *(r["key"] for r in by_article[unlicensed])}
+    changed = {zero["key"], gone["key"], broken["key"], uncaptioned["key"], *(r["key"] for r in by_article[unlicensed])}
     still = {k for k, r in rows.items() if r["status"] == "included"}
     assert still == {r["key"] for r in baseline} - changed  # the rest of the release is untouched
 

@@ -218,6 +218,19 @@ def test_upload_is_private_by_default_and_keeps_the_token_out_of_logs(release, m
     assert logs and not any(TOKEN in repr(entry) for entry in logs)
 
 
+def test_upload_large_folder_is_used_where_the_library_has_it(tmp_path):
+    class LargeFolderApi(FakeHfApi):
+        def upload_large_folder(self, **kwargs):
+            FakeHfApi.calls.append(("upload_large_folder", kwargs["repo_id"], kwargs))
+
+    FakeHfApi.calls = []
+    method = hub.upload_release(LargeFolderApi(), "me/ds", tmp_path, "2025", private=True)
+    assert method == "upload_large_folder"
+    (_, (name, _, kwargs)) = FakeHfApi.calls
+    assert name == "upload_large_folder" and kwargs["private"] is True and kwargs["repo_type"] == "dataset"
+    assert kwargs["allow_patterns"] == ["2025/**", "README.md", "LICENSES.md"]
+
+
 def test_hub_limits_are_checked_before_upload(tmp_path, monkeypatch):
     folder = tmp_path / "dataset"
     (folder / "2025" / "big").mkdir(parents=True)
