@@ -30,7 +30,7 @@ from pipelines.concepts.annotations import load_taxonomy
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import HubLimitError, hub_token, plan_upload, release_patterns, upload_release
-from pipelines.release.samples import REASONS, finish_rows, plan_shard
+from pipelines.release.samples import REASONS, plan_shard
 from pipelines.release.stats import release_stats
 from pipelines.release.webdataset import (
     LICENSE_SUBSETS,
@@ -80,7 +80,7 @@ def dataset_samples(
     lk = lake.lake()
     converted = lk.path("converted", f"release={release}", f"shard={shard}", "images.tar")
     plan = plan_shard(lk, release, shard, config.shuffle_seed, converted)
-    rows = finish_rows(plan.rows)
+    rows = plan.rows
     lk.write_table("samples", release, shard, rows)
     lk.refresh_catalog()
     for row in rows:
@@ -111,13 +111,7 @@ class ShardSettings(Config):
 
 
 def _write_subsets(context, lk, release: str, subsets: dict, config: ShardSettings, mixture: str | None):
-    results = write_release_subsets(lk, release, subsets, config.limits(), config.shard_name)
-    for result in results.values():
-        path = dataset_dir(lk, release, result.subset, "manifest.json")
-        manifest = json.loads(lk.fs.cat(path))
-        manifest |= {"mixture": mixture, "limits": vars(config.limits()), "shard_name": config.shard_name}
-        with lk.atomic_local_file(path) as tmp:
-            Path(tmp).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    results = write_release_subsets(lk, release, subsets, config.limits(), config.shard_name, mixture)
     metadata = {}
     for name, result in results.items():
         metadata[f"{name}_samples"] = result.samples

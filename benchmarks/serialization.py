@@ -45,7 +45,7 @@ def build_lake(root: Path) -> tuple[object, list[dict], float]:
     from pipelines.lake import Lake
     from pipelines.parse.shard import parse_shard
     from pipelines.partitioning import shard_keys
-    from pipelines.release.samples import finish_rows, plan_shard
+    from pipelines.release.samples import plan_shard
     from resources.loopback.sample_mirror import build_cloud_mirror
 
     lake = Lake(root / "lake")
@@ -63,7 +63,7 @@ def build_lake(root: Path) -> tuple[object, list[dict], float]:
     for shard in shard_keys(4):
         start = time.process_time()
         converted = lake.path("converted", "release=2026", f"shard={shard}", "images.tar")
-        rows = finish_rows(plan_shard(lake, "2026", shard, 0, converted).rows)
+        rows = plan_shard(lake, "2026", shard, 0, converted).rows
         cpu += time.process_time() - start
         planned += rows
     return lake, planned, cpu

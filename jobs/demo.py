@@ -124,22 +124,15 @@ def main() -> int:
             print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
             if not result.success:
                 return 1
-        for shard in shard_partitions.get_partition_keys():
-            key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
-            result = materialize(
-                [figure_concepts], partition_key=key, instance=instance, resources=resources, run_config=quiet
-            )
-            if not result.success:
-                return 1
-        print("  materialized figure_concepts (every shard)")
-        for shard in shard_partitions.get_partition_keys():
-            key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
-            result = materialize(
-                [dataset_samples], partition_key=key, instance=instance, resources=resources, run_config=quiet
-            )
-            if not result.success:
-                return 1
-        print("  materialized dataset_samples (every shard)")
+        for asset_def in (figure_concepts, dataset_samples):
+            for shard in shard_partitions.get_partition_keys():
+                key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
+                result = materialize(
+                    [asset_def], partition_key=key, instance=instance, resources=resources, run_config=quiet
+                )
+                if not result.success:
+                    return 1
+            print(f"  materialized {asset_def.key.path[-1]} (every shard)")
         upload = {"ops": {"hf_upload": {"config": {"dry_run": True}}}, **quiet}
         for asset_def in (*RELEASE_ASSETS, hf_upload):
             result = materialize(

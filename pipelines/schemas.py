@@ -271,6 +271,31 @@ SAMPLES = pa.schema(
     ]
 )
 
+# The Parquet file beside each WebDataset shard: its samples' keys and the columns people filter on.
+SHARD_SIDECAR = pa.schema(
+    [
+        *(
+            SAMPLES.field(name)
+            for name in (
+                "key",
+                "pmcid",
+                "fig_id",
+                "image_file",
+                "license_group",
+                "license_code",
+                "global_concept",
+                "panel_type",
+                "cluster_id",
+                "width",
+                "height",
+                "image_sha256",
+                "converted_from",
+            )
+        ),
+        pa.field("shard", pa.string(), nullable=False),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "inventory": INVENTORY,
     "inventory_errors": INVENTORY_ERRORS,

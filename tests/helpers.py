@@ -31,3 +31,17 @@ def files(lake, release: str) -> dict[str, dict[str, dict]]:
     for row in lake.read_release("raw_files", release).to_pylist():
         out.setdefault(row["pmcid"], {})[row["name"]] = row
     return out
+
+
+def materialize_one(asset, key, instance, resources: dict, config: dict | None = None, raise_on_error: bool = True):
+    """Materialize one partition of one asset, with ``config`` as its op config."""
+    from dagster import materialize
+
+    return materialize(
+        [asset],
+        partition_key=key,
+        instance=instance,
+        resources=resources,
+        run_config={"ops": {asset.key.path[-1]: {"config": config}}} if config else None,
+        raise_on_error=raise_on_error,
+    )

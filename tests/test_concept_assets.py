@@ -2,7 +2,7 @@
 then label the next release through the same model without re-embedding unchanged images."""
 
 import pytest
-from dagster import DagsterInstance, MultiPartitionKey, materialize
+from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
 from jobs.partitions import RELEASES, shard_partitions
@@ -11,7 +11,7 @@ from pipelines.parse.shard import parse_shard
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from tests.conftest import source_for
-from tests.helpers import run_release
+from tests.helpers import materialize_one, run_release
 
 MODEL = {"n_components": 8, "k": 4, "sample_size": 1000, "seed": 0}
 
@@ -43,13 +43,7 @@ def concept_lake(tmp_path_factory, cloud_mirror):
     }
 
     def run(asset, key, config=None):
-        result = materialize(
-            [asset],
-            partition_key=key,
-            instance=instance,
-            resources=resources,
-            run_config={"ops": {asset.key.path[-1]: {"config": config}}} if config else None,
-        )
+        result = materialize_one(asset, key, instance, resources, config)
         assert result.success
         (event,) = result.get_asset_materialization_events()
         return event.materialization.metadata

@@ -20,7 +20,7 @@ from jobs.partitions import shard_partitions
 from pipelines.lake import Lake
 from pipelines.parse.shard import parse_shard
 from pipelines.release import webdataset as wds_writer
-from pipelines.release.samples import finish_rows, plan_shard, sample_key
+from pipelines.release.samples import plan_shard, sample_key
 from pipelines.release.webdataset import (
     LICENSE_SUBSETS,
     ShardLimits,
@@ -62,7 +62,7 @@ def plan_release(lake: Lake, seed: int = 0) -> dict[str, list[dict]]:
     plans = {}
     for shard in SHARDS:
         converted = lake.path("converted", f"release={RELEASE}", f"shard={shard}", "images.tar")
-        rows = finish_rows(plan_shard(lake, RELEASE, shard, seed, converted).rows)
+        rows = plan_shard(lake, RELEASE, shard, seed, converted).rows
         lake.write_table("samples", RELEASE, shard, rows)
         plans[shard] = rows
     return plans
@@ -116,6 +116,23 @@ def test_plan_matches_the_figure_files_of_every_article(parsed_lake, tmp_path):
     assert all("." not in r["key"] for r in rows) and len({r["key"] for r in rows}) == len(rows)
     for shard_rows in plan_release(lake).values():  # each partition's plan is sorted for the merge
         assert [r["shuffle_key"] for r in shard_rows] == sorted(r["shuffle_key"] for r in shard_rows)
+
+
+def write_hand_labels(lake: Lake, concept_of) -> None:
+    """``figure_concepts`` written by hand: every image of an article gets ``concept_of(pmcid)``
+    (None: an unannotated cluster)."""
+    for shard in SHARDS:
+        rows = []
+        for fig in lake.read_table("figures", RELEASE, shard).to_pylist():
+            concept = concept_of(fig["pmcid"])
+            for name in fig["image_files"]:
+                rows.append(
+                    {"pmcid": fig["pmcid"], "fig_id": fig["fig_id"], "image_file": name, "sha256": None,
+                     "model_version": "hand", "cluster_id": 0 if concept == "Microscopy" else 1, "distance": 0.0,
+                     "panel_type": "single panel", "global_concept": concept, "local_concepts": [],
+                     "label_status": "labeled" if concept else "unannotated_cluster", "synthetic": False}
+                )  # fmt: skip
+        lake.write_table("figure_concepts", RELEASE, shard, rows)
 
 
 def _edit(lake: Lake, table: str, shard: str, edit) -> None:
@@ -282,32 +299,9 @@ def test_concept_mixtures(parsed_lake, tmp_path):
     hemibrain = FOLDER_TO_PMCID["biorxiv-2020.04.07.030213"]
     articles = [r["pmcid"] for r in lake.read_release("articles", RELEASE).to_pylist() if r["n_figures"]]
     unlabeled = next(p for p in articles if p != hemibrain)
-    for shard in SHARDS:
-        rows = []
-        for fig in lake.read_table("figures", RELEASE, shard).to_pylist():
-            for name in fig["image_files"]:
-                concept = (
-                    None
-                    if fig["pmcid"] == unlabeled
-                    else ("Microscopy" if fig["pmcid"] == hemibrain else "Plots and Charts")
-                )
-                rows.append(
-                    {
-                        "pmcid": fig["pmcid"],
-                        "fig_id": fig["fig_id"],
-                        "image_file": name,
-                        "sha256": None,
-                        "model_version": "hand",
-                        "cluster_id": 0 if concept == "Microscopy" else 1,
-                        "distance": 0.0,
-                        "panel_type": "single panel",
-                        "global_concept": concept,
-                        "local_concepts": [],
-                        "label_status": "labeled" if concept else "unannotated_cluster",
-                        "synthetic": False,
-                    }
-                )
-        lake.write_table("figure_concepts", RELEASE, shard, rows)
+    write_hand_labels(
+        lake, lambda pmcid: None if pmcid == unlabeled else ("Microscopy" if pmcid == hemibrain else "Plots and Charts")
+    )
     plans = plan_release(lake)
     included = [r for r in all_rows(plans) if r["status"] == "included"]
     per = Counter(r["global_concept"] for r in included)
@@ -329,15 +323,15 @@ def test_a_crash_mid_shard_leaves_no_partial_shard_and_a_rerun_finishes_the_same
 
     lake = copy_lake(parsed_lake, tmp_path / "crash")
     plan_release(lake)
-    real_add, calls = wds_writer._add, {"n": 0}
+    real_add, calls = wds_writer.add_member, {"n": 0}
 
-    def crashing_add(tar, name, data):
+    def crashing_add(tar, name, fileobj, size):
         calls["n"] += 1
         if calls["n"] == 3 * 25 + 2:  # in the middle of the third shard
             raise OSError("disk full (simulated)")
-        real_add(tar, name, data)
+        return real_add(tar, name, fileobj, size)
 
-    monkeypatch.setattr(wds_writer, "_add", crashing_add)
+    monkeypatch.setattr(wds_writer, "add_member", crashing_add)
     with pytest.raises(OSError, match="simulated"):
         write_subset(lake, RELEASE, "commercial", shuffled_samples(lake, RELEASE), ShardLimits(10, 10**9))
     folder = dataset_dir(lake, RELEASE, "commercial")
@@ -348,7 +342,7 @@ def test_a_crash_mid_shard_leaves_no_partial_shard_and_a_rerun_finishes_the_same
         "panelforge-000001.parquet",
         "panelforge-000001.tar",
     ]
-    monkeypatch.setattr(wds_writer, "_add", real_add)
+    monkeypatch.setattr(wds_writer, "add_member", real_add)
     rerun = write_subset(lake, RELEASE, "commercial", shuffled_samples(lake, RELEASE), ShardLimits(10, 10**9))
     assert [s["sha256"] for s in rerun.shards] == [s["sha256"] for s in expected.shards]
     assert [s["reused"] for s in rerun.shards[:3]] == [True, True, False]

@@ -9,7 +9,7 @@ import tarfile
 from argparse import Namespace
 
 import pytest
-from dagster import DagsterInstance, MultiPartitionKey, materialize
+from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.release import (
     dataset_card,
@@ -27,27 +27,12 @@ from pipelines.release.hub import HubLimitError, plan_upload, release_patterns
 from pipelines.release.webdataset import dataset_dir
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
+from tests.helpers import materialize_one
 from tests.test_parse import FOLDER_TO_PMCID
-from tests.test_release import RELEASE, SHARDS, parsed_lake  # noqa: F401 - the fixture
+from tests.test_release import RELEASE, SHARDS, parsed_lake, write_hand_labels  # noqa: F401 - the fixture
 
 TOKEN = "hf_test_secret_0123456789abcdef"
 HEMIBRAIN = FOLDER_TO_PMCID["biorxiv-2020.04.07.030213"]
-
-
-def _hand_labels(lake: Lake) -> None:
-    """Hand-written concept labels: the hemibrain preprint's figures are Microscopy, the rest Plots and Charts."""
-    for shard in SHARDS:
-        rows = []
-        for fig in lake.read_table("figures", RELEASE, shard).to_pylist():
-            concept = "Microscopy" if fig["pmcid"] == HEMIBRAIN else "Plots and Charts"
-            for name in fig["image_files"]:
-                rows.append(
-                    {"pmcid": fig["pmcid"], "fig_id": fig["fig_id"], "image_file": name, "sha256": None,
-                     "model_version": "hand", "cluster_id": int(concept == "Microscopy"), "distance": 0.0,
-                     "panel_type": "single panel", "global_concept": concept, "local_concepts": [],
-                     "label_status": "labeled", "synthetic": False}
-                )  # fmt: skip
-        lake.write_table("figure_concepts", RELEASE, shard, rows)
 
 
 class FakeHfApi:
@@ -73,22 +58,15 @@ def release(parsed_lake, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("release_assets")
     shutil.copytree(parsed_lake.root, tmp / "lake")
     lake = Lake(tmp / "lake")
-    _hand_labels(lake)
+    # hand-written labels: the hemibrain preprint's figures are Microscopy, the rest Plots and Charts
+    write_hand_labels(lake, lambda pmcid: "Microscopy" if pmcid == HEMIBRAIN else "Plots and Charts")
     (tmp / "home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp / "home"))
     instance.add_dynamic_partitions(RELEASES, [RELEASE])
     resources = {"lake": LakeResource(home=str(lake.root)), "hub": HuggingFaceHubResource(repo_id="me/panelforge")}
 
     def run(asset, key, config=None):
-        result = materialize(
-            [asset],
-            partition_key=key,
-            instance=instance,
-            resources=resources,
-            run_config={"ops": {asset.key.path[-1]: {"config": config}}} if config else None,
-            raise_on_error=False,
-        )
-        return result
+        return materialize_one(asset, key, instance, resources, config, raise_on_error=False)
 
     small = {"max_samples_per_shard": 10}
     planned = [run(dataset_samples, MultiPartitionKey({"release": RELEASE, "shard": s})) for s in SHARDS]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from pipelines.lake import Lake
 
@@ -24,6 +25,22 @@ def _digests(path: Path) -> tuple[str, str]:
             md5.update(chunk)
             sha.update(chunk)
     return md5.hexdigest(), sha.hexdigest()
+
+
+def padded_size(size: int) -> int:
+    """Bytes a member's data takes in a tar: whole 512-byte blocks."""
+    return -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def add_member(tar: tarfile.TarFile, name: str, fileobj: BinaryIO, size: int) -> int:
+    """Add ``size`` bytes from ``fileobj`` as ``name`` with fixed owner, mode and mtime, so the
+    same inputs give the same archive bytes; return the offset of the member's data."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime, info.uid, info.gid = size, 0o644, 0, 0, 0
+    tar.addfile(info, fileobj)
+    # tarfile sets offset_data only when reading; the data block ends where the
+    # archive's write position is now, padded to whole 512-byte records.
+    return tar.offset - padded_size(size)
 
 
 def next_part_path(lake: Lake, release: str, shard: str) -> str:
@@ -45,14 +62,9 @@ def write_part(lake: Lake, release: str, shard: str, articles: list[tuple[dict, 
         for record, staged in articles:
             for name, kind in staged.files:
                 path = staged.directory / name
-                info = tarfile.TarInfo(f"{record['pmcid']}/{name}")
-                info.size = path.stat().st_size
-                info.mode, info.mtime, info.uid, info.gid = 0o644, 0, 0, 0
+                size = path.stat().st_size
                 with open(path, "rb") as fh:
-                    tar.addfile(info, fh)
-                # tarfile sets offset_data only when reading; the data block ends where the
-                # archive's write position is now, padded to whole 512-byte records.
-                offset = tar.offset - -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                    offset = add_member(tar, f"{record['pmcid']}/{name}", fh, size)
                 md5, sha256 = _digests(path)
                 rows.append(
                     {
@@ -62,7 +74,7 @@ def write_part(lake: Lake, release: str, shard: str, articles: list[tuple[dict, 
                         "kind": kind,
                         "tar_path": relative,
                         "offset": offset,
-                        "size": info.size,
+                        "size": size,
                         "md5": md5,
                         "sha256": sha256,
                     }

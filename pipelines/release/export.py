@@ -13,8 +13,13 @@ import pyarrow.parquet as pq
 from pipelines.lake import Lake
 from pipelines.release.webdataset import dataset_dir
 
-EXPORTED = {"articles": "articles", "figures": "figures", "mentions": "mentions", "pubmed": "pubmed"}
-EXPORTED["labels"] = "figure_concepts"
+EXPORTED = {
+    "articles": "articles",
+    "figures": "figures",
+    "mentions": "mentions",
+    "pubmed": "pubmed",
+    "labels": "figure_concepts",
+}
 
 
 def export_tables(lake: Lake, release: str, shards: list[str]) -> dict[str, dict]:

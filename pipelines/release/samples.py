@@ -20,7 +20,7 @@ import tarfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from pipelines.acquire.rawstore import RawReader
+from pipelines.acquire.rawstore import RawReader, add_member
 from pipelines.concepts.decode import decode_image
 from pipelines.lake import Lake
 from pipelines.schemas import SAMPLES
@@ -83,7 +83,7 @@ REASONS = ("no_graphic", "missing_image", "zero_byte_image", "undecodable_image"
 
 @dataclass
 class SamplePlan:
-    rows: list[dict]
+    rows: list[dict]  # rows of the ``samples`` table, sorted by shuffle_key
     converted: int = 0
     excluded: dict[str, int] = field(default_factory=dict)
 
@@ -195,7 +195,7 @@ def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: s
     reader.close()
     if conversions:
         _write_converted(lake, converted_tar, conversions)
-    rows.sort(key=lambda r: r["shuffle_key"])
+    rows = sorted(_finish_rows(rows), key=lambda r: r["shuffle_key"])
     excluded: dict[str, int] = defaultdict(int)
     for row in rows:
         if row["status"] == "excluded":
@@ -297,15 +297,12 @@ def _write_converted(lake: Lake, dest: str, conversions: list[tuple[dict, bytes]
     relative = dest[len(lake.root) + 1 :]
     with lake.atomic_local_file(dest) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
         for row, data in sorted(conversions, key=lambda item: item[0]["key"]):
-            info = tarfile.TarInfo(f"{row['key']}.jpg")
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-            offset = tar.offset - -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            offset = add_member(tar, f"{row['key']}.jpg", io.BytesIO(data), len(data))
             row.update(image_tar=relative, image_offset=offset, image_size=len(data))
             row["image_sha256"] = hashlib.sha256(data).hexdigest()
 
 
-def finish_rows(rows: list[dict]) -> list[dict]:
+def _finish_rows(rows: list[dict]) -> list[dict]:
     """Rows as stored in the ``samples`` table: the JSON is completed (with the sha256 of the bytes
     that will be written) and serialized once, with sorted keys, so shards are reproducible."""
     out = []

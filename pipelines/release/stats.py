@@ -42,19 +42,18 @@ class Reservoir:
         self.count += 1
         self.total += value
         self.low, self.high = min(self.low, value), max(self.high, value)
-        if len(self.values) < self.size:
-            self.values.append(value)
-        else:
-            slot = int(self.rng.integers(self.count))
-            if slot < self.size:
-                self.values[slot] = value
+        self._sample(self.values, self.size, value)
         if text is not None and self.text_size:
-            if len(self.texts) < self.text_size:
-                self.texts.append(text)
-            else:
-                slot = int(self.rng.integers(self.count))
-                if slot < self.text_size:
-                    self.texts[slot] = text
+            self._sample(self.texts, self.text_size, text)
+
+    def _sample(self, kept: list, capacity: int, item) -> None:
+        """Reservoir sampling (Algorithm R): each of ``count`` items is kept with equal chance."""
+        if len(kept) < capacity:
+            kept.append(item)
+            return
+        slot = int(self.rng.integers(self.count))
+        if slot < capacity:
+            kept[slot] = item
 
     def summary(self) -> dict:
         if not self.count:

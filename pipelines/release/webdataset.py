@@ -22,32 +22,15 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.acquire.rawstore import RawReader
+from pipelines.acquire.rawstore import RawReader, add_member, padded_size
 from pipelines.lake import Lake
+from pipelines.schemas import SHARD_SIDECAR
 
 SHARD_NAME = "panelforge"
 LICENSE_SUBSETS = ("commercial", "noncommercial", "other")
 _TAR_END = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE  # end-of-archive blocks and record padding, at most
 
-SIDECAR = pa.schema(
-    [
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("pmcid", pa.string(), nullable=False),
-        pa.field("fig_id", pa.string()),
-        pa.field("image_file", pa.string()),
-        pa.field("license_group", pa.string()),
-        pa.field("license_code", pa.string()),
-        pa.field("global_concept", pa.string()),
-        pa.field("panel_type", pa.string()),
-        pa.field("cluster_id", pa.int32()),
-        pa.field("width", pa.int32()),
-        pa.field("height", pa.int32()),
-        pa.field("image_sha256", pa.string()),
-        pa.field("converted_from", pa.string()),
-        pa.field("shard", pa.string(), nullable=False),
-    ]
-)
-_PLAN_COLUMNS = [*(n for n in SIDECAR.names if n != "shard"), "status", "shuffle_seed", "shuffle_key"]
+_PLAN_COLUMNS = [*(n for n in SHARD_SIDECAR.names if n != "shard"), "status", "shuffle_seed", "shuffle_key"]
 _PLAN_COLUMNS += ["image_tar", "image_offset", "image_size", "caption", "meta_json"]
 
 
@@ -80,7 +63,7 @@ def dataset_dir(lake: Lake, *parts: str) -> str:
 
 
 def _member_bytes(size: int) -> int:
-    return tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    return tarfile.BLOCKSIZE + padded_size(size)
 
 
 def sample_bytes(row: dict) -> int:
@@ -134,29 +117,26 @@ class _HashingFile(io.RawIOBase):
         return self.position
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, 0
-    tar.addfile(info, io.BytesIO(data))
-
-
 def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tuple[int, str]:
     with lake.atomic_local_file(dest) as tmp:
         with open(tmp, "wb") as raw:
             out = _HashingFile(raw)
             with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
                 for row in rows:
-                    key = row["key"]
-                    _add(tar, f"{key}.jpg", reader.read(row["image_tar"], row["image_offset"], row["image_size"]))
-                    _add(tar, f"{key}.json", row["meta_json"].encode())
-                    _add(tar, f"{key}.txt", row["caption"].encode())
+                    members = (
+                        ("jpg", reader.read(row["image_tar"], row["image_offset"], row["image_size"])),
+                        ("json", row["meta_json"].encode()),
+                        ("txt", row["caption"].encode()),
+                    )
+                    for ext, data in members:
+                        add_member(tar, f"{row['key']}.{ext}", io.BytesIO(data), len(data))
         return out.position, out.sha.hexdigest()
 
 
 def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str) -> pa.Table:
     table = pa.Table.from_pylist(
-        [{name: row.get(name) for name in SIDECAR.names if name != "shard"} | {"shard": shard} for row in rows],
-        schema=SIDECAR,
+        [{name: row.get(name) for name in SHARD_SIDECAR.names if name != "shard"} | {"shard": shard} for row in rows],
+        schema=SHARD_SIDECAR,
     )
     return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256})
 
@@ -183,8 +163,10 @@ def write_subset(
     rows: Iterable[dict],
     limits: ShardLimits = ShardLimits(),
     name: str = SHARD_NAME,
+    mixture: str | None = None,
 ) -> SubsetResult:
-    """Write ``rows`` (in order) as the shards of ``dataset/<release>/<subset>/``."""
+    """Write ``rows`` (in order) as the shards of ``dataset/<release>/<subset>/``; ``mixture`` names
+    the training mixture the subset belongs to (None for a license-group subset)."""
     directory = dataset_dir(lake, release, subset)
     result = SubsetResult(subset)
     reader = RawReader(lake)
@@ -222,11 +204,11 @@ def write_subset(
             flush()
     finally:
         reader.close()
-    _finish_directory(lake, directory, result, name)
+    _finish_directory(lake, directory, result, name, {"limits": vars(limits), "shard_name": name, "mixture": mixture})
     return result
 
 
-def _finish_directory(lake: Lake, directory: str, result: SubsetResult, name: str) -> None:
+def _finish_directory(lake: Lake, directory: str, result: SubsetResult, name: str, settings: dict) -> None:
     """Remove shards left from a larger earlier run, then write ``sizes.json`` (OpenCLIP reads it
     for the sample count) and ``manifest.json`` last."""
     keep = {s["name"] for s in result.shards} | {s["name"].replace(".tar", ".parquet") for s in result.shards}
@@ -244,6 +226,7 @@ def _finish_directory(lake: Lake, directory: str, result: SubsetResult, name: st
             "license_codes": result.license_codes,
             "concepts": result.concepts,
             "shards": [{k: s[k] for k in ("name", "samples", "bytes", "sha256")} for s in result.shards],
+            **settings,
         },
     }
     for filename, payload in files.items():
@@ -280,9 +263,12 @@ def write_release_subsets(
     subsets: dict[str, Callable[[dict], bool]],
     limits: ShardLimits = ShardLimits(),
     name: str = SHARD_NAME,
+    mixture: str | None = None,
 ) -> dict[str, SubsetResult]:
     """Write each named subset (its own pass over the merged plan, so memory stays flat)."""
     return {
-        subset: write_subset(lake, release, subset, filter(keep, shuffled_samples(lake, release)), limits, name)
+        subset: write_subset(
+            lake, release, subset, filter(keep, shuffled_samples(lake, release)), limits, name, mixture
+        )
         for subset, keep in subsets.items()
     }
