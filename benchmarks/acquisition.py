@@ -29,9 +29,9 @@ from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import open_source
 from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
-from resources.loopback.faults import FaultPlan
-from resources.loopback.ftp_server import FtpLoopbackServer
-from resources.loopback.sample_mirror import build_legacy_mirror
+from testing.loopback.faults import FaultPlan
+from testing.loopback.ftp_server import FtpLoopbackServer
+from testing.loopback.sample_mirror import build_legacy_mirror
 
 RESULTS = Path(__file__).parent / "results" / "acquisition.json"
 N_SHARDS = 8

@@ -35,7 +35,7 @@ from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
 from pipelines.concepts.embed import embed_images, ensure_ray
 from pipelines.lake import Lake
-from resources.loopback.sample_mirror import SAMPLE_DIR
+from testing.loopback.sample_mirror import SAMPLE_DIR
 
 RESULTS = Path(__file__).parent / "results" / "embeddings.json"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif")

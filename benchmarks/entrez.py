@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pipelines.entrez.client import EFETCH_BATCH, ELINK_BATCH, EntrezClient
 from pipelines.lake import Lake
-from resources.loopback.eutils_server import EutilsLoopbackServer
-from resources.loopback.faults import FaultPlan
+from testing.loopback.eutils_server import EutilsLoopbackServer
+from testing.loopback.faults import FaultPlan
 
 RESULTS = Path(__file__).parent / "results" / "entrez.json"
 N = 10_000

@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from pipelines.parse.nxml import parse_article
-from resources.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
+from testing.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
 
 RESULTS = Path(__file__).parent / "results" / "parsing.json"
 

@@ -46,7 +46,7 @@ def build_lake(root: Path) -> tuple[object, list[dict], float]:
     from pipelines.parse.shard import parse_shard
     from pipelines.partitioning import shard_keys
     from pipelines.release.samples import plan_shard
-    from resources.loopback.sample_mirror import build_cloud_mirror
+    from testing.loopback.sample_mirror import build_cloud_mirror
 
     lake = Lake(root / "lake")
     mirror = build_cloud_mirror(root / "mirror")

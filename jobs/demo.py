@@ -38,9 +38,9 @@ def main() -> int:
         "concurrency:\n  pools:\n    default_limit: 1\ntelemetry:\n  enabled: false\n"
     )
 
-    from resources.loopback.eutils_server import EutilsLoopbackServer
-    from resources.loopback.s3_server import S3LoopbackServer
-    from resources.loopback.sample_mirror import build_cloud_mirror
+    from testing.loopback.eutils_server import EutilsLoopbackServer
+    from testing.loopback.s3_server import S3LoopbackServer
+    from testing.loopback.sample_mirror import build_cloud_mirror
 
     mirror = DEMO_DIR / "mirror" / "cloud"
     if mirror.exists():

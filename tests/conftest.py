@@ -15,10 +15,10 @@ import pytest
 from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.source import open_source
 from pipelines.lake import Lake
-from resources.loopback.faults import FaultPlan
-from resources.loopback.ftp_server import FtpLoopbackServer
-from resources.loopback.s3_server import S3LoopbackServer
-from resources.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, sample_rows
+from testing.loopback.faults import FaultPlan
+from testing.loopback.ftp_server import FtpLoopbackServer
+from testing.loopback.s3_server import S3LoopbackServer
+from testing.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, sample_rows
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 

@@ -11,16 +11,16 @@ import pytest
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.partitioning import shard_of
-from resources.loopback.faults import Fault, FaultPlan
-from resources.loopback.ftp_server import FtpLoopbackServer
-from resources.loopback.s3_server import S3LoopbackServer
-from resources.loopback.sample_mirror import (
+from testing.loopback.faults import Fault, FaultPlan
+from testing.loopback.ftp_server import FtpLoopbackServer
+from testing.loopback.s3_server import S3LoopbackServer
+from testing.loopback.sample_mirror import (
     DELETE,
     build_cloud_mirror,
     build_legacy_mirror,
     package_path,
 )
-from resources.loopback.sample_mirror import (
+from testing.loopback.sample_mirror import (
     SAMPLE_DIR as SAMPLE,
 )
 from tests.conftest import source_for

@@ -24,7 +24,7 @@ def _parse(lake, release, previous=None):
 
 @pytest.fixture(scope="module")
 def concept_lake(tmp_path_factory, cloud_mirror):
-    from resources.loopback.s3_server import S3LoopbackServer
+    from testing.loopback.s3_server import S3LoopbackServer
 
     tmp = tmp_path_factory.mktemp("concepts")
     lake = Lake(tmp / "lake")

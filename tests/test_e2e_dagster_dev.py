@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from pipelines.lake import Lake
-from resources.loopback.s3_server import S3LoopbackServer
+from testing.loopback.s3_server import S3LoopbackServer
 
 REPO = Path(__file__).resolve().parents[1]
 LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}

@@ -9,7 +9,7 @@ from PIL import Image
 
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, ModelUnavailableError, load_model
-from resources.loopback.sample_mirror import SAMPLE_DIR
+from testing.loopback.sample_mirror import SAMPLE_DIR
 
 SYNTHETIC = EmbedderConfig(synthetic=True)
 

@@ -10,8 +10,8 @@ from pipelines.entrez.client import EntrezClient
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
-from resources.loopback.eutils_server import RECORDINGS, EutilsLoopbackServer
-from resources.loopback.faults import Fault, FaultPlan
+from testing.loopback.eutils_server import RECORDINGS, EutilsLoopbackServer
+from testing.loopback.faults import Fault, FaultPlan
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 # PMIDs of the recorded efetch answers (read from sample/entrez/efetch_pubmed/*.xml)

@@ -10,7 +10,7 @@ from pipelines.acquire import packages
 from pipelines.acquire.files import classify, drop_gif_thumbnails, is_article_xml
 from pipelines.acquire.packages import UnsafePackageError, extract_package
 from pipelines.acquire.retry import PermanentError
-from resources.loopback.sample_mirror import write_package
+from testing.loopback.sample_mirror import write_package
 
 XML = b'<?xml version="1.0"?>\n<!DOCTYPE article PUBLIC "x" "y">\n<article><front/></article>'
 JPEG = b"\xff\xd8\xff\xe0" + b"\0" * 64

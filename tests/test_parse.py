@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article, resolve_graphic
-from resources.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
+from testing.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
 
 ROWS = {r["pmcid"]: r for r in sample_rows()}
 

@@ -9,7 +9,7 @@ from PIL import Image
 from pipelines.parse.duplicates import find_duplicates
 from pipelines.parse.images import image_info
 from pipelines.parse.shard import parse_shard
-from resources.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
+from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
 from tests.conftest import source_for
 from tests.helpers import N_SHARDS, run_release
 

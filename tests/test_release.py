@@ -42,7 +42,7 @@ SHARDS = shard_partitions.get_partition_keys()
 
 @pytest.fixture(scope="module")
 def parsed_lake(tmp_path_factory, cloud_mirror) -> Lake:
-    from resources.loopback.s3_server import S3LoopbackServer
+    from testing.loopback.s3_server import S3LoopbackServer
 
     lake = Lake(tmp_path_factory.mktemp("release") / "lake")
     with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:

@@ -19,10 +19,10 @@ from jobs.refresh import release_shards_sensor, yearly_pmc_refresh
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.lake import Lake
 from resources.lake import LakeResource
-from resources.loopback.faults import FaultPlan
-from resources.loopback.s3_server import S3LoopbackServer
-from resources.loopback.sample_mirror import build_cloud_mirror
 from resources.pmc_source import PmcSourceResource
+from testing.loopback.faults import FaultPlan
+from testing.loopback.s3_server import S3LoopbackServer
+from testing.loopback.sample_mirror import build_cloud_mirror
 from tests.helpers import files, manifest
 
 CHANGED, REMOVED, RETRACTED, ADDED = "PMC3441633", "PMC3847091", "PMC6398430", "PMC900000009"

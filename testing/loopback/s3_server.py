@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Self
 from xml.sax.saxutils import escape
 
-from resources.loopback.base import LoopbackHttpServer
-from resources.loopback.faults import FaultPlan
+from testing.loopback.base import LoopbackHttpServer
+from testing.loopback.faults import FaultPlan
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 

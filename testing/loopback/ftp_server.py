@@ -18,8 +18,8 @@ from pyftpdlib.handlers import FTPHandler
 from pyftpdlib.handlers.ftp.producers import FileProducer
 from pyftpdlib.servers import ThreadedFTPServer
 
-from resources.loopback.base import LoopbackServer
-from resources.loopback.faults import FaultPlan
+from testing.loopback.base import LoopbackServer
+from testing.loopback.faults import FaultPlan
 
 
 class _DroppingFile(io.BytesIO):

@@ -16,8 +16,8 @@ from typing import Self
 
 from lxml import etree
 
-from resources.loopback.base import LoopbackHttpServer
-from resources.loopback.faults import FaultPlan
+from testing.loopback.base import LoopbackHttpServer
+from testing.loopback.faults import FaultPlan
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "sample" / "entrez"
 _PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
