@@ -1,26 +1,24 @@
 """Parsing assets: articles, figures, mentions, other graphics and PubMed metadata per partition;
 image duplicates per release."""
 
-from collections import Counter
-
 from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
     MaterializeResult,
-    MetadataValue,
     MultiToSingleDimensionPartitionMapping,
     asset,
 )
 
 from assets.acquisition import pmc_raw_articles
-from assets.metadata import preview, previous_release
-from jobs.partitions import release_shard_partitions, releases_partitions
-from pipelines.entrez.pubmed import pubmed_rows
-from pipelines.parse.duplicates import find_duplicates
-from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from assets.partitions import release_shard_partitions, releases_partitions
+from assets.report import error_rate_check, run_stage
+from pipelines.entrez.stage import POOL as EUTILS_POOL
+from pipelines.entrez.stage import PubmedStage
+from pipelines.parse.stages import DuplicatesStage, ParseStage
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
+from resources.quality import QualityResource
 
 
 @asset(
@@ -29,39 +27,11 @@ from resources.lake import LakeResource
     group_name="parsing",
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description="Every article's metadata and body text, its figures (with image size, sha256, dHash), "
-    "the paragraphs that mention them, and non-figure graphics.",
+    description=ParseStage.__doc__,
+    check_specs=[error_rate_check("parsed_articles")],
 )
-def parsed_articles(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-    keys = context.partition_key.keys_by_dimension
-    release, shard = keys["release"], keys["shard"]
-    lk = lake.lake()
-    previous = previous_release(lk.releases("articles"), release)
-    result = parse_shard(lk, release, shard, previous)
-    for table in PARSE_TABLES:
-        lk.write_table(table, release, shard, result.tables[table])
-    lk.refresh_catalog()
-    articles, figures = result.tables["articles"], result.tables["figures"]
-    errors = [a for a in articles if a["parse_status"] == "error"]
-    for row in errors:
-        context.log.warning(f"{row['pmcid']}: {row['parse_error']}")
-    flags = Counter(flag.split(":")[0] for f in figures for flag in f["flags"])
-    return MaterializeResult(
-        metadata={
-            "articles": len(articles),
-            "parsed": result.parsed,
-            "carried": result.carried,
-            "parse_errors": len(errors),
-            "figures": len(figures),
-            "child_figures": sum(1 for f in figures if f["is_child"]),
-            "images": sum(len(f["image_files"]) for f in figures),
-            "mentions": len(result.tables["mentions"]),
-            "other_graphics": len(result.tables["other_graphics"]),
-            **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(flags.items())},
-            "path": MetadataValue.path(lk.path("tables", "figures", f"release={release}", f"shard={shard}")),
-            "preview": preview(figures, ["pmcid", "fig_id", "label", "caption_text", "image_files"]),
-        }
-    )
+def parsed_articles(context: AssetExecutionContext, lake: LakeResource, quality: QualityResource) -> MaterializeResult:
+    return run_stage(context, ParseStage(), lake.lake(), quality.max_error_rate)
 
 
 @asset(
@@ -69,22 +39,10 @@ def parsed_articles(context: AssetExecutionContext, lake: LakeResource) -> Mater
     deps=[AssetDep(parsed_articles, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
     group_name="parsing",
     kinds={"parquet"},
-    description="Figure images shared across articles: exact (sha256) and near (dHash) duplicates, recorded.",
+    description=DuplicatesStage.__doc__,
 )
 def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-    release = context.partition_key
-    lk = lake.lake()
-    rows = find_duplicates(lk.read_release("figures", release).to_pylist())
-    lk.write_table("image_duplicates", release, "all", rows)
-    lk.refresh_catalog()
-    kinds = Counter(r["kind"] for r in rows)
-    return MaterializeResult(
-        metadata={
-            "exact_pairs": kinds["exact"] // 2,
-            "near_pairs": kinds["near"] // 2,
-            "preview": preview(rows, ["pmcid", "fig_id", "kind", "other_pmcid", "other_fig_id", "distance"]),
-        }
-    )
+    return run_stage(context, DuplicatesStage(), lake.lake())
 
 
 @asset(
@@ -92,29 +50,14 @@ def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> Mate
     deps=[parsed_articles],
     group_name="parsing",
     kinds={"parquet"},
-    pool="ncbi_eutils",
+    pool=EUTILS_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID.",
+    description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID. "
+    "An unreachable NCBI fails the run (to be retried); per-PMID problems are rows.",
+    check_specs=[error_rate_check("pubmed_metadata")],
 )
-def pubmed_metadata(context: AssetExecutionContext, lake: LakeResource, eutils: EutilsResource) -> MaterializeResult:
-    keys = context.partition_key.keys_by_dimension
-    release, shard = keys["release"], keys["shard"]
-    lk = lake.lake()
-    articles = lk.read_table("articles", release, shard)
-    client = eutils.client(lk, namespace=release)
-    rows = pubmed_rows(client, articles.to_pylist() if articles is not None else [])
-    lk.write_table("pubmed", release, shard, rows)
-    lk.refresh_catalog()
-    statuses = Counter(r["status"] for r in rows)
-    return MaterializeResult(
-        metadata={
-            "pmids": len(rows),
-            "articles_without_pmid": sum(1 for a in (articles.to_pylist() if articles else []) if not a["pmid"]),
-            **{f"status_{k}": v for k, v in sorted(statuses.items())},
-            "with_mesh": sum(1 for r in rows if r["mesh"]),
-            "citing_links": sum(r["cited_by_count"] or 0 for r in rows),
-            "eutils_requests": client.requests,
-            "eutils_cache_hits": client.cache_hits,
-            "preview": preview(rows, ["pmid", "pmcid", "status", "journal", "cited_by_count", "problem"]),
-        }
-    )
+def pubmed_metadata(
+    context: AssetExecutionContext, lake: LakeResource, eutils: EutilsResource, quality: QualityResource
+) -> MaterializeResult:
+    stage = PubmedStage(client_for=lambda lk, release: eutils.client(lk, namespace=release))
+    return run_stage(context, stage, lake.lake(), quality.max_error_rate)

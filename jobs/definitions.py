@@ -1,13 +1,28 @@
-"""The code location: every asset, job, schedule, sensor and resource of PanelForge."""
+"""The code location: every asset, job, sensor and resource of PanelForge.
+
+Settings are read once here, when the code location loads (``Settings.from_env``): a bad
+value fails the load with the variable's name, and nothing is read at import time elsewhere.
+"""
 
 from __future__ import annotations
 
-from dagster import Definitions
+import warnings
 
-from assets.acquisition import pmc_inventory, pmc_raw_articles
-from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
-from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
-from assets.release import (
+from dagster import BetaWarning, Definitions, PreviewWarning
+
+warnings.filterwarnings("ignore", category=BetaWarning)
+warnings.filterwarnings("ignore", category=PreviewWarning)
+
+from assets.acquisition import pmc_inventory, pmc_raw_articles  # noqa: E402
+from assets.concepts import (  # noqa: E402
+    cluster_labels,
+    concept_model,
+    concept_review,
+    figure_concepts,
+    figure_embeddings,
+)
+from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata  # noqa: E402
+from assets.release import (  # noqa: E402
     dataset_card,
     dataset_samples,
     hf_upload,
@@ -16,37 +31,45 @@ from assets.release import (
     webdataset_concept_filtered,
     webdataset_shards,
 )
-from jobs.refresh import (
+from jobs.automation import with_automation  # noqa: E402
+from jobs.refresh import (  # noqa: E402
     pmc_download_job,
     pmc_inventory_job,
     publish_release_job,
-    release_shards_sensor,
-    yearly_pmc_refresh,
+    yearly_refresh_sensor,
 )
-from resources.profiles import build_resources
+from resources.profiles import build_resources  # noqa: E402
+from resources.settings import Settings  # noqa: E402
 
-defs = Definitions(
-    assets=[
-        pmc_inventory,
-        pmc_raw_articles,
-        parsed_articles,
-        image_duplicates,
-        pubmed_metadata,
-        figure_embeddings,
-        concept_model,
-        concept_review,
-        cluster_labels,
-        figure_concepts,
-        dataset_samples,
-        webdataset_shards,
-        webdataset_concept_filtered,
-        webdataset_concept_balanced,
-        release_parquet,
-        dataset_card,
-        hf_upload,
-    ],
-    jobs=[pmc_inventory_job, pmc_download_job, publish_release_job],
-    schedules=[yearly_pmc_refresh],
-    sensors=[release_shards_sensor],
-    resources=build_resources(),
-)
+ASSETS = [
+    pmc_inventory,
+    pmc_raw_articles,
+    parsed_articles,
+    image_duplicates,
+    pubmed_metadata,
+    figure_embeddings,
+    concept_model,
+    concept_review,
+    cluster_labels,
+    figure_concepts,
+    dataset_samples,
+    webdataset_shards,
+    webdataset_concept_filtered,
+    webdataset_concept_balanced,
+    release_parquet,
+    dataset_card,
+    hf_upload,
+]
+
+
+def build_definitions(settings: Settings | None = None) -> Definitions:
+    settings = settings or Settings.from_env()
+    return Definitions(
+        assets=with_automation(ASSETS, publish=settings.hf_repo is not None),
+        jobs=[pmc_inventory_job, pmc_download_job, publish_release_job],
+        sensors=[yearly_refresh_sensor(settings.shards)],
+        resources=build_resources(settings),
+    )
+
+
+defs = build_definitions()

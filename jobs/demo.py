@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 import warnings
+from pathlib import Path
 
 from dagster import BetaWarning
 
@@ -28,15 +29,11 @@ def main() -> int:
     DEMO_ANNOTATIONS = REPO / "sample" / "annotations"
     warnings.filterwarnings("ignore", category=BetaWarning)
     os.environ.setdefault("PANELFORGE_PROFILE", "demo")
+    from jobs.instance import configure_pools, install_instance_file
     from resources.settings import DEMO_DIR
 
-    home = DEMO_DIR / "dagster_home"
-    home.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DAGSTER_HOME", str(home))
-    (home / "dagster.yaml").write_text(
-        "# written by `make demo`: one op at a time may talk to the PMC source (pool pmc_source)\n"
-        "concurrency:\n  pools:\n    default_limit: 1\ntelemetry:\n  enabled: false\n"
-    )
+    os.environ.setdefault("DAGSTER_HOME", str(DEMO_DIR / "dagster_home"))
+    install_instance_file(Path(os.environ["DAGSTER_HOME"]))
 
     from testing.loopback.eutils_server import EutilsLoopbackServer
     from testing.loopback.s3_server import S3LoopbackServer
@@ -74,13 +71,17 @@ def main() -> int:
             release_parquet,
             dataset_card,
         )
-        from jobs.partitions import RELEASES, shard_partitions
+        from assets.partitions import open_release
+        from pipelines.partitioning import shard_keys
         from resources.profiles import build_resources
+        from resources.settings import Settings
 
+        settings = Settings.from_env()
         instance = DagsterInstance.get()
-        if not instance.has_dynamic_partition(RELEASES, DEMO_RELEASE):
-            instance.add_dynamic_partitions(RELEASES, [DEMO_RELEASE])
-        resources = build_resources()
+        configure_pools(instance, settings)
+        open_release(instance, DEMO_RELEASE, settings.shards)
+        shards = shard_keys(settings.shards)
+        resources = build_resources(settings)
         quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
         result = materialize(
             [pmc_inventory], partition_key=DEMO_RELEASE, instance=instance, resources=resources, run_config=quiet
@@ -88,7 +89,7 @@ def main() -> int:
         if not result.success:
             return 1
         print(f"  materialized pmc_inventory[{DEMO_RELEASE}]")
-        for shard in shard_partitions.get_partition_keys():
+        for shard in shards:
             key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
             result = materialize(
                 [pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings],
@@ -125,7 +126,7 @@ def main() -> int:
             if not result.success:
                 return 1
         for asset_def in (figure_concepts, dataset_samples):
-            for shard in shard_partitions.get_partition_keys():
+            for shard in shards:
                 key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
                 result = materialize(
                     [asset_def], partition_key=key, instance=instance, resources=resources, run_config=quiet

@@ -1,23 +1,32 @@
-"""The yearly PMC-OA refresh: a schedule opens the release, a sensor fans out its shards."""
+"""The yearly PMC-OA refresh, without a person: a sensor opens the year's release at tick time
+and requests its inventory; declarative automation carries the release through every stage.
 
-from datetime import datetime
+Evaluating the sensor has no side effect: it returns the release's dynamic-partition requests
+with its run request, and Dagster applies both at tick time only (``Test sensor`` in the UI
+shows them without adding anything). An open release is never requested again, so turning the
+sensor on does not re-launch the downloads of a complete release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from dagster import (
     AssetSelection,
-    DefaultScheduleStatus,
     DefaultSensorStatus,
-    EventLogEntry,
-    MultiPartitionKey,
     RunRequest,
-    ScheduleEvaluationContext,
     SensorEvaluationContext,
-    asset_sensor,
+    SensorResult,
+    SkipReason,
     define_asset_job,
-    schedule,
+    sensor,
 )
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
-from jobs.partitions import RELEASES, release_shard_partitions, releases_partitions, shard_partitions
+from assets.partitions import RELEASES, open_release_requests, release_shard_partitions, releases_partitions
+
+REFRESH_DAY = (1, 2, 2)  # 2 January, 02:00 UTC
 
 pmc_inventory_job = define_asset_job(
     "pmc_inventory_job",
@@ -31,7 +40,6 @@ pmc_download_job = define_asset_job(
     partitions_def=release_shard_partitions,
     description="Fetch the new and changed articles of one (release, shard); carry over the rest.",
 )
-
 publish_release_job = define_asset_job(
     "publish_release_job",
     selection=AssetSelection.groups("release") - AssetSelection.assets("dataset_samples", "hf_upload"),
@@ -41,34 +49,42 @@ publish_release_job = define_asset_job(
 
 
 def release_key(when: datetime) -> str:
-    """Releases are named by year: the yearly refresh of January 2027 opens release ``2027``."""
+    """Releases are named by year: the refresh of January 2027 opens release ``2027``."""
     return f"{when.year:04d}"
 
 
-@schedule(
-    cron_schedule="0 2 2 1 *",
-    job=pmc_inventory_job,
-    execution_timezone="UTC",
-    default_status=DefaultScheduleStatus.STOPPED,
-    description="Yearly refresh (2 January, 02:00 UTC): opens the year's release and lists PMC-OA.",
-)
-def yearly_pmc_refresh(context: ScheduleEvaluationContext) -> RunRequest:
-    release = release_key(context.scheduled_execution_time)
-    if not context.instance.has_dynamic_partition(RELEASES, release):
-        context.instance.add_dynamic_partitions(RELEASES, [release])
-    return RunRequest(run_key=f"inventory-{release}", partition_key=release)
+def due_release(now: datetime) -> str | None:
+    """The release the refresh should have opened by ``now`` (none before 2 January 02:00)."""
+    month, day, hour = REFRESH_DAY
+    opens = datetime(now.year, month, day, hour, tzinfo=UTC)
+    return release_key(now) if now >= opens else None
 
 
-@asset_sensor(
-    asset_key=pmc_inventory.key,
-    job=pmc_download_job,
-    default_status=DefaultSensorStatus.STOPPED,
-    description="When a release's inventory is materialized, request the download of every shard.",
-)
-def release_shards_sensor(context: SensorEvaluationContext, asset_event: EventLogEntry):
-    release = asset_event.dagster_event.partition
-    for shard in shard_partitions.get_partition_keys():
-        yield RunRequest(
-            run_key=f"download-{release}-{shard}-{asset_event.run_id}",
-            partition_key=MultiPartitionKey({"release": release, "shard": shard}),
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def yearly_refresh_sensor(n_shards: int, clock: Callable[[], datetime] = _utc_now):
+    """The sensor, for a lake of ``n_shards`` shards per release (from the settings)."""
+
+    @sensor(
+        name="yearly_pmc_refresh",
+        job=pmc_inventory_job,
+        minimum_interval_seconds=3600,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Yearly refresh: on 2 January (02:00 UTC) opens the year's release with its shards "
+        "and lists PMC-OA; automation takes the release through every stage.",
+    )
+    def yearly_pmc_refresh(context: SensorEvaluationContext):
+        now = clock()
+        release = due_release(now)
+        if release is None:
+            return SkipReason(f"no release is due before 2 January {now.year}")
+        if context.instance.has_dynamic_partition(RELEASES, release):
+            return SkipReason(f"release {release} is already open")
+        return SensorResult(
+            run_requests=[RunRequest(run_key=f"inventory-{release}", partition_key=release)],
+            dynamic_partitions_requests=open_release_requests(release, n_shards),
         )
+
+    return yearly_pmc_refresh

@@ -9,6 +9,7 @@ sees a partial file, even if the writer is killed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import uuid
@@ -20,9 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from pipelines.partitioning import shard_keys
 from pipelines.schemas import TABLES
 
 CATALOG_FILE = "catalog.duckdb"
+LAYOUT_FILE = "lake.json"
+
+
+class LakeLayoutError(ValueError):
+    """The lake was created with another shard count than the one asked for."""
 
 
 class Lake:
@@ -56,6 +63,44 @@ class Lake:
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(path)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(TABLES)
+
+    # ---- layout ------------------------------------------------------------------------
+    def n_shards(self) -> int | None:
+        """The shard count the lake was created with (``lake.json``), None for a new lake."""
+        path = self.path(LAYOUT_FILE)
+        if not self.fs.exists(path):
+            return None
+        return int(json.loads(self.fs.cat(path))["shards"])
+
+    def shards(self) -> list[str]:
+        """Every shard key of the lake; a lake that holds no release yet has none."""
+        n = self.n_shards()
+        return shard_keys(n) if n else []
+
+    def ensure_layout(self, n_shards: int) -> list[str]:
+        """Record ``n_shards`` for a new lake, or check it against the recorded one: every
+        article's shard depends on it, so it is fixed for the life of a lake."""
+        if n_shards < 1:
+            raise LakeLayoutError(f"a lake needs at least one shard, got {n_shards}")
+        recorded = self.n_shards()
+        if recorded is None:
+            with self.atomic_local_file(self.path(LAYOUT_FILE)) as tmp:
+                Path(tmp).write_text(json.dumps({"shards": n_shards}))
+        elif recorded != n_shards:
+            raise LakeLayoutError(
+                f"the lake at {self.url} has {recorded} shards per release, not {n_shards}: "
+                "the shard count (PANELFORGE_SHARDS) is fixed for the life of a lake"
+            )
+        return shard_keys(n_shards)
+
+    def previous_release(self, table: str, release: str) -> str | None:
+        """The latest release before ``release`` that has ``table`` (keys sort by year)."""
+        earlier = [r for r in self.releases(table) if r < release]
+        return earlier[-1] if earlier else None
 
     # ---- atomic writes -----------------------------------------------------------------
     @contextlib.contextmanager

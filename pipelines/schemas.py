@@ -7,6 +7,10 @@ datasets add them as columns when reading the whole table.
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import datetime
+from enum import StrEnum
+
 import pyarrow as pa
 
 INVENTORY = pa.schema(
@@ -296,22 +300,93 @@ SHARD_SIDECAR = pa.schema(
     ]
 )
 
+
+class Table(StrEnum):
+    """Every lake table by name; a member compares equal to its string."""
+
+    INVENTORY = "inventory"
+    INVENTORY_ERRORS = "inventory_errors"
+    RELEASE_CHANGES = "release_changes"
+    RAW_MANIFEST = "raw_manifest"
+    RAW_FILES = "raw_files"
+    ARTICLES = "articles"
+    FIGURES = "figures"
+    MENTIONS = "mentions"
+    OTHER_GRAPHICS = "other_graphics"
+    IMAGE_DUPLICATES = "image_duplicates"
+    PUBMED = "pubmed"
+    EMBEDDINGS = "embeddings"
+    FIGURE_CONCEPTS = "figure_concepts"
+    CLUSTER_LABELS = "cluster_labels"
+    SAMPLES = "samples"
+
+
 TABLES: dict[str, pa.Schema] = {
-    "inventory": INVENTORY,
-    "inventory_errors": INVENTORY_ERRORS,
-    "release_changes": RELEASE_CHANGES,
-    "raw_manifest": RAW_MANIFEST,
-    "raw_files": RAW_FILES,
-    "articles": ARTICLES,
-    "figures": FIGURES,
-    "mentions": MENTIONS,
-    "other_graphics": OTHER_GRAPHICS,
-    "image_duplicates": IMAGE_DUPLICATES,
-    "pubmed": PUBMED,
-    "embeddings": EMBEDDINGS,
-    "figure_concepts": FIGURE_CONCEPTS,
-    "cluster_labels": CLUSTER_LABELS,
-    "samples": SAMPLES,
+    Table.INVENTORY: INVENTORY,
+    Table.INVENTORY_ERRORS: INVENTORY_ERRORS,
+    Table.RELEASE_CHANGES: RELEASE_CHANGES,
+    Table.RAW_MANIFEST: RAW_MANIFEST,
+    Table.RAW_FILES: RAW_FILES,
+    Table.ARTICLES: ARTICLES,
+    Table.FIGURES: FIGURES,
+    Table.MENTIONS: MENTIONS,
+    Table.OTHER_GRAPHICS: OTHER_GRAPHICS,
+    Table.IMAGE_DUPLICATES: IMAGE_DUPLICATES,
+    Table.PUBMED: PUBMED,
+    Table.EMBEDDINGS: EMBEDDINGS,
+    Table.FIGURE_CONCEPTS: FIGURE_CONCEPTS,
+    Table.CLUSTER_LABELS: CLUSTER_LABELS,
+    Table.SAMPLES: SAMPLES,
 }
+
+
+def _python_type(dtype: pa.DataType) -> type:
+    if pa.types.is_boolean(dtype):
+        return bool
+    if pa.types.is_integer(dtype):
+        return int
+    if pa.types.is_floating(dtype):
+        return float
+    if pa.types.is_timestamp(dtype):
+        return datetime
+    if pa.types.is_list(dtype):
+        return list
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return bytes
+    if pa.types.is_struct(dtype):
+        return dict
+    return str
+
+
+def record_type(name: str, schema: pa.Schema, exclude: tuple[str, ...] = (), doc: str = "") -> type:
+    """A keyword-only dataclass with one field per column of ``schema`` (less ``exclude``), so
+    a table's Arrow schema and its Python record type have one definition. Nullable columns
+    default to None, list columns to an empty list; ``as_row`` returns the table row."""
+    fields = []
+    for column in schema:
+        if column.name in exclude:
+            continue
+        kind = _python_type(column.type)
+        if pa.types.is_list(column.type):
+            fields.append((column.name, kind, dataclasses.field(default_factory=list)))
+        elif column.nullable:
+            fields.append((column.name, kind | None, dataclasses.field(default=None)))
+        else:
+            fields.append((column.name, kind))
+
+    def as_row(self, **extra) -> dict:
+        return {**dataclasses.asdict(self), **extra}
+
+    cls = dataclasses.make_dataclass(name, fields, kw_only=True, namespace={"as_row": as_row})
+    cls.__doc__ = doc or f"A row of {name} (from its Arrow schema in pipelines/schemas.py)."
+    return cls
+
+
+InventoryFields = record_type(
+    "InventoryFields",
+    INVENTORY,
+    exclude=("change",),
+    doc="One article of a release as its source lists it: an ``inventory`` row less ``change``.",
+)
 
 MANIFEST_STATUSES = ("ok", "carried", "error", "retracted")

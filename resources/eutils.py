@@ -1,9 +1,7 @@
-"""NCBI E-utilities as a resource. The API key is read from ``NCBI_API_KEY`` at use time only:
-it is no config field, so it never shows in the launchpad, run config or logs."""
+"""NCBI E-utilities as a resource. The API key arrives as ``EnvVar("NCBI_API_KEY")``: Dagster
+resolves it in the run's process and shows only the variable's name."""
 
 from __future__ import annotations
-
-import os
 
 from dagster import ConfigurableResource
 
@@ -16,6 +14,7 @@ class EutilsResource(ConfigurableResource):
 
     base_url: str = DEFAULT_EUTILS_URL
     email: str | None = None
+    api_key: str | None = None
     tool: str = "panelforge"
     rate_limit: float | None = None
 
@@ -23,7 +22,7 @@ class EutilsResource(ConfigurableResource):
         return EntrezClient(
             base_url=self.base_url,
             email=self.email,
-            api_key=os.environ.get("NCBI_API_KEY") or None,
+            api_key=self.api_key or None,
             tool=self.tool,
             cache=cache,
             cache_namespace=namespace,

@@ -1,20 +1,22 @@
-"""The Hugging Face Hub as a resource. The token is read from ``HF_TOKEN`` at use time only: it
-is no config field, so it never shows in the launchpad, run config or logs."""
+"""The Hugging Face Hub as a resource. The token arrives as ``EnvVar("HF_TOKEN")``: Dagster
+resolves it in the run's process and shows only the variable's name."""
 
 from __future__ import annotations
 
 from dagster import ConfigurableResource
-
-from pipelines.release.hub import hub_token
 
 
 class HuggingFaceHubResource(ConfigurableResource):
     """``repo_id`` from ``PANELFORGE_HF_REPO`` (a dataset repository, created private by default)."""
 
     repo_id: str | None = None
+    token: str | None = None
     private: bool = True
 
     def client(self):
+        """An ``HfApi`` holding the token, or None without one (nothing can be uploaded)."""
+        if not self.token:
+            return None
         from huggingface_hub import HfApi
 
-        return HfApi(token=hub_token())
+        return HfApi(token=self.token)

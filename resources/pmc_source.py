@@ -9,7 +9,8 @@ from pipelines.acquire.source import PmcSource, open_source
 
 
 class PmcSourceResource(ConfigurableResource):
-    """``url`` picks transport and layout; ``rate_limit`` (requests/s) holds host-wide."""
+    """``url`` picks transport and layout; ``rate_limit`` (requests/s) holds host-wide through
+    the slot files in ``rate_dir``. ``ftp_password`` arrives as ``EnvVar``."""
 
     url: str
     rate_limit: float | None = None
@@ -17,7 +18,18 @@ class PmcSourceResource(ConfigurableResource):
     timeout_s: float = 60.0
     attempts: int = 5
     backoff_base_s: float = 0.5
+    rate_dir: str | None = None
+    ftp_user: str = "anonymous"
+    ftp_password: str | None = None
 
     def open(self) -> PmcSource:
         retry = RetryPolicy(attempts=self.attempts, base_delay=self.backoff_base_s)
-        return open_source(self.url, rate_limit=self.rate_limit, timeout=self.timeout_s, retry=retry)
+        return open_source(
+            self.url,
+            rate_limit=self.rate_limit,
+            timeout=self.timeout_s,
+            retry=retry,
+            rate_state_dir=self.rate_dir,
+            ftp_user=self.ftp_user,
+            ftp_password=self.ftp_password or "anonymous@",
+        )

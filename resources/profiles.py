@@ -1,24 +1,61 @@
-"""Resources per profile (``PANELFORGE_PROFILE``): demo, local and cluster differ only in defaults."""
+"""Resources per profile, in one place: what each asset talks to, built from :class:`Settings`.
+
+Profiles only change defaults (``PROFILE_DEFAULTS`` in ``resources/settings.py``):
+
+=====================  ===========================  ======================  ======================
+resource               demo                         local                   cluster
+=====================  ===========================  ======================  ======================
+lake                   ./data, 4 shards             ./data, 256 shards      PANELFORGE_HOME (s3://)
+pmc_source             sample mirror on disk        s3://pmc-oa-opendata    s3://pmc-oa-opendata, 8 transfers
+eutils                 NCBI_EUTILS_URL              NCBI                    NCBI (+ NCBI_API_KEY)
+models                 tiny random (synthetic)      DINOv2 by id or path    DINOv2 by id or path
+ray                    in-process, CPU              in-process, CPU         PANELFORGE_RAY_ADDRESS, 1 GPU/actor
+hub                    dry runs only (no repo)      PANELFORGE_HF_REPO      PANELFORGE_HF_REPO
+quality                max error rate 5%            5%                      5%
+=====================  ===========================  ======================  ======================
+
+Secrets are passed as ``EnvVar`` when set, so Dagster resolves them in the run's process and
+shows only the variable's name.
+"""
 
 from __future__ import annotations
 
-from resources import settings
+import os
+
+from dagster import EnvVar
+
 from resources.compute import ModelsResource, RayResource
 from resources.eutils import EutilsResource
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
+from resources.quality import QualityResource
+from resources.settings import Settings
 
 
-def build_resources() -> dict:
-    settings.profile()  # validate early: a typo fails the code location load, not a run
+def _secret(name: str) -> EnvVar | None:
+    return EnvVar(name) if os.environ.get(name) else None
+
+
+def build_resources(settings: Settings | None = None) -> dict:
+    settings = settings or Settings.from_env()
     return {
-        "lake": LakeResource(home=settings.lake_home()),
-        "models": ModelsResource(dinov2=settings.dinov2_model(), synthetic=settings.synthetic_models()),
-        "ray": RayResource(**settings.ray_settings()),
-        "eutils": EutilsResource(base_url=settings.eutils_url(), email=settings.ncbi_email()),
-        "hub": HuggingFaceHubResource(repo_id=settings.hf_repo()),
-        "pmc_source": PmcSourceResource(
-            url=settings.pmc_source_url(), rate_limit=settings.rate_limit(), concurrency=settings.concurrency()
+        "lake": LakeResource(home=settings.home, shards=settings.shards),
+        "models": ModelsResource(dinov2=settings.dinov2_model, synthetic=settings.synthetic),
+        "ray": RayResource(
+            address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor
         ),
+        "eutils": EutilsResource(
+            base_url=settings.eutils_url, email=settings.ncbi_email, api_key=_secret("NCBI_API_KEY")
+        ),
+        "hub": HuggingFaceHubResource(repo_id=settings.hf_repo, token=_secret("HF_TOKEN")),
+        "pmc_source": PmcSourceResource(
+            url=settings.pmc_source,
+            rate_limit=settings.rate_limit,
+            concurrency=settings.concurrency,
+            rate_dir=settings.rate_dir,
+            ftp_user=settings.ftp_user,
+            ftp_password=_secret("PANELFORGE_FTP_PASSWORD"),
+        ),
+        "quality": QualityResource(max_error_rate=settings.max_error_rate, taxonomy=settings.taxonomy),
     }

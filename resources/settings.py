@@ -1,100 +1,188 @@
-"""The configuration contract: environment variables and the resource profiles they select.
+"""The configuration contract: every environment variable PanelForge reads, read here only.
 
-========================  ==============================================  ======================
-variable                  meaning                                         default
-========================  ==============================================  ======================
-PANELFORGE_HOME           lake root, local path or fsspec URL             ./data
-PANELFORGE_PMC_SOURCE     s3://..., https://..., ftp://..., file://...    s3://pmc-oa-opendata
-PANELFORGE_RATE_LIMIT     requests/s against the source                   3 (ftp), 20 (cloud)
-PANELFORGE_PROFILE        demo, local or cluster                          local
-PANELFORGE_SHARDS         shards per release (fixed per deployment)       256 (demo: 4)
-PANELFORGE_CONCURRENCY    parallel transfers per download run             4 (cluster: 8)
-NCBI_EUTILS_URL           E-utilities base URL                            NCBI's
-NCBI_EMAIL                contact e-mail sent to NCBI                     none
-NCBI_API_KEY              secret: read at use, never config or logs       none (3 req/s)
-PANELFORGE_DINOV2_MODEL   DINOv2 weights: model id or local directory     facebook/dinov2-large
-PANELFORGE_SYNTHETIC      1: tiny random models, outputs marked           1 in demo, else 0
-PANELFORGE_RAY_ADDRESS    Ray cluster address; unset starts Ray locally   unset
-PANELFORGE_RAY_ACTORS     embedding actors (model replicas) per run       1
-PANELFORGE_GPUS_PER_ACTOR GPUs per actor                                  0 (cluster: 1)
-PANELFORGE_HF_REPO        Hugging Face dataset repository for releases    unset (upload refused)
-HF_TOKEN                  secret: read at use, never config or logs       none
-========================  ==============================================  ======================
+``Settings.from_env`` reads and validates them once, naming the variable in every error, so
+``PANELFORGE_SHARDS=0`` fails when the code location loads, not deep inside a run. Profiles
+(``PANELFORGE_PROFILE``) only change defaults: the table is ``PROFILE_DEFAULTS``. Secrets
+(``PANELFORGE_FTP_PASSWORD``, ``NCBI_API_KEY``, ``HF_TOKEN``) are not settings: they reach
+resources as ``dagster.EnvVar`` (see ``resources/profiles.py``), so they are resolved in the
+run's process and never appear in run configuration, the launchpad or logs.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-
-from pipelines.partitioning import DEFAULT_SHARDS
 
 PROFILES = ("demo", "local", "cluster")
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / ".demo"
+DEFAULT_EUTILS_URL = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
+DEFAULT_DINOV2 = "facebook/dinov2-large"
+SOURCE_SCHEMES = ("s3", "http", "https", "ftp", "file")
+
+# What a profile changes; everything else has one default. Columns: demo, local, cluster.
+PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
+    "PANELFORGE_SHARDS": {"demo": 4, "local": 256, "cluster": 256},
+    "PANELFORGE_PMC_SOURCE": {
+        "demo": (DEMO_DIR / "mirror" / "cloud").as_uri(),  # the sample mirror `make demo` builds
+        "local": "s3://pmc-oa-opendata",
+        "cluster": "s3://pmc-oa-opendata",
+    },
+    "PANELFORGE_CONCURRENCY": {"demo": 4, "local": 4, "cluster": 8},
+    "PANELFORGE_SYNTHETIC": {"demo": True, "local": False, "cluster": False},
+    "PANELFORGE_GPUS_PER_ACTOR": {"demo": 0.0, "local": 0.0, "cluster": 1.0},
+}
 
 
-def profile() -> str:
-    value = os.environ.get("PANELFORGE_PROFILE", "local")
-    if value not in PROFILES:
-        raise ValueError(f"PANELFORGE_PROFILE must be one of {PROFILES}, got {value!r}")
-    return value
+class SettingsError(ValueError):
+    """A variable has a value PanelForge cannot use; the message names it."""
 
 
-def n_shards() -> int:
-    """Shards per release; changing it re-partitions everything, so set it once per lake."""
-    default = 4 if profile() == "demo" else DEFAULT_SHARDS
-    return int(os.environ.get("PANELFORGE_SHARDS", default))
+@dataclass(frozen=True)
+class Settings:
+    """Every setting, validated. Build one with :meth:`from_env` (or directly, in tests)."""
+
+    profile: str = "local"
+    home: str = "./data"
+    shards: int = 256
+    pmc_source: str = "s3://pmc-oa-opendata"
+    rate_limit: float | None = None
+    concurrency: int = 4
+    rate_dir: str = str(Path(tempfile.gettempdir()) / "panelforge-ratelimit")
+    ftp_user: str = "anonymous"
+    eutils_url: str = DEFAULT_EUTILS_URL
+    ncbi_email: str | None = None
+    dinov2_model: str = DEFAULT_DINOV2
+    synthetic: bool = False
+    ray_address: str | None = None
+    ray_actors: int = 1
+    gpus_per_actor: float = 0.0
+    taxonomy: str | None = None
+    hf_repo: str | None = None
+    max_error_rate: float = 0.05
+    gpu_slots: int = 1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = _Env(os.environ if environ is None else environ)
+        profile = env.get("PANELFORGE_PROFILE") or "local"
+        if profile not in PROFILES:
+            raise SettingsError(f"PANELFORGE_PROFILE must be one of {PROFILES}, got {profile!r}")
+        env.profile = profile
+        return cls(
+            profile=profile,
+            home=env.get("PANELFORGE_HOME") or "./data",
+            shards=env.integer("PANELFORGE_SHARDS", minimum=1),
+            pmc_source=_source_url(env.text("PANELFORGE_PMC_SOURCE")),
+            rate_limit=env.number("PANELFORGE_RATE_LIMIT", None, positive=True),
+            concurrency=env.integer("PANELFORGE_CONCURRENCY", minimum=1),
+            rate_dir=env.get("PANELFORGE_RATE_DIR") or cls.rate_dir,
+            ftp_user=env.get("PANELFORGE_FTP_USER") or "anonymous",
+            eutils_url=_http_url("NCBI_EUTILS_URL", env.get("NCBI_EUTILS_URL") or DEFAULT_EUTILS_URL),
+            ncbi_email=env.get("NCBI_EMAIL") or None,
+            dinov2_model=env.get("PANELFORGE_DINOV2_MODEL") or DEFAULT_DINOV2,
+            synthetic=env.flag("PANELFORGE_SYNTHETIC"),
+            ray_address=env.get("PANELFORGE_RAY_ADDRESS") or None,
+            ray_actors=env.integer("PANELFORGE_RAY_ACTORS", minimum=1, default=1),
+            gpus_per_actor=env.number("PANELFORGE_GPUS_PER_ACTOR", minimum=0.0),
+            taxonomy=_existing_file("PANELFORGE_TAXONOMY", env.get("PANELFORGE_TAXONOMY")),
+            hf_repo=env.get("PANELFORGE_HF_REPO") or None,
+            max_error_rate=env.number("PANELFORGE_MAX_ERROR_RATE", 0.05, minimum=0.0, maximum=1.0),
+            gpu_slots=env.integer("PANELFORGE_GPU_SLOTS", minimum=1, default=1),
+        )
 
 
-def lake_home() -> str:
-    return os.environ.get("PANELFORGE_HOME", "./data")
+class _Env:
+    """Typed, validated reads of one environment; profile defaults from ``PROFILE_DEFAULTS``."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self.environ, self.profile = environ, "local"
+
+    def get(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        return value.strip() if value is not None and value.strip() else None
+
+    def _default(self, name: str, default: object) -> object:
+        return PROFILE_DEFAULTS[name][self.profile] if name in PROFILE_DEFAULTS else default
+
+    def text(self, name: str) -> str:
+        return self.get(name) or str(self._default(name, ""))
+
+    def integer(self, name: str, minimum: int, default: int | None = None) -> int:
+        raw = self.get(name)
+        if raw is None:
+            return int(self._default(name, default))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+        if value < minimum:
+            raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+        return value
+
+    def number(
+        self,
+        name: str,
+        default: float | None = 0.0,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        positive: bool = False,
+    ) -> float | None:
+        raw = self.get(name)
+        if raw is None:
+            value = self._default(name, default)
+            return None if value is None else float(value)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise SettingsError(f"{name} must be a finite number, got {raw!r}")
+        if positive and value <= 0:
+            raise SettingsError(f"{name} must be greater than 0, got {raw!r}")
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{name} must be at least {minimum}, got {raw!r}")
+        if maximum is not None and value > maximum:
+            raise SettingsError(f"{name} must be at most {maximum}, got {raw!r}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        raw = self.get(name)
+        if raw is None:
+            return bool(self._default(name, False))
+        if raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
+            raise SettingsError(f"{name} must be 1 or 0, got {raw!r}")
+        return raw.lower() in ("1", "true", "yes")
 
 
-def pmc_source_url() -> str:
-    if "PANELFORGE_PMC_SOURCE" in os.environ:
-        return os.environ["PANELFORGE_PMC_SOURCE"]
-    if profile() == "demo":  # the sample mirror that `make demo` builds, read from disk
-        return (DEMO_DIR / "mirror" / "cloud").as_uri()
-    return "s3://pmc-oa-opendata"
+def _source_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in SOURCE_SCHEMES:
+        raise SettingsError(f"PANELFORGE_PMC_SOURCE must start with one of {SOURCE_SCHEMES} ://, got {url!r}")
+    if parts.username or parts.password:
+        raise SettingsError(
+            "PANELFORGE_PMC_SOURCE must not hold credentials: set PANELFORGE_FTP_USER and PANELFORGE_FTP_PASSWORD"
+        )
+    if parts.scheme == "file" and not parts.path:
+        raise SettingsError(f"PANELFORGE_PMC_SOURCE names no directory: {url!r}")
+    if parts.scheme != "file" and not parts.netloc:
+        what = "bucket" if parts.scheme == "s3" else "host"
+        raise SettingsError(f"PANELFORGE_PMC_SOURCE names no {what}: {url!r} (e.g. s3://pmc-oa-opendata)")
+    return url
 
 
-def rate_limit() -> float | None:
-    value = os.environ.get("PANELFORGE_RATE_LIMIT")
-    return float(value) if value else None
+def _http_url(name: str, url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SettingsError(f"{name} must be an http(s):// URL, got {url!r}")
+    return url
 
 
-def concurrency() -> int:
-    return int(os.environ.get("PANELFORGE_CONCURRENCY", 8 if profile() == "cluster" else 4))
-
-
-def eutils_url() -> str:
-    from pipelines.entrez.client import DEFAULT_EUTILS_URL
-
-    return os.environ.get("NCBI_EUTILS_URL", DEFAULT_EUTILS_URL)
-
-
-def ncbi_email() -> str | None:
-    return os.environ.get("NCBI_EMAIL") or None
-
-
-def dinov2_model() -> str:
-    from pipelines.concepts.dinov2 import DEFAULT_MODEL
-
-    return os.environ.get("PANELFORGE_DINOV2_MODEL", DEFAULT_MODEL)
-
-
-def synthetic_models() -> bool:
-    return os.environ.get("PANELFORGE_SYNTHETIC", "1" if profile() == "demo" else "0") == "1"
-
-
-def ray_settings() -> dict:
-    return {
-        "address": os.environ.get("PANELFORGE_RAY_ADDRESS") or None,
-        "actors": int(os.environ.get("PANELFORGE_RAY_ACTORS", 1)),
-        "gpus_per_actor": float(os.environ.get("PANELFORGE_GPUS_PER_ACTOR", 1 if profile() == "cluster" else 0)),
-    }
-
-
-def hf_repo() -> str | None:
-    return os.environ.get("PANELFORGE_HF_REPO") or None
+def _existing_file(name: str, path: str | None) -> str | None:
+    if path is not None and not Path(path).is_file():
+        raise SettingsError(f"{name} names no file: {path!r}")
+    return path

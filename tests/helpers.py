@@ -7,6 +7,15 @@ from pipelines.acquire.inventory import build_inventory
 from pipelines.partitioning import shard_keys
 
 N_SHARDS = 4
+SHARDS = shard_keys(N_SHARDS)
+
+
+def open_test_release(instance, *releases: str) -> None:
+    """Add ``releases`` and the tests' shards to a Dagster instance, as the refresh sensor does."""
+    from assets.partitions import open_release
+
+    for release in releases:
+        open_release(instance, release, N_SHARDS)
 
 
 def run_release(lake, source, release: str, previous: str | None = None, n_shards: int = N_SHARDS):

@@ -5,19 +5,19 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
-from jobs.partitions import RELEASES, shard_partitions
 from pipelines.lake import Lake
 from pipelines.parse.shard import parse_shard
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
+from resources.quality import QualityResource
 from tests.conftest import source_for
-from tests.helpers import materialize_one, run_release
+from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release, run_release
 
 MODEL = {"n_components": 8, "k": 4, "sample_size": 1000, "seed": 0}
 
 
 def _parse(lake, release, previous=None):
-    for shard in shard_partitions.get_partition_keys():
+    for shard in SHARDS:
         for table, rows in parse_shard(lake, release, shard, previous).tables.items():
             lake.write_table(table, release, shard, rows)
 
@@ -35,9 +35,10 @@ def concept_lake(tmp_path_factory, cloud_mirror):
         _parse(lake, "2026", previous="2025")
     (tmp / "home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp / "home"))
-    instance.add_dynamic_partitions(RELEASES, ["2025", "2026"])
+    open_test_release(instance, "2025", "2026")
     resources = {
-        "lake": LakeResource(home=str(lake.root)),
+        "lake": LakeResource(home=str(lake.root), shards=N_SHARDS),
+        "quality": QualityResource(),
         "models": ModelsResource(synthetic=True),
         "ray": RayResource(batch_size=16),
     }
@@ -52,7 +53,7 @@ def concept_lake(tmp_path_factory, cloud_mirror):
 
 
 def _shards(release):
-    return [MultiPartitionKey({"release": release, "shard": s}) for s in shard_partitions.get_partition_keys()]
+    return [MultiPartitionKey({"release": release, "shard": s}) for s in SHARDS]
 
 
 def test_two_releases_of_concepts(concept_lake):

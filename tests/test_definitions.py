@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from dagster import EnvVar
 
 from jobs.definitions import defs
 from pipelines.acquire.source import open_source
-from resources import settings
+from resources.profiles import build_resources
+from resources.settings import Settings, SettingsError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_every_job_schedule_and_sensor_resolves():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
     assert {"pmc_inventory_job", "pmc_download_job", "publish_release_job"} <= jobs
-    assert defs.resolve_schedule_def("yearly_pmc_refresh").cron_schedule == "0 2 2 1 *"
-    assert defs.resolve_sensor_def("release_shards_sensor").job_name == "pmc_download_job"
+    assert defs.resolve_sensor_def("yearly_pmc_refresh").job_name == "pmc_inventory_job"
     graph = defs.resolve_asset_graph()
     keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
     assert keys == {
@@ -56,25 +57,82 @@ def test_dagster_definitions_validate_passes():
     assert "All code locations passed validation" in result.stderr + result.stdout
 
 
-def test_unknown_profile_is_refused(monkeypatch):
-    monkeypatch.setenv("PANELFORGE_PROFILE", "production")
-    with pytest.raises(ValueError, match="PANELFORGE_PROFILE must be one of"):
-        settings.profile()
+def test_unknown_profile_is_refused():
+    with pytest.raises(SettingsError, match="PANELFORGE_PROFILE must be one of"):
+        Settings.from_env({"PANELFORGE_PROFILE": "production"})
 
 
-def test_profile_defaults(monkeypatch):
-    for name in ("PANELFORGE_SHARDS", "PANELFORGE_PMC_SOURCE", "PANELFORGE_HOME", "PANELFORGE_CONCURRENCY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PANELFORGE_PROFILE", "local")
-    assert (settings.n_shards(), settings.pmc_source_url(), settings.lake_home()) == (
+def test_profile_defaults():
+    local = Settings.from_env({})
+    assert (local.shards, local.pmc_source, local.home, local.synthetic) == (
         256,
         "s3://pmc-oa-opendata",
         "./data",
+        False,
     )
-    monkeypatch.setenv("PANELFORGE_PROFILE", "demo")
-    assert settings.n_shards() == 4 and settings.pmc_source_url().startswith("file://")
-    monkeypatch.setenv("PANELFORGE_PROFILE", "cluster")
-    assert settings.concurrency() == 8
+    demo = Settings.from_env({"PANELFORGE_PROFILE": "demo"})
+    assert demo.shards == 4 and demo.pmc_source.startswith("file://") and demo.synthetic
+    cluster = Settings.from_env({"PANELFORGE_PROFILE": "cluster"})
+    assert (cluster.concurrency, cluster.gpus_per_actor) == (8, 1.0)
+    assert Settings.from_env({"PANELFORGE_PROFILE": "demo", "PANELFORGE_SHARDS": "16"}).shards == 16
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("PANELFORGE_SHARDS", "0", "PANELFORGE_SHARDS must be at least 1, got 0"),
+        ("PANELFORGE_SHARDS", "-1", "PANELFORGE_SHARDS must be at least 1, got -1"),
+        ("PANELFORGE_SHARDS", "abc", "PANELFORGE_SHARDS must be a whole number, got 'abc'"),
+        ("PANELFORGE_RATE_LIMIT", "0", "PANELFORGE_RATE_LIMIT must be greater than 0, got '0'"),
+        ("PANELFORGE_RATE_LIMIT", "fast", "PANELFORGE_RATE_LIMIT must be a number, got 'fast'"),
+        ("PANELFORGE_PMC_SOURCE", "s3://", "PANELFORGE_PMC_SOURCE names no bucket"),
+        ("PANELFORGE_PMC_SOURCE", "gopher://x", "PANELFORGE_PMC_SOURCE must start with one of"),
+        ("PANELFORGE_PMC_SOURCE", "ftp://u:p@host/pub", "must not hold credentials"),
+        ("PANELFORGE_CONCURRENCY", "0", "PANELFORGE_CONCURRENCY must be at least 1"),
+        ("PANELFORGE_GPUS_PER_ACTOR", "-0.5", "PANELFORGE_GPUS_PER_ACTOR must be at least 0.0"),
+        ("PANELFORGE_MAX_ERROR_RATE", "2", "PANELFORGE_MAX_ERROR_RATE must be at most 1.0"),
+        ("PANELFORGE_SYNTHETIC", "maybe", "PANELFORGE_SYNTHETIC must be 1 or 0"),
+        ("NCBI_EUTILS_URL", "eutils.ncbi.nlm.nih.gov", "NCBI_EUTILS_URL must be an http(s):// URL"),
+        ("PANELFORGE_TAXONOMY", "/nonexistent/taxonomy.json", "PANELFORGE_TAXONOMY names no file"),
+    ],
+)
+def test_bad_settings_name_their_variable(name, value, message):
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env({name: value})
+    assert message in str(raised.value)
+
+
+def test_a_bad_setting_fails_the_code_location_load():
+    dagster = Path(sys.executable).with_name("dagster")
+    result = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PANELFORGE_SHARDS": "0"},
+    )
+    assert result.returncode != 0
+    assert "PANELFORGE_SHARDS must be at least 1, got 0" in result.stderr + result.stdout
+
+
+def test_secrets_reach_resources_as_env_vars(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.setenv("NCBI_API_KEY", "ncbi_secret_value")
+    resources = build_resources(Settings.from_env({}))
+    assert isinstance(resources["hub"].token, EnvVar) and resources["hub"].token.env_var_name == "HF_TOKEN"
+    assert resources["eutils"].api_key.env_var_name == "NCBI_API_KEY"
+    monkeypatch.delenv("HF_TOKEN")
+    assert build_resources(Settings.from_env({}))["hub"].token is None
+
+
+def test_nothing_under_pipelines_reads_the_environment():
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "pipelines").rglob("*.py")
+        if "os.environ" in path.read_text() or "getenv(" in path.read_text()
+    ]
+    assert offenders == []
 
 
 def test_credentials_are_never_taken_from_the_url():

@@ -4,14 +4,15 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
-from jobs.partitions import RELEASES
 from pipelines.acquire.retry import RetryPolicy
 from pipelines.entrez.client import EntrezClient
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
+from resources.quality import QualityResource
 from testing.loopback.eutils_server import RECORDINGS, EutilsLoopbackServer
 from testing.loopback.faults import Fault, FaultPlan
+from tests.helpers import open_test_release
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 # PMIDs of the recorded efetch answers (read from sample/entrez/efetch_pubmed/*.xml)
@@ -141,13 +142,17 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
     lake.write_table("articles", "2026", "000", full)
     (tmp_path / "dh").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
-    instance.add_dynamic_partitions(RELEASES, ["2026"])
+    open_test_release(instance, "2026")
     with EutilsLoopbackServer() as server:
         result = materialize(
             [pubmed_metadata],
             partition_key=MultiPartitionKey({"release": "2026", "shard": "000"}),
             instance=instance,
-            resources={"lake": LakeResource(home=str(lake.root)), "eutils": EutilsResource(base_url=server.url)},
+            resources={
+                "lake": LakeResource(home=str(lake.root)),
+                "eutils": EutilsResource(base_url=server.url),
+                "quality": QualityResource(),
+            },
         )
     assert result.success
     rows = {r["pmid"]: r for r in lake.read_table("pubmed", "2026", "000").to_pylist()}

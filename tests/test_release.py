@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from jobs.partitions import shard_partitions
 from pipelines.lake import Lake
 from pipelines.parse.shard import parse_shard
 from pipelines.release import webdataset as wds_writer
@@ -33,11 +32,10 @@ from pipelines.release.webdataset import (
     write_subset,
 )
 from tests.conftest import source_for
-from tests.helpers import run_release
+from tests.helpers import SHARDS, run_release
 from tests.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
 
 RELEASE = "2025"
-SHARDS = shard_partitions.get_partition_keys()
 
 
 @pytest.fixture(scope="module")

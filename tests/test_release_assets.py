@@ -9,7 +9,7 @@ import tarfile
 from argparse import Namespace
 
 import pytest
-from dagster import DagsterInstance, MultiPartitionKey
+from dagster import DagsterInstance, EnvVar, MultiPartitionKey
 
 from assets.release import (
     dataset_card,
@@ -20,14 +20,14 @@ from assets.release import (
     webdataset_concept_filtered,
     webdataset_shards,
 )
-from jobs.partitions import RELEASES
 from pipelines.lake import Lake
 from pipelines.release import hub
 from pipelines.release.hub import HubLimitError, plan_upload, release_patterns
 from pipelines.release.webdataset import dataset_dir
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
-from tests.helpers import materialize_one
+from resources.quality import QualityResource
+from tests.helpers import materialize_one, open_test_release
 from tests.test_parse import FOLDER_TO_PMCID
 from tests.test_release import RELEASE, SHARDS, parsed_lake, write_hand_labels  # noqa: F401 - the fixture
 
@@ -62,11 +62,15 @@ def release(parsed_lake, tmp_path_factory):  # noqa: F811
     write_hand_labels(lake, lambda pmcid: "Microscopy" if pmcid == HEMIBRAIN else "Plots and Charts")
     (tmp / "home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp / "home"))
-    instance.add_dynamic_partitions(RELEASES, [RELEASE])
-    resources = {"lake": LakeResource(home=str(lake.root)), "hub": HuggingFaceHubResource(repo_id="me/panelforge")}
+    open_test_release(instance, RELEASE)
+    resources = {
+        "lake": LakeResource(home=str(lake.root)),
+        "hub": HuggingFaceHubResource(repo_id="me/panelforge"),
+        "quality": QualityResource(),
+    }
 
-    def run(asset, key, config=None):
-        return materialize_one(asset, key, instance, resources, config, raise_on_error=False)
+    def run(asset, key, config=None, **overrides):
+        return materialize_one(asset, key, instance, {**resources, **overrides}, config, raise_on_error=False)
 
     small = {"max_samples_per_shard": 10}
     planned = [run(dataset_samples, MultiPartitionKey({"release": RELEASE, "shard": s})) for s in SHARDS]
@@ -181,11 +185,12 @@ def test_upload_is_private_by_default_and_keeps_the_token_out_of_logs(release, m
     FakeHfApi.calls, FakeHfApi.tokens = [], []
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    refused = run(hf_upload, RELEASE)
+    refused = run(hf_upload, RELEASE)  # no token configured
     assert not refused.success and not FakeHfApi.calls
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    result = run(hf_upload, RELEASE)
+    hub_with_token = HuggingFaceHubResource(repo_id="me/panelforge", token=EnvVar("HF_TOKEN"))
+    result = run(hf_upload, RELEASE, hub=hub_with_token)
     assert result.success
     assert FakeHfApi.tokens == [TOKEN]
     (create, upload) = FakeHfApi.calls

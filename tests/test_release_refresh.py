@@ -6,36 +6,39 @@ import pytest
 from dagster import (
     DagsterInstance,
     MultiPartitionKey,
-    build_schedule_context,
     build_sensor_context,
     materialize,
-    partition_loading_context,
 )
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
+from assets.partitions import RELEASES
+from assets.partitions import SHARDS as SHARDS_DIMENSION
 from jobs.definitions import defs
-from jobs.partitions import RELEASES, shard_partitions
-from jobs.refresh import release_shards_sensor, yearly_pmc_refresh
+from jobs.refresh import yearly_refresh_sensor
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.lake import Lake
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
+from resources.quality import QualityResource
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror
-from tests.helpers import files, manifest
+from tests.helpers import N_SHARDS, SHARDS, files, manifest, open_test_release
 
 CHANGED, REMOVED, RETRACTED, ADDED = "PMC3441633", "PMC3847091", "PMC6398430", "PMC900000009"
 
 
 def _materialize_release(instance, release: str, url: str, home: str):
-    resources = {"lake": LakeResource(home=home), "pmc_source": PmcSourceResource(url=url, rate_limit=500)}
-    if not instance.has_dynamic_partition(RELEASES, release):
-        instance.add_dynamic_partitions(RELEASES, [release])
+    resources = {
+        "lake": LakeResource(home=home, shards=N_SHARDS),
+        "quality": QualityResource(),
+        "pmc_source": PmcSourceResource(url=url, rate_limit=500),
+    }
+    open_test_release(instance, release)
     inventory = materialize([pmc_inventory], partition_key=release, instance=instance, resources=resources)
     assert inventory.success
     shards = {}
-    for shard in shard_partitions.get_partition_keys():
+    for shard in SHARDS:
         key = MultiPartitionKey({"release": release, "shard": shard})
         result = materialize([pmc_raw_articles], partition_key=key, instance=instance, resources=resources)
         assert result.success
@@ -134,23 +137,30 @@ def test_download_metadata_counts_requests(two_releases):
     )
     assert total == plan_gets > 0
     checks = [e for r in shards.values() for e in r.get_asset_check_evaluations()]
-    assert len(checks) == len(shards) and all(c.passed for c in checks)
+    assert len(checks) == 2 * len(shards) and all(c.passed for c in checks)  # consistency, error rate
 
 
-def test_yearly_schedule_opens_the_release(two_releases):
+def _evaluate(sensor, instance):
+    with build_sensor_context(instance=instance, definitions=defs) as context:
+        return sensor.evaluate_tick(context)
+
+
+def test_yearly_sensor_opens_the_release_without_side_effects(two_releases):
     instance = two_releases["instance"]
-    context = build_schedule_context(instance=instance, scheduled_execution_time=datetime(2027, 1, 2, 2, 0, tzinfo=UTC))
-    request = yearly_pmc_refresh(context)
-    assert request.partition_key == "2027"
-    assert instance.has_dynamic_partition(RELEASES, "2027")
+    sensor = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2027, 1, 2, 2, 0, tzinfo=UTC))
+    result = _evaluate(sensor, instance)
+    assert [r.partition_key for r in result.run_requests] == ["2027"]
+    requests = {r.partitions_def_name: list(r.partition_keys) for r in result.dynamic_partitions_requests}
+    assert requests == {RELEASES: ["2027"], SHARDS_DIMENSION: SHARDS}
+    # evaluating (as "Test sensor" in the UI does) adds nothing: the daemon applies requests at tick time
+    assert not instance.has_dynamic_partition(RELEASES, "2027")
 
 
-def test_sensor_requests_every_shard_of_a_new_inventory(two_releases):
+def test_yearly_sensor_waits_for_the_day_and_never_reopens_a_release(two_releases):
     instance = two_releases["instance"]
-    context = build_sensor_context(instance=instance, definitions=defs)
-    with partition_loading_context(dynamic_partitions_store=instance):  # as the sensor daemon does
-        requests = release_shards_sensor.evaluate_tick(context).run_requests
-    # the latest inventory materialization is release 2026: one download run per shard
-    assert sorted(str(r.partition_key) for r in requests) == [
-        f"2026|{s}" for s in shard_partitions.get_partition_keys()
-    ]
+    early = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2027, 1, 2, 1, 59, tzinfo=UTC))
+    assert not _evaluate(early, instance).run_requests
+    # release 2026 is open and complete: turning the sensor on in 2026 launches nothing
+    later = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2026, 6, 1, tzinfo=UTC))
+    result = _evaluate(later, instance)
+    assert not result.run_requests and "already open" in result.skip_message

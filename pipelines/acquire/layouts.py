@@ -32,6 +32,7 @@ from pipelines.acquire.licenses import normalize_license
 from pipelines.acquire.packages import extract_package
 from pipelines.acquire.retry import PermanentError
 from pipelines.acquire.transports import Transport
+from pipelines.schemas import InventoryFields
 
 PMCID = re.compile(r"^PMC\d{1,10}$")
 ARTICLE_KEY = re.compile(r"^(PMC\d{1,10})\.(\d{1,4})/(.+)$")
@@ -39,29 +40,12 @@ PACKAGE_PATH = re.compile(r"^oa_package/[0-9a-f]{2}/[0-9a-f]{2}/(PMC\d{1,10})\.t
 LEGACY_COLUMNS = ["File", "Article Citation", "Accession ID", "Last Updated (YYYY-MM-DD HH:MM:SS)", "PMID", "License"]
 
 
-@dataclass
-class InventoryRecord:
-    """One article of a release as listed by its source, normalized."""
-
-    pmcid: str
-    version: int | None
-    pmid: str | None
-    doi: str | None
-    citation: str | None
-    license_raw: str | None
-    license_code: str | None
-    license_group: str
-    retracted: bool
-    last_updated: datetime | None
-    source: str
-    source_paths: list[str]
-    source_md5: list[str | None]
-    source_etag: str | None = None
-    warning: str | None = None
-    error: str | None = None
+class InventoryRecord(InventoryFields):
+    """One article of a release as listed by its source, normalized (fields: the ``inventory``
+    table's columns less ``change``, from its schema)."""
 
     def row(self, change: str) -> dict:
-        return {**self.__dict__, "change": change}
+        return self.as_row(change=change)
 
     @classmethod
     def normalized(cls, *, pmid: object, license: str | None, **fields) -> InventoryRecord:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def _default_state_dir() -> Path:
-    return Path(os.environ.get("PANELFORGE_RATE_DIR") or Path(tempfile.gettempdir()) / "panelforge-ratelimit")
+    return Path(tempfile.gettempdir()) / "panelforge-ratelimit"
 
 
 class RateLimiter:

@@ -18,7 +18,6 @@ they never reach run configuration or logs.
 
 from __future__ import annotations
 
-import os
 import urllib.parse
 from pathlib import Path
 
@@ -76,6 +75,8 @@ def open_source(
     timeout: float = 60.0,
     retry: RetryPolicy | None = None,
     rate_state_dir: str | None = None,
+    ftp_user: str = "anonymous",
+    ftp_password: str = "anonymous@",
 ) -> PmcSource:
     """Open the source at ``url`` with a host-wide rate limit (requests/s)."""
     parts = urllib.parse.urlsplit(url)
@@ -96,8 +97,8 @@ def open_source(
             parts.path or "/",
             limiter,
             retry,
-            user=os.environ.get("PANELFORGE_FTP_USER", "anonymous"),
-            password=os.environ.get("PANELFORGE_FTP_PASSWORD", "anonymous@"),
+            user=ftp_user,
+            password=ftp_password,
             timeout=timeout,
         )
         return PmcSource(url, transport, LegacyLayout())

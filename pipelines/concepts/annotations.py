@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -43,9 +42,8 @@ class Taxonomy:
 
 
 def load_taxonomy(extra: str | None = None) -> Taxonomy:
-    """The shipped taxonomy, extended by ``extra`` (or ``PANELFORGE_TAXONOMY``) when given."""
+    """The shipped taxonomy, extended by the JSON file ``extra`` (``PANELFORGE_TAXONOMY``) when given."""
     data = json.loads(TAXONOMY_FILE.read_text())
-    extra = extra or os.environ.get("PANELFORGE_TAXONOMY")
     if extra:
         more = json.loads(Path(extra).read_text())
         data["panel_types"] = list(dict.fromkeys(data["panel_types"] + more.get("panel_types", [])))

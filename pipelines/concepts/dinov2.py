@@ -14,9 +14,9 @@ letterboxes onto white instead so nothing is cut.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+import huggingface_hub.constants
 import numpy as np
 from PIL import Image
 
@@ -63,7 +63,7 @@ def _from_pretrained(cls, config: EmbedderConfig):
     try:
         return cls.from_pretrained(config.model, local_files_only=True)
     except OSError as exc:
-        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        if huggingface_hub.constants.is_offline_mode():
             raise _unavailable(config, exc) from exc
     try:
         return cls.from_pretrained(config.model)

@@ -22,13 +22,18 @@ class EmbeddedShard:
     errors: int
 
 
+def raw_locations(lake: Lake, release: str, shard: str) -> dict[tuple[str, str], dict]:
+    """Where each raw file of the partition lies, by (pmcid, file name)."""
+    files = lake.read_table("raw_files", release, shard)
+    return {(f["pmcid"], f["name"]): f for f in (files.to_pylist() if files is not None else [])}
+
+
 def image_refs(lake: Lake, release: str, shard: str) -> list[dict]:
     """One reference per resolved figure image of the partition (where it lies in the raw tars)."""
     figures = lake.read_table("figures", release, shard)
-    files = lake.read_table("raw_files", release, shard)
-    if figures is None or files is None:
+    if figures is None:
         raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-    by_name = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
+    by_name = raw_locations(lake, release, shard)
     refs = []
     for fig in figures.to_pylist():
         for name in fig["image_files"] or []:

@@ -12,7 +12,6 @@ with the same arguments. PanelForge calls whichever the installed library has.
 from __future__ import annotations
 
 import fnmatch
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,11 +67,6 @@ def plan_upload(folder: Path, patterns: list[str]) -> UploadPlan:
     if problems:
         raise HubLimitError("release folder exceeds the Hub's limits: " + "; ".join(problems))
     return UploadPlan(chosen, total, warnings)
-
-
-def hub_token() -> str | None:
-    """The token, from ``HF_TOKEN`` only: never from configuration, so it never reaches run config or logs."""
-    return os.environ.get("HF_TOKEN") or None
 
 
 def upload_release(api, repo_id: str, folder: Path, release: str, private: bool = True) -> str:

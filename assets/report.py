@@ -1,0 +1,108 @@
+"""How every asset reports a stage run: counters as metadata, previews, paths, checks, log lines."""
+
+from __future__ import annotations
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+)
+
+from assets.partitions import partition_of
+from pipelines.concepts.annotations import AnnotationError
+from pipelines.lake import Lake, LakeLayoutError
+from pipelines.release.hub import HubLimitError
+from pipelines.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
+
+ERROR_RATE = "error_rate"
+MAX_LOGGED_ERRORS = 50
+
+
+def preview(rows: list[dict], columns: list[str], limit: int = 10) -> MetadataValue:
+    """A Markdown table of the first ``limit`` rows, for the asset's page in the UI."""
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join(
+        "| " + " | ".join(str(row.get(c, "")).replace("|", "\\|")[:80] for c in columns) + " |\n"
+        for row in rows[:limit]
+    )
+    return MetadataValue.md(head + body if rows else "_no rows_")
+
+
+def error_rate_check(asset: str) -> AssetCheckSpec:
+    """The blocking check every per-item stage carries: failed items within the threshold."""
+    return AssetCheckSpec(
+        ERROR_RATE,
+        asset=asset,
+        blocking=True,
+        description="Share of items the stage recorded as failed is at most the quality threshold "
+        "(PANELFORGE_MAX_ERROR_RATE); a higher share means something systematic, not bad input.",
+    )
+
+
+def check_result(check: Check) -> AssetCheckResult:
+    return AssetCheckResult(
+        check_name=check.name,
+        passed=check.passed,
+        severity=AssetCheckSeverity.ERROR if check.blocking else AssetCheckSeverity.WARN,
+        description=check.description,
+        metadata={k: _value(v) for k, v in check.metadata.items()},
+    )
+
+
+def error_rate(result: StageResult, max_rate: float) -> Check:
+    return Check(
+        ERROR_RATE,
+        passed=result.error_rate <= max_rate,
+        description=f"{result.error} of {result.ok + result.error} items failed "
+        f"({result.error_rate:.1%}; threshold {max_rate:.1%})",
+        metadata={"error_rate": result.error_rate, "threshold": max_rate, "failed": result.error},
+    )
+
+
+def _value(value: object):
+    if isinstance(value, Markdown):
+        return MetadataValue.md(str(value))
+    if isinstance(value, Preview):
+        return preview(value.rows, value.columns, value.limit)
+    if isinstance(value, (list, dict)):
+        return MetadataValue.json(value)
+    return value
+
+
+def report(
+    context: AssetExecutionContext, result: StageResult, max_error_rate: float | None = None
+) -> MaterializeResult:
+    """The asset's answer for one stage run: every counter, preview and path as metadata, the
+    stage's own checks, and the error-rate check when the asset declares one."""
+    for item, reason in result.errors[:MAX_LOGGED_ERRORS]:
+        context.log.warning(f"{item}: {reason}")
+    if len(result.errors) > MAX_LOGGED_ERRORS:
+        context.log.warning(f"... and {len(result.errors) - MAX_LOGGED_ERRORS} more (see the table)")
+    context.log.info(
+        f"{result.stage}[{result.partition}]: {result.ok} ok, {result.error} failed, "
+        f"{result.skipped} skipped in {result.seconds:.1f}s"
+    )
+    metadata = {k: _value(v) for k, v in result.summary().items()}
+    metadata.update({name: MetadataValue.path(path) for name, path in result.paths.items()})
+    metadata.update({name: _value(p) for name, p in result.previews.items()})
+    checks = list(result.checks)
+    if max_error_rate is not None:
+        checks.append(error_rate(result, max_error_rate))
+    return MaterializeResult(metadata=metadata, check_results=[check_result(c) for c in checks])
+
+
+def run_stage(
+    context: AssetExecutionContext, stage: Stage, lake: Lake, max_error_rate: float | None = None
+) -> MaterializeResult:
+    """Run ``stage`` on the run's partition and report it. Problems a person must fix (an
+    upstream asset not materialized, annotations for another model, a setting missing) fail
+    the run with their message; anything else fails it with its traceback."""
+    try:
+        result = stage.run(lake, partition_of(context))
+    except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
+        raise Failure(str(exc)) from exc
+    return report(context, result, max_error_rate)

@@ -1,0 +1,63 @@
+"""The command line for people without the UI: open a release, then materialize or backfill it.
+
+    python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
+    dg launch --assets pmc_inventory --partition 2027
+    dg launch --assets 'group:acquisition' --partition '2027|000'
+
+``add-release`` uses the shard count of the lake (or ``PANELFORGE_SHARDS`` for a new lake) and
+records it in ``DAGSTER_HOME``'s instance, which ``dg launch`` and ``dagster dev`` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.cli", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("add-release", help="open a release: add it and its shards as partitions")
+    add.add_argument("release", help="the release key, a year such as 2027")
+    sub.add_parser("setup-instance", help="install deploy/dagster.yaml into DAGSTER_HOME and set the pool limits")
+    args = parser.parse_args(argv)
+
+    from dagster import DagsterInstance
+
+    from assets.partitions import open_release
+    from pipelines.lake import Lake
+    from resources.settings import Settings
+
+    if args.command == "add-release" and not (args.release.isdigit() and len(args.release) == 4):
+        parser.error(f"a release is named by its year (e.g. 2027), got {args.release!r}")
+    settings = Settings.from_env()
+    if args.command == "setup-instance":
+        return setup_instance(settings)
+    n_shards = Lake(settings.home).n_shards() or settings.shards
+    with DagsterInstance.get() as instance:
+        open_release(instance, args.release, n_shards)
+    print(f"release {args.release} is open with {n_shards} shards")
+    return 0
+
+
+def setup_instance(settings) -> int:
+    import os
+    from pathlib import Path
+
+    from dagster import DagsterInstance
+
+    from jobs.instance import configure_pools, install_instance_file
+
+    home = os.environ.get("DAGSTER_HOME")
+    if not home:
+        print("DAGSTER_HOME is not set: point it at the directory of your Dagster instance", file=sys.stderr)
+        return 2
+    print(f"instance file: {install_instance_file(Path(home))}")
+    with DagsterInstance.get() as instance:
+        for pool, limit in configure_pools(instance, settings).items():
+            print(f"pool {pool}: {limit}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

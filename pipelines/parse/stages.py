@@ -1,0 +1,75 @@
+"""Parsing stages: the parse tables of each (release, shard), and image duplicates per release."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from pipelines.lake import Lake
+from pipelines.parse.duplicates import find_duplicates
+from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from pipelines.schemas import Table
+from pipelines.stage import RELEASE, Partition, Preview, Stage, StageResult
+
+
+@dataclass
+class ParseStage(Stage):
+    """Every article's metadata and text, its figures (image size, sha256, dHash), the
+    paragraphs that mention them and other graphics; unchanged articles are carried over."""
+
+    name = "parsed_articles"
+    reads = (Table.RAW_MANIFEST, Table.RAW_FILES, *PARSE_TABLES)
+    writes = PARSE_TABLES
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release, shard = partition.release, partition.shard
+        previous = lake.previous_release(Table.ARTICLES, release)
+        parsed = parse_shard(lake, release, shard, previous)
+        for table in PARSE_TABLES:
+            lake.write_table(table, release, shard, parsed.tables[table])
+        articles, figures = parsed.tables["articles"], parsed.tables["figures"]
+        errors = [a for a in articles if a["parse_status"] == "error"]
+        flags = Counter(flag.split(":")[0] for f in figures for flag in f["flags"])
+        result = self.result(
+            partition,
+            ok=parsed.parsed - len(errors),
+            error=len(errors),
+            skipped=parsed.carried,
+            counts={
+                "articles": len(articles),
+                "parsed": parsed.parsed,
+                "carried": parsed.carried,
+                "parse_errors": len(errors),
+                "figures": len(figures),
+                "child_figures": sum(1 for f in figures if f["is_child"]),
+                "images": sum(len(f["image_files"]) for f in figures),
+                "mentions": len(parsed.tables["mentions"]),
+                "other_graphics": len(parsed.tables["other_graphics"]),
+                **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(flags.items())},
+            },
+            paths={"path": lake.path("tables", Table.FIGURES, f"release={release}", f"shard={shard}")},
+            previews={"preview": Preview(figures, ["pmcid", "fig_id", "label", "caption_text", "image_files"])},
+        )
+        result.add_errors(errors, "pmcid", "parse_error")
+        return result
+
+
+@dataclass
+class DuplicatesStage(Stage):
+    """Figure images shared across the release's articles: exact (sha256) and near (dHash)."""
+
+    name = "image_duplicates"
+    level = RELEASE
+    reads = (Table.FIGURES,)
+    writes = (Table.IMAGE_DUPLICATES,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        rows = find_duplicates(lake.read_release(Table.FIGURES, partition.release).to_pylist())
+        lake.write_table(Table.IMAGE_DUPLICATES, partition.release, "all", rows)
+        kinds = Counter(r["kind"] for r in rows)
+        return self.result(
+            partition,
+            ok=len(rows),
+            counts={"exact_pairs": kinds["exact"] // 2, "near_pairs": kinds["near"] // 2},
+            previews={"preview": Preview(rows, ["pmcid", "fig_id", "kind", "other_pmcid", "other_fig_id", "distance"])},
+        )

@@ -1,0 +1,320 @@
+"""Release stages: the sample plan per partition, WebDataset subsets and training mixtures, the
+Parquet tables and statistics, the dataset card, and the upload to the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.concepts.annotations import load_taxonomy
+from pipelines.lake import Lake
+from pipelines.release.card import write_card, write_release_json
+from pipelines.release.export import export_tables
+from pipelines.release.hub import plan_upload, release_patterns, upload_release
+from pipelines.release.samples import REASONS, plan_shard
+from pipelines.release.stats import release_stats
+from pipelines.release.webdataset import (
+    LICENSE_SUBSETS,
+    ShardLimits,
+    by_license,
+    concept_cap,
+    concept_filter,
+    dataset_dir,
+    write_release_subsets,
+)
+from pipelines.schemas import Table
+from pipelines.stage import RELEASE, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+
+BIOMEDICA_FILTERED_CONCEPTS = [
+    "Clinical Imaging",
+    "Microscopy",
+    "Immuno Assays",
+    "Illustrative Diagrams",
+    "Chemical Structures",
+    "Maps",
+    "Tools and Materials",
+    "Hand Drawn and Screen Based Visuals",
+]
+SHARD_NAME = "panelforge"
+
+
+@dataclass
+class SamplePlanStage(Stage):
+    """One row per figure image: included (caption, JSON, where its JPEG bytes are) or excluded
+    with a reason; non-JPEG figures are converted once into a per-partition tar."""
+
+    shuffle_seed: int = 0
+
+    name = "dataset_samples"
+    reads = (
+        Table.ARTICLES,
+        Table.FIGURES,
+        Table.MENTIONS,
+        Table.RAW_FILES,
+        Table.PUBMED,
+        Table.EMBEDDINGS,
+        Table.FIGURE_CONCEPTS,
+    )
+    writes = (Table.SAMPLES,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release, shard = partition.release, partition.shard
+        converted = lake.path("converted", f"release={release}", f"shard={shard}", "images.tar")
+        plan = plan_shard(lake, release, shard, self.shuffle_seed, converted)
+        lake.write_table(Table.SAMPLES, release, shard, plan.rows)
+        excluded = [r for r in plan.rows if r["status"] == "excluded"]
+        return self.result(
+            partition,
+            ok=plan.included,
+            skipped=len(excluded),
+            counts={
+                "samples": plan.included,
+                "excluded": len(excluded),
+                **{f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in REASONS},
+                "converted_to_jpeg": plan.converted,
+                "shuffle_seed": self.shuffle_seed,
+            },
+            previews={
+                "preview": Preview(plan.rows, ["key", "status", "reason", "license_group", "global_concept", "caption"])
+            },
+        )
+
+
+def license_subsets() -> dict[str, Callable[[dict], bool]]:
+    """The full release: one subset per license group."""
+    return {group: by_license(group) for group in LICENSE_SUBSETS}
+
+
+def concept_filtered_subsets(concepts: list[str], taxonomy: str | None = None) -> dict[str, Callable[[dict], bool]]:
+    """BIOMEDICA's concept-filtered mixture: only the chosen global concepts, per license group."""
+    known = set(load_taxonomy(taxonomy).global_concepts)
+    unknown = sorted(set(concepts) - known)
+    if unknown:
+        raise StageInputError(f"unknown global concepts {unknown}; known: {sorted(known)}")
+    return {f"concept-filtered-{g}": concept_filter(g, concepts) for g in LICENSE_SUBSETS}
+
+
+def concept_balanced_subsets(cap: int) -> dict[str, Callable[[dict], bool]]:
+    """BIOMEDICA's concept-balanced mixture: at most ``cap`` samples per global concept."""
+    return {f"concept-balanced-{g}": concept_cap(g, cap) for g in LICENSE_SUBSETS}
+
+
+@dataclass
+class WebDatasetStage(Stage):
+    """Shuffled WebDataset shards of the release for each named subset, with a Parquet sidecar
+    per shard and sizes.json for OpenCLIP; shards of an interrupted run are reused."""
+
+    subsets: dict[str, Callable[[dict], bool]]
+    limits: ShardLimits = ShardLimits()
+    shard_name: str = SHARD_NAME
+    mixture: str | None = None
+    name: str = "webdataset_shards"
+
+    level = RELEASE
+    reads = (Table.SAMPLES,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release = partition.release
+        results = write_release_subsets(lake, release, self.subsets, self.limits, self.shard_name, self.mixture)
+        counts: dict[str, object] = {}
+        for subset, written in results.items():
+            counts[f"{subset}_samples"] = written.samples
+            counts[f"{subset}_shards"] = len(written.shards)
+            counts[f"{subset}_bytes"] = written.bytes
+        reused = sum(s["reused"] for r in results.values() for s in r.shards)
+        counts["shards_reused_from_earlier_run"] = reused
+        seed = next((r.seed for r in results.values() if r.seed is not None), None)
+        counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
+        return self.result(
+            partition,
+            ok=sum(r.samples for r in results.values()),
+            bytes=sum(r.bytes for r in results.values()),
+            counts=counts,
+            paths={"path": dataset_dir(lake, release)},
+        )
+
+
+def included_samples(lake: Lake, release: str) -> Iterator[tuple[str, str]]:
+    """(caption, JSON) of every included sample of the release, one shard at a time."""
+    for shard in lake.shards():
+        table = lake.read_table(Table.SAMPLES, release, shard)
+        if table is None:
+            continue
+        for row in table.select(["status", "caption", "meta_json"]).to_pylist():
+            if row["status"] == "included":
+                yield row["caption"], row["meta_json"]
+
+
+def licensed_bodies(lake: Lake, release: str) -> Iterator[str]:
+    """Body text of every article with a known license, one shard at a time."""
+    for shard in lake.shards():
+        table = lake.read_table(Table.ARTICLES, release, shard)
+        for row in table.select(["license_code", "body_text"]).to_pylist() if table is not None else []:
+            if row["license_code"]:
+                yield row["body_text"]
+
+
+@dataclass
+class ReleaseTablesStage(Stage):
+    """The release's tables as its Parquet dataset, and statistics (lengths in characters and
+    CLIP tokens, image sizes, counts) with PNG histograms."""
+
+    reservoir: int = 100_000
+    token_sample: int = 5_000
+    seed: int = 0
+
+    name = "release_parquet"
+    level = RELEASE
+    reads = (Table.SAMPLES, Table.ARTICLES, Table.FIGURES, Table.MENTIONS, Table.PUBMED, Table.FIGURE_CONCEPTS)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release = partition.release
+        tables = export_tables(lake, release, lake.shards())
+        stats = release_stats(
+            included_samples(lake, release),
+            licensed_bodies(lake, release),
+            self.reservoir,
+            self.token_sample,
+            self.seed,
+        )
+        summary = stats.result()
+        pngs = stats.histograms()
+        for name, payload in {**pngs, "stats.json": json.dumps(summary, indent=1).encode()}.items():
+            with lake.atomic_local_file(dataset_dir(lake, release, "stats", name)) as tmp:
+                Path(tmp).write_bytes(payload)
+        with lake.atomic_local_file(dataset_dir(lake, release, "parquet", "tables.json")) as tmp:
+            Path(tmp).write_text(json.dumps(tables, indent=1, sort_keys=True))
+        counts: dict[str, object] = {f"{t}_rows": f["rows"] for t, f in tables.items()}
+        counts["articles_withheld_unknown_license"] = tables["articles"]["withheld_unknown_license"]
+        counts["tokenizer"] = summary["tokenizer"]
+        for name, entry in summary["fields"].items():
+            part = entry.get("chars") or entry.get("value")
+            counts[f"{name}_median"] = part.get("p50", 0)
+            if "tokens" in entry:
+                counts[f"{name}_tokens_mean"] = entry["tokens"]["mean"]
+        for name in ("caption.png", "per_concept.png"):
+            if name in pngs:
+                encoded = base64.b64encode(pngs[name]).decode()
+                counts[name.replace(".png", "_histogram")] = Markdown(f"![{name}](data:image/png;base64,{encoded})")
+        return self.result(
+            partition,
+            ok=sum(f["rows"] for f in tables.values()),
+            counts=counts,
+            paths={"path": dataset_dir(lake, release, "parquet")},
+        )
+
+
+def release_info(lake: Lake, release: str) -> dict:
+    """What the card says about one release: its subsets' manifests, tables, statistics and exclusions."""
+    subsets = {}
+    for path in sorted(lake.fs.glob(dataset_dir(lake, release, "*", "manifest.json"))):
+        manifest = json.loads(lake.fs.cat(path))
+        manifest["shards"] = len(manifest["shards"])
+        subsets[manifest["subset"]] = manifest
+    if not subsets:
+        raise StageInputError(f"release {release} has no WebDataset subsets: materialize webdataset_shards first")
+    excluded: Counter = Counter()
+    synthetic = False
+    for shard in lake.shards():
+        table = lake.read_table(Table.SAMPLES, release, shard)
+        for row in table.select(["status", "reason", "meta_json"]).to_pylist() if table is not None else []:
+            if row["status"] == "excluded":
+                excluded[row["reason"]] += 1
+            elif not synthetic and json.loads(row["meta_json"])["labels_from_synthetic_model"]:
+                synthetic = True
+    base = subsets.get("commercial") or next(iter(subsets.values()))
+    tables_path = dataset_dir(lake, release, "parquet", "tables.json")
+    stats_path = dataset_dir(lake, release, "stats", "stats.json")
+    return {
+        "release": release,
+        "subsets": {name: {k: v for k, v in m.items() if k != "subset"} for name, m in subsets.items()},
+        "tables": json.loads(lake.fs.cat(tables_path)) if lake.exists(tables_path) else {},
+        "stats": json.loads(lake.fs.cat(stats_path)) if lake.exists(stats_path) else {},
+        "excluded": dict(sorted(excluded.items())),
+        "shuffle_seed": base["shuffle_seed"],
+        "limits": base["limits"],
+        "synthetic_labels": synthetic,
+    }
+
+
+@dataclass
+class DatasetCardStage(Stage):
+    """The dataset card (README.md with the Hub's YAML header) and LICENSES.md, for every release."""
+
+    repo_id: str | None = None
+
+    name = "dataset_card"
+    level = RELEASE
+    reads = (Table.SAMPLES,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        from huggingface_hub import DatasetCard
+
+        write_release_json(lake, partition.release, release_info(lake, partition.release))
+        path = write_card(lake, self.repo_id)
+        text = lake.fs.cat(path).decode()
+        header = DatasetCard(text).data.to_dict()  # parses the YAML header the way the Hub does
+        return self.result(
+            partition,
+            ok=1,
+            bytes=len(text.encode()),
+            counts={
+                "configs": len(header.get("configs", [])),
+                "size_category": ", ".join(header.get("size_categories", [])),
+                "card": Markdown(text.split("---\n", 2)[2][:6000]),
+            },
+            paths={"path": path},
+        )
+
+
+@contextlib.contextmanager
+def local_dataset_folder(lake: Lake) -> Iterator[Path]:
+    """The dataset folder on local disk: itself for a local lake, else a temporary copy."""
+    if lake.is_local:
+        yield Path(dataset_dir(lake))
+        return
+    tmp = tempfile.mkdtemp(prefix="panelforge-hub-")
+    try:
+        lake.fs.get(dataset_dir(lake) + "/", tmp + "/", recursive=True)
+        yield Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@dataclass
+class HubUploadStage(Stage):
+    """Upload the release to a Hugging Face dataset repository (private by default, resumable)
+    after checking the Hub's limits. ``api`` None (or ``dry_run``) only plans: no network call."""
+
+    repo_id: str | None
+    api: object | None = None
+    private: bool = True
+    dry_run: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    name = "hf_upload"
+    level = RELEASE
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release = partition.release
+        with local_dataset_folder(lake) as folder:
+            plan = plan_upload(folder, release_patterns(release))
+            self.warnings.extend(plan.warnings)
+            counts: dict[str, object] = {"files": len(plan.files), "dry_run": self.dry_run}
+            counts["repo_id"] = self.repo_id or "(PANELFORGE_HF_REPO unset)"
+            counts["private"] = self.private
+            if not self.dry_run:
+                if not self.repo_id:
+                    raise StageInputError("PANELFORGE_HF_REPO is not set: name the dataset repository to upload to")
+                if self.api is None:
+                    raise StageInputError("HF_TOKEN is not set: export a Hugging Face write token in the environment")
+                counts["method"] = upload_release(self.api, self.repo_id, folder, release, self.private)
+                counts["url"] = f"https://huggingface.co/datasets/{self.repo_id}"
+        return self.result(partition, ok=len(plan.files), bytes=plan.bytes, counts=counts)
