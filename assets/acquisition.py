@@ -20,6 +20,7 @@ from assets.metadata import preview, previous_release
 from jobs.partitions import release_shard_partitions, releases_partitions
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.inventory import build_inventory
+from pipelines.acquire.rawstore import verify_raw
 from pipelines.partitioning import shard_keys
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
@@ -82,7 +83,8 @@ def pmc_inventory(
         AssetCheckSpec(
             "raw_articles_consistent",
             asset="pmc_raw_articles",
-            description="Every downloaded or carried article has its XML, and every indexed tar exists.",
+            description="Every downloaded or carried article has its XML, and every indexed file's bytes"
+            " are in its tar with the recorded size, md5 and sha256.",
         )
     ],
 )
@@ -122,16 +124,18 @@ def pmc_raw_articles(
 
 
 def _consistency(lk, manifest: list[dict], files: list[dict]) -> AssetCheckResult:
-    """Fails when an ok/carried article lacks its XML or a referenced tar is missing."""
-    xml_of = Counter(f["pmcid"] for f in files if f["kind"] == "xml")
-    missing_xml = [r["pmcid"] for r in manifest if r["status"] in ("ok", "carried") and not xml_of[r["pmcid"]]]
-    missing_tars = sorted({f["tar_path"] for f in files if not lk.exists(lk.path(f["tar_path"]))})
+    """Fails when an ok/carried article lacks a file or a referenced tar is missing or holds other bytes."""
+    found = verify_raw(lk, manifest, files)
     return AssetCheckResult(
         check_name="raw_articles_consistent",
-        passed=not missing_xml and not missing_tars,
+        passed=found.ok,
         severity=AssetCheckSeverity.ERROR,
         metadata={
-            "missing_xml": MetadataValue.json(missing_xml[:50]),
-            "missing_tars": MetadataValue.json(missing_tars[:50]),
+            "missing_xml": MetadataValue.json(found.missing_xml[:50]),
+            "missing_files": MetadataValue.json(found.missing_files[:50]),
+            "missing_tars": MetadataValue.json(found.missing_tars[:50]),
+            "size_mismatches": MetadataValue.json(found.size_mismatches[:50]),
+            "checksum_mismatches": MetadataValue.json(found.checksum_mismatches[:50]),
+            "files_checked": found.files_checked,
         },
     )
