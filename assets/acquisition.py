@@ -47,7 +47,8 @@ def pmc_inventory(
             "raw_articles_consistent",
             asset="pmc_raw_articles",
             blocking=True,
-            description="Every downloaded or carried article has its XML, and every indexed tar exists.",
+            description="Every downloaded or carried article has its XML, and every indexed file's bytes are in its "
+            "tar with the recorded size, md5 and sha256.",
         ),
         error_rate_check("pmc_raw_articles"),
     ],

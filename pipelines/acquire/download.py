@@ -5,11 +5,15 @@ Work is never lost or repeated:
 * an article already complete in this partition (an earlier run) is kept as is — no request;
 * an article unchanged since the previous release is *carried*: its manifest and file index
   rows point at the previous release's tar — no request, no copy;
+* both are trusted only after :func:`verify_raw` finds their tar and bytes as recorded; an
+  article whose tar vanished or whose bytes changed is fetched again (only that article);
 * every other article is fetched into the partition's staging directory (kept across runs,
   so interrupted transfers resume and completed ones are not fetched again), then all newly
   fetched articles are appended as one immutable tar and the tables are rewritten atomically.
 
-One article's failure is recorded in its manifest row and never stops the partition.
+One article's failure is recorded in its manifest row and never stops the partition. An
+unavailable source (:class:`SourceUnavailableError`) is no article's failure: it is raised,
+the run fails with nothing written, and what was already staged is kept for the rerun.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pipelines.acquire.layouts import StagedArticle
-from pipelines.acquire.rawstore import write_part
-from pipelines.acquire.retry import PermanentError
+from pipelines.acquire.rawstore import verify_raw, write_part
+from pipelines.acquire.retry import PermanentError, SourceUnavailableError
 from pipelines.acquire.source import PmcSource
 from pipelines.lake import Lake
 
@@ -79,7 +83,12 @@ def acquire_shard(
     previous_release: str | None,
     concurrency: int = 4,
 ) -> ShardResult:
-    """Bring the raw layer of (``release``, ``shard``) up to date with ``inventory``."""
+    """Bring the raw layer of (``release``, ``shard``) up to date with ``inventory``.
+
+    Raises :class:`SourceUnavailableError` when the source cannot be reached: the tables are
+    left as they were and the articles fetched so far stay staged, so the rerun does not fetch
+    them again.
+    """
     existing = {r["pmcid"]: r for r in _rows(lake.read_table("raw_manifest", release, shard))}
     existing_files = _by_pmcid(_rows(lake.read_table("raw_files", release, shard)))
     prev_manifest: dict[str, dict] = {}
@@ -92,6 +101,7 @@ def acquire_shard(
     manifest: dict[str, dict] = {}
     files: dict[str, list[dict]] = {}
     to_fetch: list[dict] = []
+    trusted: dict[str, tuple[dict, str]] = {}  # pmcid -> (inventory row, "already_done" | "carried")
     for record in sorted(inventory, key=lambda r: r["pmcid"]):
         pmcid = record["pmcid"]
         if record["retracted"]:
@@ -103,7 +113,7 @@ def acquire_shard(
         done = existing.get(pmcid)
         if done and done["status"] in DONE and done["version"] == record["version"]:
             manifest[pmcid], files[pmcid] = done, existing_files.get(pmcid, [])
-            result.counts["already_done"] += 1
+            trusted[pmcid] = (record, "already_done")
             continue
         prev = prev_manifest.get(pmcid)
         if record["change"] == "unchanged" and prev and prev["status"] in DONE:
@@ -114,20 +124,37 @@ def acquire_shard(
                 "fetched_in_release": prev["fetched_in_release"] or previous_release,
             }
             files[pmcid] = prev_files.get(pmcid, [])
-            result.counts["carried"] += 1
+            trusted[pmcid] = (record, "carried")
             continue
         to_fetch.append(record)
 
+    # Trust nothing unchecked: a deleted or damaged tar sends its articles back to be fetched.
+    check = verify_raw(lake, [manifest[p] for p in trusted], [f for p in trusted for f in files[p]])
+    for pmcid in sorted(check.bad_pmcids):
+        log.warning("%s: raw files missing or damaged in the lake; fetching again", pmcid)
+        del manifest[pmcid], files[pmcid]
+        to_fetch.append(trusted.pop(pmcid)[0])
+        result.counts["repaired"] += 1
+    to_fetch.sort(key=lambda r: r["pmcid"])
+    result.counts.update(kind for _, kind in trusted.values())
+
     staging = lake.staging_dir(release, shard)
     requests_before, bytes_before = source.requests, source.bytes
+
+    outages: list[SourceUnavailableError] = []
 
     def fetch(record: dict) -> tuple[dict, StagedArticle | None, str | None]:
         directory = staging / (f"{record['pmcid']}.{record['version']}" if record["version"] else record["pmcid"])
         staged = StagedArticle.load(directory)
         if staged is not None:
             return record, staged, None
+        if outages:  # the source is down: asking again per article would only wait out retries
+            return record, None, None
         try:
             return record, source.fetch(record, staging), None
+        except SourceUnavailableError as exc:
+            outages.append(exc)
+            return record, None, None
         except PermanentError as exc:
             return record, None, str(exc)
         except Exception as exc:  # noqa: BLE001 - one article's surprise must not stop the shard
@@ -136,18 +163,24 @@ def acquire_shard(
 
     fetched: list[tuple[dict, StagedArticle]] = []
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for record, staged, error in pool.map(fetch, to_fetch):
-            if error:
-                manifest[record["pmcid"]] = _manifest_row(record, "error", error=error)
-                result.counts["error"] += 1
-            elif not any(kind == "xml" for _, kind in staged.files):
-                manifest[record["pmcid"]] = _manifest_row(record, "error", error="package has no article XML")
-                result.counts["error"] += 1
-            else:
-                fetched.append((record, staged))
+        outcomes = list(pool.map(fetch, to_fetch))
+    if outages:
+        staged_count = sum(1 for _, staged, _ in outcomes if staged is not None)
+        log.warning("%s; %d of %d articles staged for the rerun", outages[0], staged_count, len(to_fetch))
+        raise outages[0]
+    for record, staged, error in outcomes:
+        if error:
+            manifest[record["pmcid"]] = _manifest_row(record, "error", error=error)
+            result.counts["error"] += 1
+        elif not any(kind == "xml" for _, kind in staged.files):
+            manifest[record["pmcid"]] = _manifest_row(record, "error", error="package has no article XML")
+            result.counts["error"] += 1
+        else:
+            fetched.append((record, staged))
 
     if fetched:
-        rows = write_part(lake, release, shard, fetched)
+        referenced = {f["tar_path"] for rows_ in (*existing_files.values(), *files.values()) for f in rows_}
+        rows = write_part(lake, release, shard, fetched, referenced)
         result.new_tar = rows[0]["tar_path"] if rows else None
         new_files = _by_pmcid(rows)
         for record, staged in fetched:

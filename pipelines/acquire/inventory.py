@@ -30,7 +30,10 @@ def build_inventory(
     source: PmcSource, previous_rows: list[dict], previous_release: str | None, n_shards: int
 ) -> InventoryResult:
     """List ``source`` and classify every article as added, changed, unchanged or retracted;
-    articles of ``previous_rows`` that are no longer listed are reported as removed."""
+    articles of ``previous_rows`` that are no longer listed are reported as removed.
+
+    An unreachable source raises :class:`~pipelines.acquire.retry.SourceUnavailableError`
+    (from the transport) rather than giving an empty or partial inventory."""
     previous = {row["pmcid"]: row for row in previous_rows}
     records, problems = source.inventory(previous)
     result = InventoryResult(problems=[p.__dict__ for p in problems])

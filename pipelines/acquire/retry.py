@@ -27,6 +27,21 @@ class PermanentError(Exception):
     """A failure that retrying cannot fix (404, bad checksum after retries, unsafe package...)."""
 
 
+class SourceUnavailableError(Exception):
+    """The source itself cannot be used: connection refused, DNS failure, or every attempt at a
+    request ended in a disconnect, timeout or 5xx answer.
+
+    This says nothing about the article being fetched, so it is never recorded as an article's
+    error: it stops the run, which fails and is retried later. ``host`` names the source,
+    ``cause`` the last failure seen.
+    """
+
+    def __init__(self, host: str, cause: str):
+        super().__init__(f"PMC source {host} is unavailable: {cause}")
+        self.host = host
+        self.cause = cause
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 5
@@ -38,14 +53,21 @@ class RetryPolicy:
         backoff = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
         return max(backoff, min(retry_after or 0.0, self.max_delay))
 
-    def call(self, fn: Callable[[], T], what: str) -> T:
-        """Call ``fn`` until it succeeds, raises a non-transient error, or attempts run out."""
+    def call(self, fn: Callable[[], T], what: str, host: str | None = None) -> T:
+        """Call ``fn`` until it succeeds, raises a non-transient error, or attempts run out.
+
+        Running out of attempts raises :class:`SourceUnavailableError` for ``host`` when one is
+        given (the host, not the item, is failing), else :class:`PermanentError`.
+        """
         for attempt in range(self.attempts):
             try:
                 return fn()
             except TransientError as exc:
                 if attempt == self.attempts - 1:
-                    raise PermanentError(f"{what}: gave up after {self.attempts} attempts: {exc}") from exc
+                    gave_up = f"{what}: gave up after {self.attempts} attempts: {exc}"
+                    if host is not None:
+                        raise SourceUnavailableError(host, gave_up) from exc
+                    raise PermanentError(gave_up) from exc
                 wait = self.delay(attempt, exc.retry_after)
                 log.info("%s: %s; retrying in %.2fs", what, exc, wait)
                 time.sleep(wait)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.inventory import build_inventory
+from pipelines.acquire.rawstore import verify_raw
 from pipelines.acquire.source import PmcSource
 from pipelines.lake import Lake
 from pipelines.schemas import Table
@@ -119,13 +120,21 @@ class AcquireStage(Stage):
 
 
 def raw_consistency(lake: Lake, manifest: list[dict], files: list[dict]) -> Check:
-    """Fails when an ok/carried article lacks its XML or a referenced tar is missing."""
-    xml_of = Counter(f["pmcid"] for f in files if f["kind"] == "xml")
-    missing_xml = [r["pmcid"] for r in manifest if r["status"] in ("ok", "carried") and not xml_of[r["pmcid"]]]
-    missing_tars = sorted({f["tar_path"] for f in files if not lake.exists(lake.path(f["tar_path"]))})
+    """Fails when an ok/carried article lacks a file, or a referenced tar is missing or holds
+    other bytes than recorded (size, md5, sha256)."""
+    found = verify_raw(lake, manifest, files)
     return Check(
         "raw_articles_consistent",
-        passed=not missing_xml and not missing_tars,
-        description="Every downloaded or carried article has its XML, and every indexed tar exists.",
-        metadata={"missing_xml": missing_xml[:50], "missing_tars": missing_tars[:50]},
+        passed=found.ok,
+        description="Every downloaded or carried article has its XML, and every indexed file's bytes are in "
+        "its tar with the recorded size, md5 and sha256.",
+        metadata={
+            "missing_xml": found.missing_xml[:50],
+            "missing_files": found.missing_files[:50],
+            "missing_tars": found.missing_tars[:50],
+            "size_mismatches": found.size_mismatches[:50],
+            "checksum_mismatches": found.checksum_mismatches[:50],
+            "files_checked": found.files_checked,
+            "bytes_checked": found.bytes_checked,
+        },
     )

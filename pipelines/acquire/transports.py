@@ -2,7 +2,9 @@
 
 A transport only moves bytes: list a "directory", read a small object, download a file with
 resume. Every request goes through the shared :class:`RateLimiter` and the retry policy;
-failures are mapped to :class:`TransientError` (retried) or :class:`PermanentError`.
+failures are mapped to :class:`TransientError` (retried) or :class:`PermanentError`. When the
+retries of a request run out, or the source cannot be reached or logged into at all, the
+transport raises :class:`SourceUnavailableError`: an outage, not a fact about the file.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import urllib3
 from lxml import etree
 
 from pipelines.acquire.ratelimit import RateLimiter
-from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
+from pipelines.acquire.retry import (
+    RETRYABLE_STATUS,
+    PermanentError,
+    RetryPolicy,
+    SourceUnavailableError,
+    TransientError,
+)
 
 CHUNK = 1 << 16
 # FTP commands that count as requests against a mirror's limit: logins, transfers, listings.
@@ -37,6 +45,7 @@ class Transport(ABC):
     """Common bookkeeping: request and byte counters, rate limiting and retries."""
 
     scheme = "abstract"
+    where = "?"  # names the source in SourceUnavailableError
 
     def __init__(self, limiter: RateLimiter, retry: RetryPolicy):
         self.limiter = limiter
@@ -69,15 +78,19 @@ class Transport(ABC):
     def _download_once(self, path: str, partial: Path) -> None:
         """Append the rest of ``path`` to ``partial`` (which may already hold a prefix)."""
 
+    def _retry(self, fn, what: str):
+        """``fn`` under the retry policy; retries running out mean the source is unavailable."""
+        return self.retry.call(fn, what, host=self.where)
+
     def read_bytes(self, path: str) -> bytes:
-        return self.retry.call(lambda: self._read_once(path), f"read {path}")
+        return self._retry(lambda: self._read_once(path), f"read {path}")
 
     def download(self, path: str, dest: Path) -> Path:
         """Download ``path`` to ``dest``; an interrupted transfer resumes from ``dest.part``."""
         if dest.exists():
             return dest
         partial = dest.with_name(dest.name + ".part")
-        self.retry.call(lambda: self._download_once(path, partial), f"download {path}")
+        self._retry(lambda: self._download_once(path, partial), f"download {path}")
         os.replace(partial, dest)
         return dest
 
@@ -93,6 +106,7 @@ class HttpTransport(Transport):
     def __init__(self, base_url: str, limiter: RateLimiter, retry: RetryPolicy, timeout: float = 60.0):
         super().__init__(limiter, retry)
         self.base_url = base_url.rstrip("/")
+        self.where = urllib.parse.urlsplit(self.base_url).netloc or self.base_url
         self.timeout = timeout
         self._local = threading.local()
 
@@ -132,7 +146,7 @@ class HttpTransport(Transport):
                 params["delimiter"] = delimiter
             if token:
                 params["continuation-token"] = token
-            body = self.retry.call(
+            body = self._retry(
                 lambda p=dict(params): self._get(f"{self.base_url}/", params=p).content, f"list {prefix!r}"
             )
             root = etree.fromstring(body, SAFE_XML)
@@ -225,6 +239,7 @@ class FtpTransport(Transport):
         super().__init__(limiter, retry)
         self.host, self.port, self.root = host, port, "/" + root.strip("/")
         self.user, self.password, self.timeout = user, password, timeout
+        self.where = f"{host}:{port}"
         self._idle: list[ftputil.FTPHost] = []
         self._pool_lock = threading.Lock()
 
@@ -255,8 +270,8 @@ class FtpTransport(Transport):
             raise TransientError(f"cannot connect to ftp://{self.host}:{self.port}: {exc}") from exc
         except ftputil.error.TemporaryError as exc:
             raise TransientError(f"ftp login refused: {str(exc).splitlines()[0]}") from exc
-        except ftputil.error.PermanentError as exc:
-            raise PermanentError(f"ftp login failed: {str(exc).splitlines()[0]}") from exc
+        except ftputil.error.PermanentError as exc:  # no article can be fetched without a login
+            raise SourceUnavailableError(self.where, f"ftp login failed: {str(exc).splitlines()[0]}") from exc
         ftp.stat_cache.disable()
         return ftp
 
@@ -305,7 +320,7 @@ class FtpTransport(Transport):
             base = self._path(directory)
             return [n + "/" if ftp.path.isdir(ftp.path.join(base, n)) else n for n in ftp.listdir(base)]
 
-        yield from self.retry.call(lambda: self._guard(f"list {directory}", run), f"list {directory}")
+        yield from self._retry(lambda: self._guard(f"list {directory}", run), f"list {directory}")
 
     def _read_once(self, path: str) -> bytes:
         def run(ftp):
@@ -368,6 +383,12 @@ class LocalTransport(Transport):
     def __init__(self, root: str, limiter: RateLimiter, retry: RetryPolicy):
         super().__init__(limiter, retry)
         self.root = Path(root)
+        self.where = self.root.as_uri() if self.root.is_absolute() else str(self.root)
+
+    def _request(self) -> None:
+        super()._request()
+        if not self.root.is_dir():  # an unmounted or vanished mirror, not a missing article
+            raise SourceUnavailableError(self.where, f"source directory {self.root} does not exist")
 
     def _resolve(self, path: str) -> Path:
         full = (self.root / path.lstrip("/")).resolve()
