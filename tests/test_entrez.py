@@ -5,7 +5,7 @@ from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
 from pipelines.acquire.retry import RetryPolicy
-from pipelines.entrez.client import EntrezClient
+from pipelines.entrez.client import EntrezClient, EntrezUnavailableError
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
@@ -103,6 +103,7 @@ def test_a_bad_answer_affects_only_its_batch_and_is_not_cached(lake):
         # batches go in PMID order: the first (20301295) got an HTML page instead of XML
         assert problems == {"20301295": "unexpected answer <html>"}
         assert sorted(records) == ["27797938", "9997"]
+        assert len(lake.fs.find(lake.path("cache"))) == 2  # the HTML answer was never written
         retry = client(server, lake)
         records, problems = retry.pubmed_records(["9997", "20301295", "27797938"], batch=1)
         assert sorted(records) == ["27797938", "9997"]
@@ -119,8 +120,9 @@ def test_api_key_sets_the_limit_and_stays_out_of_caches_and_errors(lake, monkeyp
         c = resource.client(lake, namespace="2026")
         assert c.limiter.rate == 10.0
         c.retry = FAST
-        records, problems = c.pubmed_records(["9997"])
-        assert "s3cr3t" not in problems["9997"] and "HTTP 500" in problems["9997"]
+        with pytest.raises(EntrezUnavailableError, match="HTTP 500") as raised:
+            c.pubmed_records(["9997"])
+        assert "s3cr3t" not in str(raised.value) and "s3cr3t" not in repr(raised.value.__cause__)
         assert all(server.api_keys_seen)
         c.citing_pmids(["9997"])
     cached = [p for p in lake.fs.find(lake.path("cache"))]
@@ -159,10 +161,20 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
     assert set(rows) == {"27797938", "1"}
     assert rows["27797938"]["pmcid"] == "PMC5442267" and rows["27797938"]["status"] == "ok"
     assert len(rows["27797938"]["mesh"]) == 21 and rows["27797938"]["cited_by_count"] == 0
-    assert rows["1"]["status"] == "not_found"
+    assert rows["1"]["status"] == "not_found" and rows["1"]["cited_by_count"] == -1  # unknown, not "cited by none"
 
 
 def lake_articles_fields():
     from pipelines.schemas import ARTICLES
 
     return ARTICLES.names
+
+
+def test_invalid_api_key_raises_without_quoting_the_key(lake):
+    # the JSON NCBI answers an unknown key with (hand-written, not a recording): it echoes the key
+    body = b'{"error":"API key invalid","api-key":"s3cr3t-key","type":"invalid","status":"unknown"}'
+    plan = FaultPlan(faults=[Fault("efetch", kind="body", status=400, body=body, times=10)])
+    with EutilsLoopbackServer(plan=plan) as server:
+        with pytest.raises(EntrezUnavailableError, match="rejected the API key") as raised:
+            client(server, lake, api_key="s3cr3t-key").pubmed_records(["9997"])
+    assert "s3cr3t" not in str(raised.value) and plan.count() == 1

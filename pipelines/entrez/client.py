@@ -4,8 +4,13 @@
   3 requests/s without an API key, 10/s with one, as NCBI asks.
 * HTTP 429, 5xx, disconnects and NCBI's ``{"error":"API rate limit exceeded"}`` body (which
   can come with status 200) are retried with jittered backoff.
+* An outage is no answer about the articles: when NCBI cannot be reached, retries run out, or
+  the endpoint refuses us (401/403/404, a rejected API key), :class:`EntrezUnavailableError` is
+  raised so the run fails and is retried later. An answer that arrives but cannot be used (HTML,
+  an ``<ERROR>``, 400) is a problem of its batch's PMIDs only.
 * Every answer is cached under the lake's ``cache/eutils/`` keyed by the request without its
-  credentials, so a rerun makes no request that was already answered.
+  credentials, so a rerun makes no request that was already answered. Only answers that parsed
+  are cached: an error answer is never written, so a rerun asks again.
 * Large id lists go by POST (NCBI's advice above ~200 ids); the API key is sent as a
   parameter, as NCBI requires, but never appears in a cache key, a log line or an error.
 """
@@ -15,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import requests
 
@@ -24,10 +30,24 @@ from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolic
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
 from pipelines.lake import Lake
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 DEFAULT_EUTILS_URL = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
 EFETCH_BATCH = 2_000  # PubMed efetch answers up to 10,000 ids per POST; 2,000 keeps answers ~10 MB
 ELINK_BATCH = 500
+UNUSABLE_ENDPOINT_STATUS = frozenset({401, 403, 404})  # E-utilities answers a bad id with 200, never these
+_TRANSPORT_ERRORS = (
+    requests.ConnectionError,  # refused, DNS, reset
+    requests.Timeout,
+    requests.exceptions.ChunkedEncodingError,  # the connection broke inside the body
+    requests.exceptions.ContentDecodingError,
+)
+
+
+class EntrezUnavailableError(RuntimeError):
+    """E-utilities could not be used at all: unreachable, retries exhausted on disconnects,
+    timeouts, 429 or 5xx, or the endpoint refused us. Says nothing about any article: callers
+    let it propagate (the run fails and is retried later) and never record it per article."""
 
 
 def batches(items: list[str], size: int) -> Iterator[list[str]]:
@@ -74,7 +94,7 @@ class EntrezClient:
         self.requests += 1
         try:
             response = self.session.post(f"{self.base_url}/{endpoint}", data=params + credentials, timeout=self.timeout)
-        except (requests.ConnectionError, requests.Timeout) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise TransientError(f"{endpoint}: {type(exc).__name__}") from exc  # no URL: it may hold the key
         body = response.content
         if response.status_code in RETRYABLE_STATUS:
@@ -85,28 +105,44 @@ class EntrezClient:
             )
         if b"API rate limit exceeded" in body[:200]:
             raise TransientError(f"{endpoint}: API rate limit exceeded (HTTP {response.status_code})", retry_after=1.0)
+        if b"API key invalid" in body[:200]:  # the body echoes the key: never quote it
+            raise EntrezUnavailableError(f"{endpoint}: NCBI rejected the API key (HTTP {response.status_code})")
+        if response.status_code in UNUSABLE_ENDPOINT_STATUS:
+            raise EntrezUnavailableError(f"{endpoint}: HTTP {response.status_code} (check the URL and access)")
         if response.status_code >= 400:
             raise PermanentError(f"{endpoint}: HTTP {response.status_code}")
         return body
 
-    def call(self, endpoint: str, params: list[tuple[str, str]]) -> bytes:
-        """POST ``params`` to ``endpoint`` (``efetch.fcgi``...), from the cache when answered before."""
+    def call(self, endpoint: str, params: list[tuple[str, str]], parse: Callable[[bytes], T]) -> T:
+        """POST ``params`` to ``endpoint`` (``efetch.fcgi``...) and ``parse`` the answer, from the
+        cache when answered before. An answer is cached only after it parsed; a cached answer
+        that no longer parses is dropped and asked again.
+
+        Raises :class:`EntrezUnavailableError` when E-utilities cannot be used, ``PermanentError``
+        for a refused request (400...) and ``EntrezAnswerError`` for an unusable answer.
+        """
         path = self._cache_path(endpoint, params)
         if path is not None and self.cache.exists(path):
-            self.cache_hits += 1
             with self.cache.fs.open(path, "rb") as fh:
-                return fh.read()
-        body = self.retry.call(lambda: self._post_once(endpoint, params), endpoint)
+                body = fh.read()
+            try:
+                parsed = parse(body)
+            except EntrezAnswerError:
+                self.cache.fs.rm(path)
+            else:
+                self.cache_hits += 1
+                return parsed
+        try:
+            body = self.retry.call(lambda: self._post_once(endpoint, params), endpoint)
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, TransientError):  # attempts ran out: an outage, not an answer
+                raise EntrezUnavailableError(f"NCBI E-utilities unavailable: {exc}") from exc
+            raise
+        parsed = parse(body)
         if path is not None:
             with self.cache.atomic_local_file(path) as tmp, open(tmp, "wb") as fh:
                 fh.write(body)
-        return body
-
-    def uncache(self, endpoint: str, params: list[tuple[str, str]]) -> None:
-        """Forget a cached answer that turned out to be unusable, so a rerun asks again."""
-        path = self._cache_path(endpoint, params)
-        if path is not None and self.cache.exists(path):
-            self.cache.fs.rm(path)
+        return parsed
 
     # ---- queries ---------------------------------------------------------------------------
     def pubmed_records(self, pmids: Iterable[str], batch: int = EFETCH_BATCH) -> tuple[dict[str, dict], dict[str, str]]:
@@ -118,10 +154,8 @@ class EntrezClient:
         for chunk in batches(wanted, batch):
             params = [("db", "pubmed"), ("retmode", "xml"), ("id", ",".join(chunk))]
             try:
-                body = self.call("efetch.fcgi", params)
-                found, issues = parse_pubmed_articles(body)
-            except (PermanentError, EntrezAnswerError) as exc:
-                self.uncache("efetch.fcgi", params)
+                found, issues = self.call("efetch.fcgi", params, parse_pubmed_articles)
+            except (PermanentError, EntrezAnswerError) as exc:  # this batch's answer; EntrezUnavailableError propagates
                 problems.update({p: str(exc) for p in chunk})
                 continue
             asked = set(chunk)
@@ -144,9 +178,8 @@ class EntrezClient:
             params = [("dbfrom", "pubmed"), ("db", "pubmed"), ("linkname", "pubmed_pubmed_citedin")]
             params += [("id", pmid) for pmid in chunk]
             try:
-                found, issues = parse_citedin(self.call("elink.fcgi", params))
-            except (PermanentError, EntrezAnswerError) as exc:
-                self.uncache("elink.fcgi", params)
+                found, issues = self.call("elink.fcgi", params, parse_citedin)
+            except (PermanentError, EntrezAnswerError) as exc:  # this batch's answer; EntrezUnavailableError propagates
                 problems.update({p: str(exc) for p in chunk})
                 continue
             for pmid in chunk:

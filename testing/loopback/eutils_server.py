@@ -4,7 +4,8 @@ The recordings (``sample/entrez``, from Biopython's test suite) are indexed by t
 each record: an efetch answer is assembled from the recorded ``PubmedArticle`` elements of the
 requested PMIDs (unknown PMIDs are left out, as NCBI does), an elink answer from the recorded
 single-id ``LinkSet``s (an id without recorded links gets an empty link set). GET and POST are
-both accepted. Faults (429, NCBI's rate-limit body, errors) come from a :class:`FaultPlan`.
+both accepted. Faults (429, NCBI's rate-limit body, errors, transfers broken mid-body) come from
+a :class:`FaultPlan`.
 """
 
 from __future__ import annotations
@@ -83,13 +84,19 @@ class EutilsLoopbackServer(LoopbackHttpServer):
                 params = urllib.parse.parse_qs(query)
                 server.api_keys_seen.append("api_key" in params)
                 fault = server.plan.record(self.command, endpoint)
-                if fault is not None:
+                if fault is not None and fault.kind != "drop":
                     status, body = fault.status, fault.body or b"<ERROR>injected</ERROR>"
                 else:
                     status, body = server.answer(endpoint, {k: v for k, v in params.items() if k != "api_key"})
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if fault is not None and fault.kind == "drop":
+                    self.wfile.write(body[: int(len(body) * fault.fraction)])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
                 self.wfile.write(body)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
