@@ -11,11 +11,16 @@ from dagster import (
 )
 
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import OutageRetry, error_rate_check, run_stage
 from pipelines.acquire.stages import POOL, AcquireStage, InventoryStage
+from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource
+
+
+def outage_of(resource: PmcSourceResource | EutilsResource) -> OutageRetry:
+    return OutageRetry(resource.outage_retries, resource.outage_retry_delay_s)
 
 
 @asset(
@@ -31,7 +36,8 @@ def pmc_inventory(
     context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource, quality: QualityResource
 ) -> MaterializeResult:
     with pmc_source.open() as source:
-        return run_stage(context, InventoryStage(source, lake.shards), lake.lake(), quality.max_error_rate)
+        stage = InventoryStage(source, lake.shards)
+        return run_stage(context, stage, lake.lake(), quality.max_error_rate, outage_of(pmc_source))
 
 
 @asset(
@@ -58,4 +64,4 @@ def pmc_raw_articles(
 ) -> MaterializeResult:
     with pmc_source.open() as source:
         stage = AcquireStage(source, pmc_source.concurrency)
-        return run_stage(context, stage, lake.lake(), quality.max_error_rate)
+        return run_stage(context, stage, lake.lake(), quality.max_error_rate, outage_of(pmc_source))

@@ -10,7 +10,7 @@ from dagster import (
     asset,
 )
 
-from assets.acquisition import pmc_raw_articles
+from assets.acquisition import outage_of, pmc_raw_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, run_stage
 from pipelines.entrez.stage import POOL as EUTILS_POOL
@@ -60,4 +60,4 @@ def pubmed_metadata(
     context: AssetExecutionContext, lake: LakeResource, eutils: EutilsResource, quality: QualityResource
 ) -> MaterializeResult:
     stage = PubmedStage(client_for=lambda lk, release: eutils.client(lk, namespace=release))
-    return run_stage(context, stage, lake.lake(), quality.max_error_rate)
+    return run_stage(context, stage, lake.lake(), quality.max_error_rate, outage_of(eutils))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
@@ -10,10 +12,13 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    RetryRequested,
 )
 
 from assets.partitions import partition_of
+from pipelines.acquire.retry import SourceUnavailableError
 from pipelines.concepts.annotations import AnnotationError
+from pipelines.entrez.client import EntrezUnavailableError
 from pipelines.lake import Lake, LakeLayoutError
 from pipelines.release.hub import HubLimitError
 from pipelines.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
@@ -95,14 +100,33 @@ def report(
     return MaterializeResult(metadata=metadata, check_results=[check_result(c) for c in checks])
 
 
+@dataclass(frozen=True)
+class OutageRetry:
+    """How often and how long after an outage of an external service the step is retried."""
+
+    retries: int = 0
+    delay_s: float = 300.0
+
+
 def run_stage(
-    context: AssetExecutionContext, stage: Stage, lake: Lake, max_error_rate: float | None = None
+    context: AssetExecutionContext,
+    stage: Stage,
+    lake: Lake,
+    max_error_rate: float | None = None,
+    outage: OutageRetry = OutageRetry(),
 ) -> MaterializeResult:
-    """Run ``stage`` on the run's partition and report it. Problems a person must fix (an
-    upstream asset not materialized, annotations for another model, a setting missing) fail
-    the run with their message; anything else fails it with its traceback."""
+    """Run ``stage`` on the run's partition and report it.
+
+    Problems a person must fix (an upstream asset not materialized, annotations for another
+    model, a setting missing) fail the run with their message and are not retried. An outage of
+    the PMC source or NCBI is retried ``outage.retries`` times, ``outage.delay_s`` apart, then
+    fails the run; nothing was written as the items' final state. Anything else fails the run
+    with its traceback."""
     try:
         result = stage.run(lake, partition_of(context))
     except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
-        raise Failure(str(exc)) from exc
+        raise Failure(str(exc), allow_retries=False) from exc
+    except (SourceUnavailableError, EntrezUnavailableError) as exc:
+        context.log.warning(f"{stage.name}[{partition_of(context)}]: service unavailable: {exc}")
+        raise RetryRequested(max_retries=outage.retries, seconds_to_wait=outage.delay_s) from exc
     return report(context, result, max_error_rate)

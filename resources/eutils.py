@@ -17,6 +17,8 @@ class EutilsResource(ConfigurableResource):
     api_key: str | None = None
     tool: str = "panelforge"
     rate_limit: float | None = None
+    outage_retries: int = 0  # runs are retried this often when the service is unreachable
+    outage_retry_delay_s: float = 300.0
 
     def client(self, cache: Lake, namespace: str) -> EntrezClient:
         return EntrezClient(

@@ -14,6 +14,8 @@ class PmcSourceResource(ConfigurableResource):
 
     url: str
     rate_limit: float | None = None
+    outage_retries: int = 0  # runs are retried this often when the service is unreachable
+    outage_retry_delay_s: float = 300.0
     concurrency: int = 4
     timeout_s: float = 60.0
     attempts: int = 5

@@ -46,7 +46,11 @@ def build_resources(settings: Settings | None = None) -> dict:
             address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor
         ),
         "eutils": EutilsResource(
-            base_url=settings.eutils_url, email=settings.ncbi_email, api_key=_secret("NCBI_API_KEY")
+            base_url=settings.eutils_url,
+            email=settings.ncbi_email,
+            api_key=_secret("NCBI_API_KEY"),
+            outage_retries=settings.outage_retries,
+            outage_retry_delay_s=settings.outage_retry_delay_s,
         ),
         "hub": HuggingFaceHubResource(repo_id=settings.hf_repo, token=_secret("HF_TOKEN")),
         "pmc_source": PmcSourceResource(
@@ -56,6 +60,8 @@ def build_resources(settings: Settings | None = None) -> dict:
             rate_dir=settings.rate_dir,
             ftp_user=settings.ftp_user,
             ftp_password=_secret("PANELFORGE_FTP_PASSWORD"),
+            outage_retries=settings.outage_retries,
+            outage_retry_delay_s=settings.outage_retry_delay_s,
         ),
         "quality": QualityResource(max_error_rate=settings.max_error_rate, taxonomy=settings.taxonomy),
     }

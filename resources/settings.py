@@ -65,6 +65,8 @@ class Settings:
     hf_repo: str | None = None
     max_error_rate: float = 0.05
     gpu_slots: int = 1
+    outage_retries: int = 3
+    outage_retry_delay_s: float = 300.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -93,6 +95,8 @@ class Settings:
             hf_repo=env.get("PANELFORGE_HF_REPO") or None,
             max_error_rate=env.number("PANELFORGE_MAX_ERROR_RATE", 0.05, minimum=0.0, maximum=1.0),
             gpu_slots=env.integer("PANELFORGE_GPU_SLOTS", minimum=1, default=1),
+            outage_retries=env.integer("PANELFORGE_OUTAGE_RETRIES", minimum=0, default=3),
+            outage_retry_delay_s=env.number("PANELFORGE_OUTAGE_RETRY_DELAY", 300.0, minimum=0.0),
         )
 
 

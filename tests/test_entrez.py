@@ -111,12 +111,11 @@ def test_a_bad_answer_affects_only_its_batch_and_is_not_cached(lake):
         assert retry.requests == 1  # only the batch whose bad answer was not cached
 
 
-def test_api_key_sets_the_limit_and_stays_out_of_caches_and_errors(lake, monkeypatch):
-    monkeypatch.setenv("NCBI_API_KEY", "s3cr3t-key")
+def test_api_key_sets_the_limit_and_stays_out_of_caches_and_errors(lake):
     plan = FaultPlan(faults=[Fault("efetch", status=500, times=10)])
     with EutilsLoopbackServer(plan=plan) as server:
         url = server.url
-        resource = EutilsResource(base_url=url)
+        resource = EutilsResource(base_url=url, api_key="s3cr3t-key")  # profiles pass EnvVar("NCBI_API_KEY")
         c = resource.client(lake, namespace="2026")
         assert c.limiter.rate == 10.0
         c.retry = FAST
@@ -127,7 +126,6 @@ def test_api_key_sets_the_limit_and_stays_out_of_caches_and_errors(lake, monkeyp
         c.citing_pmids(["9997"])
     cached = [p for p in lake.fs.find(lake.path("cache"))]
     assert cached and not any("s3cr3t" in p or "s3cr3t" in lake.fs.cat(p).decode("utf-8", "replace") for p in cached)
-    monkeypatch.delenv("NCBI_API_KEY")
     assert EutilsResource(base_url=url).client(lake, namespace="x").limiter.rate == 3.0
 
 

@@ -10,15 +10,16 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
-from jobs.partitions import RELEASES
 from pipelines.acquire.retry import RetryPolicy
 from pipelines.entrez.client import EntrezClient, EntrezUnavailableError
 from pipelines.entrez.pubmed import UNKNOWN_COUNT, pubmed_rows
 from pipelines.schemas import ARTICLES
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
+from resources.quality import QualityResource
 from testing.loopback.eutils_server import RECORDINGS, EutilsLoopbackServer
 from testing.loopback.faults import Fault, FaultPlan
+from tests.helpers import open_test_release
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 RATE_LIMIT_BODY = (RECORDINGS / "errors" / "rate_limit_exceeded.documented.json").read_bytes()
@@ -157,12 +158,16 @@ def materialize_pubmed(lake, tmp_path, url):
     lake.write_table("articles", "2026", "000", full)
     (tmp_path / "dh").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
-    instance.add_dynamic_partitions(RELEASES, ["2026"])
+    open_test_release(instance, "2026")
     return materialize(
         [pubmed_metadata],
         partition_key=MultiPartitionKey({"release": "2026", "shard": "000"}),
         instance=instance,
-        resources={"lake": LakeResource(home=str(lake.root)), "eutils": EutilsResource(base_url=url)},
+        resources={
+            "lake": LakeResource(home=str(lake.root)),
+            "eutils": EutilsResource(base_url=url),
+            "quality": QualityResource(),
+        },
         raise_on_error=False,
     )
 

@@ -154,7 +154,7 @@ def test_corrupt_member_is_reported_and_repaired(lake, mirror):
         assert found.files_checked == len(f)
         check = raw_consistency(lake, m, f)
         assert not check.passed
-        assert check.metadata["checksum_mismatches"].data == [f"{row['tar_path']}:{victim}/{row['name']}"]
+        assert check.metadata["checksum_mismatches"] == [f"{row['tar_path']}:{victim}/{row['name']}"]
         # stat-level checks alone cannot see flipped bytes
         assert verify_raw(lake, m, f, checksums=False).ok
 
