@@ -1,8 +1,10 @@
 """Parse one PMC nXML / JATS article into typed records: article, figures, mentions, other graphics.
 
 A pure function over bytes: no Dagster, no network. The parser is hardened: no DTD loading, no
-network, no entity expansion, and a document that declares entities (the XXE and "billion
-laughs" attacks) is refused before parsing.
+network, no files, no entity expansion, and a document whose DOCTYPE declares entities (the XXE
+and "billion laughs" attacks) is refused before its content is parsed. The decision is taken on
+the DOCTYPE as libxml2 itself parsed it, so it holds in every encoding (UTF-16 with or without a
+byte-order mark) and wherever the declaration sits (after a comment or a processing instruction).
 
 Choices (documented in the README):
 
@@ -31,11 +33,16 @@ from pipelines.acquire.licenses import normalize_license
 
 XLINK = "{http://www.w3.org/1999/xlink}href"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-ENTITY_DECL = re.compile(rb"<!ENTITY", re.I)
 WEB_FORMATS = (".jpg", ".jpeg", ".png", ".gif")
 PRINT_FORMATS = (".tif", ".tiff", ".eps", ".pdf")
 RANGE_DASH = re.compile(r"^\s*[\u2013\u2014\u2212-]\s*$|^\s*(?:to|through)\s*$")
 SEASONS = {"spring", "summer", "fall", "autumn", "winter"}
+
+
+ENTITY_REFUSAL = "document declares entities in an internal DTD subset; refused (XXE / entity expansion)"
+# libxml2's codes for runaway entity references, which only declared entities can cause
+_AMPLIFICATION = (etree.ErrorTypes.ERR_RESOURCE_LIMIT, etree.ErrorTypes.ERR_ENTITY_LOOP)
+PROLOG_LIMIT = 65536  # bytes before the root's start tag; real articles need a few hundred
 
 
 class UnsafeXmlError(ValueError):
@@ -46,9 +53,17 @@ class XmlParseError(ValueError):
     """The document is not a well-formed JATS article (truncated, bad encoding, wrong root)."""
 
 
-_PARSER = etree.XMLParser(
-    resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False, huge_tree=False, recover=False
-)
+class _RefuseExternal(etree.Resolver):
+    """Every attempt to load an external resource (DTD, entity, XInclude) is refused: the parser
+    options already forbid them, this makes a regression loud instead of a silent file read."""
+
+    def resolve(self, url, pubid, context):
+        raise UnsafeXmlError(f"document asks to load an external resource ({url}); refused (no network, no files)")
+
+
+_HARDENED = {"resolve_entities": False, "no_network": True, "load_dtd": False, "dtd_validation": False}
+_PARSER = etree.XMLParser(**_HARDENED, huge_tree=False, recover=False)
+_PARSER.resolvers.add(_RefuseExternal())
 
 
 @dataclass
@@ -122,12 +137,70 @@ def _first(node, path: str):
 
 
 # ---- loading ----------------------------------------------------------------------------------
+def _pull_parser(recover: bool) -> etree.XMLPullParser:
+    parser = etree.XMLPullParser(events=("start",), **_HARDENED, huge_tree=False, recover=recover)
+    parser.resolvers.add(_RefuseExternal())
+    return parser
+
+
+def _root_start(parser: etree.XMLPullParser, data: bytes):
+    """The root element as ``parser`` reaches its start tag, fed a byte at a time so that nothing
+    after that tag (the content, any entity reference in it) has been read; None when the root
+    does not start within :data:`PROLOG_LIMIT` bytes. Raises libxml2's syntax errors."""
+    for i in range(min(len(data), PROLOG_LIMIT)):
+        parser.feed(data[i : i + 1])
+        for _, root in parser.read_events():
+            return root
+    if len(data) <= PROLOG_LIMIT:
+        parser.close()  # the document ended before any element: libxml2 says why
+    return None
+
+
+def _prolog_dtd(data: bytes):
+    """The internal DTD subset as libxml2 parsed it, read at the root's start tag (None: no DOCTYPE).
+
+    libxml2 has detected the encoding by then, so UTF-16 with or without a byte-order mark and a
+    DOCTYPE after comments or processing instructions are seen exactly like plain UTF-8.
+    """
+    try:
+        root = _root_start(_pull_parser(recover=False), data)
+    except etree.XMLSyntaxError as exc:
+        root = _root_despite(exc, data)
+    if root is None:
+        raise XmlParseError(f"no root element within the first {PROLOG_LIMIT} bytes; not parsed")
+    return root.getroottree().docinfo.internalDTD
+
+
+def _root_despite(exc: etree.XMLSyntaxError, data: bytes):
+    """The root of a document whose prolog libxml2 refused (a parameter-entity reference inside a
+    declaration, an amplified entity in a root attribute), read again recovering, so that what its
+    DOCTYPE declared can be looked at; the syntax error stands when that finds no root either.
+
+    Amplification is only possible through declared entities, so it is refused outright.
+    """
+    if exc.code in _AMPLIFICATION:
+        raise UnsafeXmlError(ENTITY_REFUSAL) from exc
+    try:
+        root = _root_start(_pull_parser(recover=True), data)
+    except etree.XMLSyntaxError:
+        root = None
+    if root is None:
+        raise XmlParseError(f"not well-formed XML: {exc}") from exc
+    return root
+
+
+def _refuse_entities(data: bytes) -> None:
+    """Raise :class:`UnsafeXmlError` when the DOCTYPE declares any entity: general or parameter,
+    internal or external. None is ever expanded or loaded; the same reason in every encoding."""
+    dtd = _prolog_dtd(data)
+    if dtd is not None and next(iter(dtd.entities()), None) is not None:
+        raise UnsafeXmlError(ENTITY_REFUSAL)
+
+
 def load_xml(source: bytes | str | Path) -> etree._Element:
     """Parse bytes or a file path with the hardened parser; return the ``<article>`` element."""
     data = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
-    prolog = data[: data.find(b"<article") if b"<article" in data[:65536] else 65536]
-    if ENTITY_DECL.search(prolog) or (b"<!DOCTYPE" in prolog and b"[" in prolog.split(b"<!DOCTYPE", 1)[1]):
-        raise UnsafeXmlError("document declares entities in an internal DTD subset; refused (XXE / entity expansion)")
+    _refuse_entities(data)
     try:
         root = etree.fromstring(data, _PARSER)
     except etree.XMLSyntaxError as exc:
