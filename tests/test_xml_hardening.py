@@ -1,10 +1,10 @@
-"""Hardened XML whatever the encoding.
+"""Hardened XML whatever the encoding, and one image per graphic whatever its renditions.
 
 The attack documents are a real sample article (SciELO's Hoehnea paper, Portuguese, so its text
 is not ASCII) whose DOCTYPE is replaced by one declaring entities, re-encoded in UTF-8 and UTF-16
 (both byte orders, with and without a byte-order mark), the declaration placed right after the
 XML declaration, after a comment or after a processing instruction. Every one must be refused
-with the same reason.
+with the same reason. Graphic resolution is tested on file lists written here by hand.
 """
 
 import codecs
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
+from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article, resolve_graphic
 from testing.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
 
 REFUSAL = "document declares entities in an internal DTD subset; refused (XXE / entity expansion)"
@@ -142,3 +142,84 @@ def test_an_empty_internal_subset_declares_nothing():
 def test_a_prolog_without_a_root_is_a_parse_error(document, message):
     with pytest.raises(XmlParseError, match=message):
         parse_article(document)
+
+
+# ---- one image per graphic ----------------------------------------------------------------------
+def test_the_jpeg_wins_over_its_gif_thumbnail():
+    files = ["gr1_lrg.gif", "gr1_lrg.jpg"]
+    assert resolve_graphic("gr1_lrg", files) == ("gr1_lrg.jpg", ["gr1_lrg.gif"])
+    # even when the XML names the thumbnail itself
+    assert resolve_graphic("gr1_lrg.gif", files) == ("gr1_lrg.jpg", ["gr1_lrg.gif"])
+
+
+def test_format_preference_when_sizes_are_unknown():
+    assert resolve_graphic("fig1", ["fig1.gif", "fig1.png", "fig1.tif"]) == ("fig1.png", ["fig1.tif", "fig1.gif"])
+    assert resolve_graphic("fig1.tif", ["fig1.tif", "fig1.gif"]) == ("fig1.tif", ["fig1.gif"])
+    assert resolve_graphic("fig1", ["fig1.eps", "fig1.gif"]) == ("fig1.gif", ["fig1.eps"])
+    # PLOS's PNG renditions, large to inline, before the print TIFF
+    plos = ["p.g001.PNG_I", "p.g001.PNG_M", "p.g001.PNG_L", "p.g001.tif"]
+    assert resolve_graphic("info:doi/10.1371/journal.p.g001", plos) == (
+        "p.g001.PNG_L",
+        ["p.g001.PNG_M", "p.g001.PNG_I", "p.g001.tif"],
+    )
+
+
+def test_the_largest_file_wins_when_every_size_is_known():
+    assert resolve_graphic("fig1", {"fig1.jpg": 30_000, "fig1.png": 250_000}) == ("fig1.png", ["fig1.jpg"])
+    assert resolve_graphic("gr1.jpg", {"gr1.gif": 9_000, "gr1.jpg": 120_000}) == ("gr1.jpg", ["gr1.gif"])
+    # one size unknown: the format decides
+    assert resolve_graphic("fig1", {"fig1.jpg": 30_000, "fig1.png": None}) == ("fig1.jpg", ["fig1.png"])
+    # a bigger vector file is still not a raster image
+    assert resolve_graphic("fig1", {"fig1.eps": 900_000, "fig1.gif": 9_000}) == ("fig1.gif", ["fig1.eps"])
+
+
+def test_an_html_or_print_href_finds_its_twin():
+    assert resolve_graphic("fig1_Print.tif", ["fig1_HTML.jpg"]) == ("fig1_HTML.jpg", [])
+    assert resolve_graphic("fig1_HTML.jpg", ["fig1_Print.tif"]) == ("fig1_Print.tif", [])
+    both = ["fig1_Print.tif", "fig1_HTML.jpg"]
+    for href in ("fig1_HTML.jpg", "fig1_Print.tif", "fig1"):
+        assert resolve_graphic(href, both) == ("fig1_HTML.jpg", ["fig1_Print.tif"])
+    assert resolve_graphic("fig1_HTML.jpg", ["fig10_HTML.jpg", "fig1a_HTML.jpg"]) == (None, [])
+
+
+RENDITIONS = """<article xmlns:xlink="http://www.w3.org/1999/xlink"><front><article-meta>
+<title-group><article-title>Renditions</article-title></title-group></article-meta></front><body>
+<fig id="f1"><caption><p>Alternatives, only the web one ships.</p></caption><alternatives>
+<graphic xlink:href="f1_HTML.jpg"/><graphic xlink:href="f1_Print.tif"/></alternatives></fig>
+<fig id="f2"><caption><p>Two graphics, not in alternatives, both ship.</p></caption>
+<graphic xlink:href="f2_HTML.jpg"/><graphic xlink:href="f2_Print.tif"/></fig>
+<fig id="f3"><caption><p>The GIF named, its JPEG ships too.</p></caption><graphic xlink:href="gr3_lrg.gif"/></fig>
+<fig id="f4"><caption><p>No rendition ships.</p></caption>
+<graphic xlink:href="f4_HTML.jpg"/><graphic xlink:href="f4_Print.tif"/></fig>
+<fig id="f5"><caption><p>Two panels are two images.</p></caption>
+<graphic xlink:href="f5a.jpg"/><graphic xlink:href="f5b.jpg"/></fig>
+<fig id="f6"><caption><p>Only the print rendition ships.</p></caption>
+<graphic xlink:href="f6_HTML.jpg"/><graphic xlink:href="f6_Print.tif"/></fig>
+</body></article>"""
+SHIPPED = [
+    *("f1_HTML.jpg", "f2_HTML.jpg", "f2_Print.tif", "gr3_lrg.gif", "gr3_lrg.jpg"),
+    *("f5a.jpg", "f5b.jpg", "f6_Print.tif"),
+]
+
+
+def test_one_image_per_graphic_with_its_other_renditions_listed():
+    figures = {f["fig_id"]: f for f in parse_article(RENDITIONS.encode(), pmcid="PMC1", files=SHIPPED).figures}
+    found = {k: (f["image_files"], f["other_renditions"]) for k, f in figures.items()}
+    assert found == {
+        "f1": (["f1_HTML.jpg"], []),
+        "f2": (["f2_HTML.jpg"], ["f2_Print.tif"]),
+        "f3": (["gr3_lrg.jpg"], ["gr3_lrg.gif"]),
+        "f4": ([], []),
+        "f5": (["f5a.jpg", "f5b.jpg"], []),
+        "f6": (["f6_Print.tif"], []),
+    }
+    flags = {k: f["flags"] for k, f in figures.items()}
+    assert flags["f4"] == ["image missing from package: f4_HTML.jpg, f4_Print.tif"]
+    assert all(flags[k] == [] for k in ("f1", "f2", "f3", "f5", "f6"))
+
+
+def test_with_sizes_the_largest_rendition_is_the_image():
+    sizes = dict.fromkeys(SHIPPED, 50_000) | {"f2_Print.tif": 2_000_000, "gr3_lrg.gif": 4_000}
+    figures = {f["fig_id"]: f for f in parse_article(RENDITIONS.encode(), files=sizes).figures}
+    assert (figures["f2"]["image_files"], figures["f2"]["other_renditions"]) == (["f2_Print.tif"], ["f2_HTML.jpg"])
+    assert (figures["f3"]["image_files"], figures["f3"]["other_renditions"]) == (["gr3_lrg.jpg"], ["gr3_lrg.gif"])

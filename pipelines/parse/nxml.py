@@ -33,8 +33,15 @@ from pipelines.acquire.licenses import normalize_license
 
 XLINK = "{http://www.w3.org/1999/xlink}href"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-WEB_FORMATS = (".jpg", ".jpeg", ".png", ".gif")
-PRINT_FORMATS = (".tif", ".tiff", ".eps", ".pdf")
+# Raster formats, best first when file sizes are unknown: a GIF is usually the thumbnail of a
+# JPEG/PNG/TIFF with the same stem. Extensions not listed (and none) rank between TIFF and GIF;
+# vector and page formats are renditions too, but never chosen over a raster.
+RASTER_PREFERENCE = {".jpg": 0, ".jpeg": 0, ".png": 1, ".tif": 2, ".tiff": 2, ".gif": 4}
+OTHER_RASTER = 3
+NOT_RASTER = (".eps", ".pdf", ".ps", ".svg")
+IMAGE_EXTENSIONS = (*RASTER_PREFERENCE, *NOT_RASTER)
+# PLOS ships PNG renditions as .PNG_L/.PNG_M/.PNG_S/.PNG_I (large to inline)
+PLOS_SIZES = {"_l": 0, "_m": 1, "_s": 2, "_i": 3}
 RANGE_DASH = re.compile(r"^\s*[\u2013\u2014\u2212-]\s*$|^\s*(?:to|through)\s*$")
 SEASONS = {"spring", "summer", "fall", "autumn", "winter"}
 
@@ -395,43 +402,75 @@ def _href_stem(href: str) -> str:
     return posixpath.basename(href.split("?", 1)[0])
 
 
-class FileIndex:
-    """The article's image files by name and by stem, built once per article."""
+Files = list[str] | dict[str, int | None]  # image file names, or names with their sizes in bytes
 
-    def __init__(self, files: list[str]):
+
+class FileIndex:
+    """The article's image files by name and by stem, built once per article.
+
+    ``files`` is a list of names, or a mapping of name to size in bytes (None: unknown); sizes,
+    when every rendition of an image has one, decide which rendition is kept.
+    """
+
+    def __init__(self, files: Files):
         self.names = set(files)
+        self.sizes = {n: s for n, s in files.items() if s is not None} if isinstance(files, dict) else {}
         self.by_stem: dict[str, list[str]] = {}
         for f in files:
             stem = posixpath.splitext(f)[0]
-            for key in {stem, f, stem.removesuffix("_HTML"), stem.removesuffix("_Print")}:
+            for key in {stem, f, _rendition_key(f)}:
                 self.by_stem.setdefault(key, []).append(f)
 
+    def candidates(self, href: str) -> list[str]:
+        """Every file that is a rendition of the graphic ``href`` names: the exact name, the same
+        stem with any extension, and the ``_HTML``/``_Print`` twins of either."""
+        name = _href_stem(href)
+        ext = posixpath.splitext(name)[1].lower()
+        stem = posixpath.splitext(name)[0] if ext in IMAGE_EXTENSIONS else name
+        exact = [name] if name in self.names else []
+        return list(dict.fromkeys(exact + self.by_stem.get(stem, []) + self.by_stem.get(_rendition_key(name), [])))
 
-def resolve_graphic(href: str, files: list[str] | FileIndex) -> tuple[str | None, list[str]]:
+    def best_first(self, names: list[str]) -> list[str]:
+        """Renditions of one image, the one to keep first: a raster before a vector or page
+        format; then the largest file when every size is known, else JPEG, PNG, TIFF before GIF
+        (the thumbnail); then ``_HTML`` before ``_Print``; the name breaks remaining ties."""
+        names = list(dict.fromkeys(names))
+        sized = all(n in self.sizes for n in names)
+        return sorted(names, key=lambda n: _rank(n, -self.sizes[n] if sized else 0))
+
+
+def _rendition_key(name: str) -> str:
+    """What the renditions of one image share: the file name without a known image extension
+    and without the ``_HTML``/``_Print`` suffix (``fig1_Print.tif`` and ``fig1_HTML.jpg`` -> ``fig1``)."""
+    stem, ext = posixpath.splitext(name)
+    stem = stem if ext.lower() in IMAGE_EXTENSIONS or _plos_png(ext) else name
+    return stem.removesuffix("_HTML").removesuffix("_Print")
+
+
+def _plos_png(ext: str) -> bool:
+    return ext.lower()[:5] == ".png_" and ext.lower()[4:] in PLOS_SIZES
+
+
+def _rank(name: str, size_key: int) -> tuple[int, int, int, int, int, str]:
+    ext = posixpath.splitext(name)[1].lower()
+    raster = 1 if ext in NOT_RASTER else 0
+    fmt = RASTER_PREFERENCE[".png"] if _plos_png(ext) else RASTER_PREFERENCE.get(ext, OTHER_RASTER)
+    plos = PLOS_SIZES[ext[4:]] if _plos_png(ext) else 0
+    html = 0 if "_HTML" in name else (2 if "_Print" in name else 1)
+    return (raster, size_key, fmt, plos, html, name)
+
+
+def resolve_graphic(href: str, files: Files | FileIndex) -> tuple[str | None, list[str]]:
     """Return (chosen image file, other renditions) for a graphic href among the package files.
 
-    Exact name first; then same stem with any extension (hrefs without extension, or ``.tif``
-    in the XML with a ``.jpg`` in the package); ``_HTML``/``_Print`` pairs and multiple
-    renditions prefer the web image (jpg, png, gif) and list the rest.
+    Candidates are the exact name, the same stem with any extension (hrefs without extension, or
+    ``.tif`` in the XML with a ``.jpg`` in the package) and ``_HTML``/``_Print`` twins; the
+    largest raster rendition is chosen (see :meth:`FileIndex.best_first`) and the rest listed,
+    even when the href names a rendition exactly: a GIF thumbnail never wins over its JPEG.
     """
     index = files if isinstance(files, FileIndex) else FileIndex(files)
-    name = _href_stem(href)
-    ext = posixpath.splitext(name)[1].lower()
-    stem = posixpath.splitext(name)[0] if ext in WEB_FORMATS + PRINT_FORMATS else name
-    candidates = list(dict.fromkeys(([name] if name in index.names else []) + index.by_stem.get(stem, [])))
-    if not candidates:
-        return None, []
-    if name in index.names:
-        return name, sorted(set(candidates) - {name}, key=_rank)
-    ordered = sorted(candidates, key=_rank)
-    return ordered[0], ordered[1:]
-
-
-def _rank(name: str) -> tuple[int, int, str]:
-    """Web renditions (jpg, png, gif, and extension-less) before others, print (tif) last."""
-    ext = posixpath.splitext(name)[1].lower()
-    web = 0 if ext in WEB_FORMATS or ext == "" else (1 if ext not in PRINT_FORMATS else 2)
-    return (web, 0 if "_HTML" in name else (2 if "_Print" in name else 1), name)
+    ordered = index.best_first(index.candidates(href))
+    return (ordered[0], ordered[1:]) if ordered else (None, [])
 
 
 def _graphics_of(fig) -> list:
@@ -447,36 +486,43 @@ def _graphics_of(fig) -> list:
 def _images_of(fig, files: FileIndex) -> tuple[list[str], list[str], list[str]]:
     """(image files, other renditions, unresolved hrefs) of one figure.
 
-    Graphics inside one ``<alternatives>`` are renditions of one image; so is a graphic marked
-    ``specific-use`` (SciELO's web thumbnail) next to an unmarked one. Each image keeps its
-    best rendition (web format, ``_HTML`` over ``_Print``) and lists the others.
+    Graphics inside one ``<alternatives>`` are renditions of one image; so are graphics whose
+    hrefs differ only by extension or ``_HTML``/``_Print``, and a graphic marked ``specific-use``
+    (SciELO's web thumbnail) next to an unmarked one. Each image keeps one rendition and lists the
+    others; it is missing only when none of its renditions ships.
     """
+    chosen, others, missing = [], [], []
+    for unit in _rendition_units(fig):
+        main = [c for g in unit if not g.get("specific-use") for c in files.candidates(g.get(XLINK))]
+        marked = [c for g in unit if g.get("specific-use") for c in files.candidates(g.get(XLINK))]
+        ordered = files.best_first(main) + files.best_first([c for c in marked if c not in main])
+        if not ordered:
+            missing.extend(g.get(XLINK) for g in unit)
+            continue
+        chosen.append(ordered[0])
+        others.extend(ordered[1:])
+    return list(dict.fromkeys(chosen)), others, missing
+
+
+def _rendition_units(fig) -> list[list]:
+    """The figure's graphics grouped by the image they show: one ``<alternatives>``, or one
+    rendition key (:func:`_rendition_key` of the href)."""
     units: list[list] = []
+    unit_of: dict = {}
     for g in _graphics_of(fig):
-        if not g.get(XLINK):
+        href = g.get(XLINK)
+        if not href:
             continue
         parent = g.getparent()
-        if _local(parent.tag) == "alternatives" and units and units[-1][0].getparent() is parent:
-            units[-1].append(g)
-        else:
-            units.append([g])
-    chosen, others, missing = [], [], []
-    for unit in units:
-        resolved = []
-        for g in unit:
-            image, renditions = resolve_graphic(g.get(XLINK), files)
-            if image is None:
-                missing.append(g.get(XLINK))
-            else:
-                resolved.append((bool(g.get("specific-use")), image, renditions))
-        if not resolved:
-            continue
-        resolved.sort(key=lambda r: (r[0], _rank(r[1])))
-        chosen.append(resolved[0][1])
-        others.extend(resolved[0][2])
-        for _, image, renditions in resolved[1:]:
-            others.extend([image, *renditions])
-    return list(dict.fromkeys(chosen)), others, missing
+        keys = [_rendition_key(_href_stem(href))] + ([parent] if _local(parent.tag) == "alternatives" else [])
+        unit = next((unit_of[k] for k in keys if k in unit_of), None)
+        if unit is None:
+            unit = []
+            units.append(unit)
+        unit.append(g)
+        for key in keys:
+            unit_of.setdefault(key, unit)
+    return units
 
 
 def _caption(fig) -> tuple[str | None, str | None]:
@@ -515,7 +561,7 @@ def _is_graphical_abstract(fig) -> bool:
     )
 
 
-def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[dict], list[dict]]:
+def _figures(article, pmcid: str | None, files: Files | None) -> tuple[list[dict], list[dict]]:
     figures, other = [], []
     index = FileIndex(files) if files is not None else None
     fig_nodes = set()
@@ -650,13 +696,12 @@ def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
     return rows
 
 
-def parse_article(
-    source: bytes | str | Path, pmcid: str | None = None, files: list[str] | None = None
-) -> ParsedArticle:
+def parse_article(source: bytes | str | Path, pmcid: str | None = None, files: Files | None = None) -> ParsedArticle:
     """Parse one article (bytes or a path) into its article, figure, mention and graphic rows.
 
-    ``files`` are the names of the article's image files; given, graphic hrefs are resolved to
-    them. ``pmcid`` overrides the id in the XML (publisher JATS has none). Raises
+    ``files`` are the names of the article's image files, or a mapping of name to size in bytes
+    (then the largest rendition of a graphic is kept); given, graphic hrefs are resolved to them.
+    ``pmcid`` overrides the id in the XML (publisher JATS has none). Raises
     :class:`UnsafeXmlError` or :class:`XmlParseError` with a readable reason.
     """
     article = load_xml(source)
