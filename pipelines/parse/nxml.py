@@ -1,8 +1,10 @@
 """Parse one PMC nXML / JATS article into typed records: article, figures, mentions, other graphics.
 
 A pure function over bytes: no Dagster, no network. The parser is hardened: no DTD loading, no
-network, no entity expansion, and a document that declares entities (the XXE and "billion
-laughs" attacks) is refused before parsing.
+network, no files, no entity expansion, and a document whose DOCTYPE declares entities (the XXE
+and "billion laughs" attacks) is refused before its content is parsed. The decision is taken on
+the DOCTYPE as libxml2 itself parsed it, so it holds in every encoding (UTF-16 with or without a
+byte-order mark) and wherever the declaration sits (after a comment or a processing instruction).
 
 Choices (documented in the README):
 
@@ -31,11 +33,23 @@ from pipelines.acquire.licenses import normalize_license
 
 XLINK = "{http://www.w3.org/1999/xlink}href"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-ENTITY_DECL = re.compile(rb"<!ENTITY", re.I)
-WEB_FORMATS = (".jpg", ".jpeg", ".png", ".gif")
-PRINT_FORMATS = (".tif", ".tiff", ".eps", ".pdf")
+# Raster formats, best first when file sizes are unknown: a GIF is usually the thumbnail of a
+# JPEG/PNG/TIFF with the same stem. Extensions not listed (and none) rank between TIFF and GIF;
+# vector and page formats are renditions too, but never chosen over a raster.
+RASTER_PREFERENCE = {".jpg": 0, ".jpeg": 0, ".png": 1, ".tif": 2, ".tiff": 2, ".gif": 4}
+OTHER_RASTER = 3
+NOT_RASTER = (".eps", ".pdf", ".ps", ".svg")
+IMAGE_EXTENSIONS = (*RASTER_PREFERENCE, *NOT_RASTER)
+# PLOS ships PNG renditions as .PNG_L/.PNG_M/.PNG_S/.PNG_I (large to inline)
+PLOS_SIZES = {"_l": 0, "_m": 1, "_s": 2, "_i": 3}
 RANGE_DASH = re.compile(r"^\s*[\u2013\u2014\u2212-]\s*$|^\s*(?:to|through)\s*$")
 SEASONS = {"spring", "summer", "fall", "autumn", "winter"}
+
+
+ENTITY_REFUSAL = "document declares entities in an internal DTD subset; refused (XXE / entity expansion)"
+# libxml2's codes for runaway entity references, which only declared entities can cause
+_AMPLIFICATION = (etree.ErrorTypes.ERR_RESOURCE_LIMIT, etree.ErrorTypes.ERR_ENTITY_LOOP)
+PROLOG_LIMIT = 65536  # bytes before the root's start tag; real articles need a few hundred
 
 
 class UnsafeXmlError(ValueError):
@@ -46,9 +60,17 @@ class XmlParseError(ValueError):
     """The document is not a well-formed JATS article (truncated, bad encoding, wrong root)."""
 
 
-_PARSER = etree.XMLParser(
-    resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False, huge_tree=False, recover=False
-)
+class _RefuseExternal(etree.Resolver):
+    """Every attempt to load an external resource (DTD, entity, XInclude) is refused: the parser
+    options already forbid them, this makes a regression loud instead of a silent file read."""
+
+    def resolve(self, url, pubid, context):
+        raise UnsafeXmlError(f"document asks to load an external resource ({url}); refused (no network, no files)")
+
+
+_HARDENED = {"resolve_entities": False, "no_network": True, "load_dtd": False, "dtd_validation": False}
+_PARSER = etree.XMLParser(**_HARDENED, huge_tree=False, recover=False)
+_PARSER.resolvers.add(_RefuseExternal())
 
 
 @dataclass
@@ -122,12 +144,70 @@ def _first(node, path: str):
 
 
 # ---- loading ----------------------------------------------------------------------------------
+def _pull_parser(recover: bool) -> etree.XMLPullParser:
+    parser = etree.XMLPullParser(events=("start",), **_HARDENED, huge_tree=False, recover=recover)
+    parser.resolvers.add(_RefuseExternal())
+    return parser
+
+
+def _root_start(parser: etree.XMLPullParser, data: bytes):
+    """The root element as ``parser`` reaches its start tag, fed a byte at a time so that nothing
+    after that tag (the content, any entity reference in it) has been read; None when the root
+    does not start within :data:`PROLOG_LIMIT` bytes. Raises libxml2's syntax errors."""
+    for i in range(min(len(data), PROLOG_LIMIT)):
+        parser.feed(data[i : i + 1])
+        for _, root in parser.read_events():
+            return root
+    if len(data) <= PROLOG_LIMIT:
+        parser.close()  # the document ended before any element: libxml2 says why
+    return None
+
+
+def _prolog_dtd(data: bytes):
+    """The internal DTD subset as libxml2 parsed it, read at the root's start tag (None: no DOCTYPE).
+
+    libxml2 has detected the encoding by then, so UTF-16 with or without a byte-order mark and a
+    DOCTYPE after comments or processing instructions are seen exactly like plain UTF-8.
+    """
+    try:
+        root = _root_start(_pull_parser(recover=False), data)
+    except etree.XMLSyntaxError as exc:
+        root = _root_despite(exc, data)
+    if root is None:
+        raise XmlParseError(f"no root element within the first {PROLOG_LIMIT} bytes; not parsed")
+    return root.getroottree().docinfo.internalDTD
+
+
+def _root_despite(exc: etree.XMLSyntaxError, data: bytes):
+    """The root of a document whose prolog libxml2 refused (a parameter-entity reference inside a
+    declaration, an amplified entity in a root attribute), read again recovering, so that what its
+    DOCTYPE declared can be looked at; the syntax error stands when that finds no root either.
+
+    Amplification is only possible through declared entities, so it is refused outright.
+    """
+    if exc.code in _AMPLIFICATION:
+        raise UnsafeXmlError(ENTITY_REFUSAL) from exc
+    try:
+        root = _root_start(_pull_parser(recover=True), data)
+    except etree.XMLSyntaxError:
+        root = None
+    if root is None:
+        raise XmlParseError(f"not well-formed XML: {exc}") from exc
+    return root
+
+
+def _refuse_entities(data: bytes) -> None:
+    """Raise :class:`UnsafeXmlError` when the DOCTYPE declares any entity: general or parameter,
+    internal or external. None is ever expanded or loaded; the same reason in every encoding."""
+    dtd = _prolog_dtd(data)
+    if dtd is not None and next(iter(dtd.entities()), None) is not None:
+        raise UnsafeXmlError(ENTITY_REFUSAL)
+
+
 def load_xml(source: bytes | str | Path) -> etree._Element:
     """Parse bytes or a file path with the hardened parser; return the ``<article>`` element."""
     data = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
-    prolog = data[: data.find(b"<article") if b"<article" in data[:65536] else 65536]
-    if ENTITY_DECL.search(prolog) or (b"<!DOCTYPE" in prolog and b"[" in prolog.split(b"<!DOCTYPE", 1)[1]):
-        raise UnsafeXmlError("document declares entities in an internal DTD subset; refused (XXE / entity expansion)")
+    _refuse_entities(data)
     try:
         root = etree.fromstring(data, _PARSER)
     except etree.XMLSyntaxError as exc:
@@ -322,43 +402,75 @@ def _href_stem(href: str) -> str:
     return posixpath.basename(href.split("?", 1)[0])
 
 
-class FileIndex:
-    """The article's image files by name and by stem, built once per article."""
+Files = list[str] | dict[str, int | None]  # image file names, or names with their sizes in bytes
 
-    def __init__(self, files: list[str]):
+
+class FileIndex:
+    """The article's image files by name and by stem, built once per article.
+
+    ``files`` is a list of names, or a mapping of name to size in bytes (None: unknown); sizes,
+    when every rendition of an image has one, decide which rendition is kept.
+    """
+
+    def __init__(self, files: Files):
         self.names = set(files)
+        self.sizes = {n: s for n, s in files.items() if s is not None} if isinstance(files, dict) else {}
         self.by_stem: dict[str, list[str]] = {}
         for f in files:
             stem = posixpath.splitext(f)[0]
-            for key in {stem, f, stem.removesuffix("_HTML"), stem.removesuffix("_Print")}:
+            for key in {stem, f, _rendition_key(f)}:
                 self.by_stem.setdefault(key, []).append(f)
 
+    def candidates(self, href: str) -> list[str]:
+        """Every file that is a rendition of the graphic ``href`` names: the exact name, the same
+        stem with any extension, and the ``_HTML``/``_Print`` twins of either."""
+        name = _href_stem(href)
+        ext = posixpath.splitext(name)[1].lower()
+        stem = posixpath.splitext(name)[0] if ext in IMAGE_EXTENSIONS else name
+        exact = [name] if name in self.names else []
+        return list(dict.fromkeys(exact + self.by_stem.get(stem, []) + self.by_stem.get(_rendition_key(name), [])))
 
-def resolve_graphic(href: str, files: list[str] | FileIndex) -> tuple[str | None, list[str]]:
+    def best_first(self, names: list[str]) -> list[str]:
+        """Renditions of one image, the one to keep first: a raster before a vector or page
+        format; then the largest file when every size is known, else JPEG, PNG, TIFF before GIF
+        (the thumbnail); then ``_HTML`` before ``_Print``; the name breaks remaining ties."""
+        names = list(dict.fromkeys(names))
+        sized = all(n in self.sizes for n in names)
+        return sorted(names, key=lambda n: _rank(n, -self.sizes[n] if sized else 0))
+
+
+def _rendition_key(name: str) -> str:
+    """What the renditions of one image share: the file name without a known image extension
+    and without the ``_HTML``/``_Print`` suffix (``fig1_Print.tif`` and ``fig1_HTML.jpg`` -> ``fig1``)."""
+    stem, ext = posixpath.splitext(name)
+    stem = stem if ext.lower() in IMAGE_EXTENSIONS or _plos_png(ext) else name
+    return stem.removesuffix("_HTML").removesuffix("_Print")
+
+
+def _plos_png(ext: str) -> bool:
+    return ext.lower()[:5] == ".png_" and ext.lower()[4:] in PLOS_SIZES
+
+
+def _rank(name: str, size_key: int) -> tuple[int, int, int, int, int, str]:
+    ext = posixpath.splitext(name)[1].lower()
+    raster = 1 if ext in NOT_RASTER else 0
+    fmt = RASTER_PREFERENCE[".png"] if _plos_png(ext) else RASTER_PREFERENCE.get(ext, OTHER_RASTER)
+    plos = PLOS_SIZES[ext[4:]] if _plos_png(ext) else 0
+    html = 0 if "_HTML" in name else (2 if "_Print" in name else 1)
+    return (raster, size_key, fmt, plos, html, name)
+
+
+def resolve_graphic(href: str, files: Files | FileIndex) -> tuple[str | None, list[str]]:
     """Return (chosen image file, other renditions) for a graphic href among the package files.
 
-    Exact name first; then same stem with any extension (hrefs without extension, or ``.tif``
-    in the XML with a ``.jpg`` in the package); ``_HTML``/``_Print`` pairs and multiple
-    renditions prefer the web image (jpg, png, gif) and list the rest.
+    Candidates are the exact name, the same stem with any extension (hrefs without extension, or
+    ``.tif`` in the XML with a ``.jpg`` in the package) and ``_HTML``/``_Print`` twins; the
+    largest raster rendition is chosen (see :meth:`FileIndex.best_first`) and the rest listed,
+    even when the href names a rendition exactly: a GIF thumbnail never wins over its JPEG.
     """
     index = files if isinstance(files, FileIndex) else FileIndex(files)
-    name = _href_stem(href)
-    ext = posixpath.splitext(name)[1].lower()
-    stem = posixpath.splitext(name)[0] if ext in WEB_FORMATS + PRINT_FORMATS else name
-    candidates = list(dict.fromkeys(([name] if name in index.names else []) + index.by_stem.get(stem, [])))
-    if not candidates:
-        return None, []
-    if name in index.names:
-        return name, sorted(set(candidates) - {name}, key=_rank)
-    ordered = sorted(candidates, key=_rank)
-    return ordered[0], ordered[1:]
-
-
-def _rank(name: str) -> tuple[int, int, str]:
-    """Web renditions (jpg, png, gif, and extension-less) before others, print (tif) last."""
-    ext = posixpath.splitext(name)[1].lower()
-    web = 0 if ext in WEB_FORMATS or ext == "" else (1 if ext not in PRINT_FORMATS else 2)
-    return (web, 0 if "_HTML" in name else (2 if "_Print" in name else 1), name)
+    ordered = index.best_first(index.candidates(href))
+    return (ordered[0], ordered[1:]) if ordered else (None, [])
 
 
 def _graphics_of(fig) -> list:
@@ -374,36 +486,43 @@ def _graphics_of(fig) -> list:
 def _images_of(fig, files: FileIndex) -> tuple[list[str], list[str], list[str]]:
     """(image files, other renditions, unresolved hrefs) of one figure.
 
-    Graphics inside one ``<alternatives>`` are renditions of one image; so is a graphic marked
-    ``specific-use`` (SciELO's web thumbnail) next to an unmarked one. Each image keeps its
-    best rendition (web format, ``_HTML`` over ``_Print``) and lists the others.
+    Graphics inside one ``<alternatives>`` are renditions of one image; so are graphics whose
+    hrefs differ only by extension or ``_HTML``/``_Print``, and a graphic marked ``specific-use``
+    (SciELO's web thumbnail) next to an unmarked one. Each image keeps one rendition and lists the
+    others; it is missing only when none of its renditions ships.
     """
+    chosen, others, missing = [], [], []
+    for unit in _rendition_units(fig):
+        main = [c for g in unit if not g.get("specific-use") for c in files.candidates(g.get(XLINK))]
+        marked = [c for g in unit if g.get("specific-use") for c in files.candidates(g.get(XLINK))]
+        ordered = files.best_first(main) + files.best_first([c for c in marked if c not in main])
+        if not ordered:
+            missing.extend(g.get(XLINK) for g in unit)
+            continue
+        chosen.append(ordered[0])
+        others.extend(ordered[1:])
+    return list(dict.fromkeys(chosen)), others, missing
+
+
+def _rendition_units(fig) -> list[list]:
+    """The figure's graphics grouped by the image they show: one ``<alternatives>``, or one
+    rendition key (:func:`_rendition_key` of the href)."""
     units: list[list] = []
+    unit_of: dict = {}
     for g in _graphics_of(fig):
-        if not g.get(XLINK):
+        href = g.get(XLINK)
+        if not href:
             continue
         parent = g.getparent()
-        if _local(parent.tag) == "alternatives" and units and units[-1][0].getparent() is parent:
-            units[-1].append(g)
-        else:
-            units.append([g])
-    chosen, others, missing = [], [], []
-    for unit in units:
-        resolved = []
-        for g in unit:
-            image, renditions = resolve_graphic(g.get(XLINK), files)
-            if image is None:
-                missing.append(g.get(XLINK))
-            else:
-                resolved.append((bool(g.get("specific-use")), image, renditions))
-        if not resolved:
-            continue
-        resolved.sort(key=lambda r: (r[0], _rank(r[1])))
-        chosen.append(resolved[0][1])
-        others.extend(resolved[0][2])
-        for _, image, renditions in resolved[1:]:
-            others.extend([image, *renditions])
-    return list(dict.fromkeys(chosen)), others, missing
+        keys = [_rendition_key(_href_stem(href))] + ([parent] if _local(parent.tag) == "alternatives" else [])
+        unit = next((unit_of[k] for k in keys if k in unit_of), None)
+        if unit is None:
+            unit = []
+            units.append(unit)
+        unit.append(g)
+        for key in keys:
+            unit_of.setdefault(key, unit)
+    return units
 
 
 def _caption(fig) -> tuple[str | None, str | None]:
@@ -442,7 +561,7 @@ def _is_graphical_abstract(fig) -> bool:
     )
 
 
-def _figures(article, pmcid: str | None, files: list[str] | None) -> tuple[list[dict], list[dict]]:
+def _figures(article, pmcid: str | None, files: Files | None) -> tuple[list[dict], list[dict]]:
     figures, other = [], []
     index = FileIndex(files) if files is not None else None
     fig_nodes = set()
@@ -577,13 +696,12 @@ def _mentions(article, pmcid: str | None, figures: list[dict]) -> list[dict]:
     return rows
 
 
-def parse_article(
-    source: bytes | str | Path, pmcid: str | None = None, files: list[str] | None = None
-) -> ParsedArticle:
+def parse_article(source: bytes | str | Path, pmcid: str | None = None, files: Files | None = None) -> ParsedArticle:
     """Parse one article (bytes or a path) into its article, figure, mention and graphic rows.
 
-    ``files`` are the names of the article's image files; given, graphic hrefs are resolved to
-    them. ``pmcid`` overrides the id in the XML (publisher JATS has none). Raises
+    ``files`` are the names of the article's image files, or a mapping of name to size in bytes
+    (then the largest rendition of a graphic is kept); given, graphic hrefs are resolved to them.
+    ``pmcid`` overrides the id in the XML (publisher JATS has none). Raises
     :class:`UnsafeXmlError` or :class:`XmlParseError` with a readable reason.
     """
     article = load_xml(source)

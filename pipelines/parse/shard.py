@@ -75,7 +75,8 @@ def parse_shard(lake: Lake, release: str, shard: str, previous_release: str | No
             continue
         files = files_by_article[pmcid]
         xml_rows = [f for f in files.values() if f["kind"] == "xml"]
-        images = sorted(n for n, f in files.items() if f["kind"] == "image")
+        # with their sizes, so that the largest rendition of a graphic is the one kept
+        images = {n: f["size"] for n, f in sorted(files.items()) if f["kind"] == "image"}
         try:
             parsed = parse_article(read_raw_file(lake, xml_rows[0]), pmcid=pmcid, files=images)
         except (UnsafeXmlError, XmlParseError, IndexError) as exc:
