@@ -55,14 +55,16 @@ def figure_embeddings(
 
 
 class ConceptModelSettings(Config):
-    """PCA and k-means settings; ``reuse_previous`` labels this release with the last model."""
+    """PCA and k-means settings. ``reuse_previous`` (the default, so a yearly refresh needs no
+    new annotations) labels the release with the newest earlier model when one exists; set it
+    to false to fit a new model, which then needs annotating."""
 
     n_components: int = 25
     k: int = 2000
     sample_size: int = 200_000
     seed: int = 0
     kmeans_backend: str = "auto"  # auto (faiss when installed), faiss or sklearn
-    reuse_previous: bool = False
+    reuse_previous: bool = True
 
 
 @asset(

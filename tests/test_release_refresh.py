@@ -141,8 +141,9 @@ def test_download_metadata_counts_requests(two_releases):
 
 
 def _evaluate(sensor, instance):
+    """The sensor's answer, as "Test sensor" in the UI computes it (the daemon test runs a real tick)."""
     with build_sensor_context(instance=instance, definitions=defs) as context:
-        return sensor.evaluate_tick(context)
+        return sensor(context)
 
 
 def test_yearly_sensor_opens_the_release_without_side_effects(two_releases):
@@ -150,6 +151,7 @@ def test_yearly_sensor_opens_the_release_without_side_effects(two_releases):
     sensor = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2027, 1, 2, 2, 0, tzinfo=UTC))
     result = _evaluate(sensor, instance)
     assert [r.partition_key for r in result.run_requests] == ["2027"]
+    assert [r.run_key for r in result.run_requests] == ["inventory-2027"]
     requests = {r.partitions_def_name: list(r.partition_keys) for r in result.dynamic_partitions_requests}
     assert requests == {RELEASES: ["2027"], SHARDS_DIMENSION: SHARDS}
     # evaluating (as "Test sensor" in the UI does) adds nothing: the daemon applies requests at tick time
@@ -159,8 +161,7 @@ def test_yearly_sensor_opens_the_release_without_side_effects(two_releases):
 def test_yearly_sensor_waits_for_the_day_and_never_reopens_a_release(two_releases):
     instance = two_releases["instance"]
     early = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2027, 1, 2, 1, 59, tzinfo=UTC))
-    assert not _evaluate(early, instance).run_requests
+    assert "no release is due" in _evaluate(early, instance).skip_message
     # release 2026 is open and complete: turning the sensor on in 2026 launches nothing
     later = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2026, 6, 1, tzinfo=UTC))
-    result = _evaluate(later, instance)
-    assert not result.run_requests and "already open" in result.skip_message
+    assert "release 2026 is already open" in _evaluate(later, instance).skip_message
