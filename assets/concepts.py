@@ -128,8 +128,8 @@ def concept_model(
     if previous:
         version, model, reused = previous, load_concept_model(lk, previous), True
     else:
-        vectors, _ = sample_vectors(lk, release, settings.sample_size, settings.seed)
-        model = fit_concept_model(vectors, settings)
+        vectors, keys = sample_vectors(lk, release, settings.sample_size, settings.seed)
+        model = fit_concept_model(vectors, settings, keys)
         version, reused = settings.version(release, models.dinov2_config().model_label), False
         save_model(lk, model, version)
     with lk.atomic_local_file(lk.path("models", "concepts", "current", f"release={release}.json")) as tmp:
@@ -205,8 +205,9 @@ def concept_review(context: AssetExecutionContext, config: ReviewSettings, lake:
     for cluster, members in samples.items():
         with lk.atomic_local_file(f"{directory}/cluster_{cluster:04d}.png") as tmp:
             Path(tmp).write_bytes(contact_sheet(lk, cluster, members, sizes[cluster]))
-    outputs = {"index.html": index_html(version, samples, sizes), "annotations_template.csv": template_csv(sizes)}
-    outputs.update({f"{name}.csv": template_csv(sizes) for name in config.annotators})
+    template = template_csv(sizes, version, model.fingerprints())
+    outputs = {"index.html": index_html(version, samples, sizes), "annotations_template.csv": template}
+    outputs.update({f"{name}.csv": template for name in config.annotators})
     for name, text in outputs.items():
         with lk.atomic_local_file(f"{directory}/{name}") as tmp:
             Path(tmp).write_text(text)
@@ -244,10 +245,16 @@ def cluster_labels(context: AssetExecutionContext, config: AnnotationSettings, l
         files = {p.rsplit("/", 1)[1]: lk.fs.cat(p).decode("utf-8") for p in sorted(lk.fs.glob(f"{directory}/*.csv"))}
     taxonomy = load_taxonomy()
     try:
-        resolution = resolve(read_annotations(files, taxonomy, model.info["k_used"]), taxonomy)
+        votes = read_annotations(files, taxonomy, model.info["k_used"], version, model.fingerprints())
+        resolution = resolve(votes, taxonomy)
     except AnnotationError as exc:
         raise Failure(str(exc)) from exc
     rows = [{"model_version": version, **label} for label in resolution.labels.values()]
+    for row in rows:
+        if row["fingerprint_mismatch"]:
+            context.log.warning(
+                f"cluster {row['cluster_id']} changed since it was annotated: {row['fingerprint_mismatch']}"
+            )
     lk.write_table("cluster_labels", release, "all", rows)
     lk.refresh_catalog()
     stats = {f"disagreement_{field}_{k}": v for field, s in resolution.stats.items() for k, v in s.items()}
@@ -258,6 +265,7 @@ def cluster_labels(context: AssetExecutionContext, config: AnnotationSettings, l
             "annotated_clusters": len(rows),
             "clusters": model.info["k_used"],
             "clusters_with_ties": sum(1 for r in rows if r["ties"]),
+            "clusters_with_fingerprint_mismatch": sum(1 for r in rows if r["fingerprint_mismatch"]),
             **stats,
             "preview": preview(rows, ["cluster_id", "panel_type", "global_concept", "local_concepts", "ties"]),
         }
