@@ -2,6 +2,7 @@
 annotation resolution, and labels propagated to every figure image."""
 
 from dagster import (
+    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
@@ -16,6 +17,7 @@ from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, run_stage
 from pipelines.concepts.model import ConceptModelConfig
 from pipelines.concepts.stages import (
+    ANNOTATIONS_MATCH,
     GPU_POOL,
     ClusterLabelsStage,
     ConceptModelStage,
@@ -112,6 +114,14 @@ class AnnotationSettings(Config):
     group_name="concepts",
     kinds={"parquet"},
     description=ClusterLabelsStage.__doc__,
+    check_specs=[
+        AssetCheckSpec(
+            ANNOTATIONS_MATCH,
+            asset="cluster_labels",
+            description="Every annotated cluster still has the size and members it had when it was annotated "
+            "(its fingerprint); a changed cluster keeps its labels, flagged stale.",
+        )
+    ],
 )
 def cluster_labels(
     context: AssetExecutionContext, config: AnnotationSettings, lake: LakeResource, quality: QualityResource

@@ -97,6 +97,9 @@ def report(
     checks = list(result.checks)
     if max_error_rate is not None:
         checks.append(error_rate(result, max_error_rate))
+    for check in checks:
+        if not check.passed:
+            context.log.warning(f"check {check.name} failed: {check.description}")
     return MaterializeResult(metadata=metadata, check_results=[check_result(c) for c in checks])
 
 

@@ -229,7 +229,7 @@ FIGURE_CONCEPTS = pa.schema(
         pa.field("panel_type", pa.string()),
         pa.field("global_concept", pa.string()),
         pa.field("local_concepts", _strings),
-        pa.field("label_status", pa.string(), nullable=False),  # labeled, partly_labeled, unannotated_cluster, ...
+        pa.field("label_status", pa.string(), nullable=False),  # labeled, partly_labeled, stale_annotation, ...
         pa.field("synthetic", pa.bool_()),
     ]
 )
@@ -243,6 +243,8 @@ CLUSTER_LABELS = pa.schema(
         pa.field("local_concepts", _strings),
         pa.field("annotators", pa.int32()),
         pa.field("ties", _strings),
+        # null, or why the annotated cluster is not the model's (fingerprint: size or members differ)
+        pa.field("fingerprint_mismatch", pa.string()),
     ]
 )
 

@@ -1,15 +1,24 @@
 """The concept assets through Dagster over two releases: embed, fit, review, annotate, propagate,
-then label the next release through the same model without re-embedding unchanged images."""
+then label the next release through the same model without re-embedding unchanged images;
+and the demo's shipped annotations still describe the demo's clusters."""
+
+import csv
+import io
 
 import pytest
 from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+from jobs.demo import DEMO_CONCEPT_MODEL, DEMO_RELEASE
+from pipelines.concepts.annotations import load_taxonomy, read_annotations, resolve
+from pipelines.concepts.dinov2 import EmbedderConfig
+from pipelines.concepts.model import ConceptModelConfig, fit_concept_model, sample_vectors
 from pipelines.lake import Lake
 from pipelines.parse.shard import parse_shard
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
+from resources.settings import REPO
 from tests.conftest import source_for
 from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release, run_release
 
@@ -70,13 +79,28 @@ def test_two_releases_of_concepts(concept_lake):
     assert lake.exists(f"{folder}/index.html") and lake.exists(f"{folder}/annotator_1.csv")
     assert len(lake.fs.glob(f"{folder}/cluster_*.png")) == 4 - review["empty_clusters"].value
 
+    # the template names the model version and each cluster's fingerprint (members in the sample)
+    template = list(csv.DictReader(io.StringIO(lake.fs.cat(f"{folder}/annotations_template.csv").decode())))
+    assert {r["model_version"] for r in template} == {version} and len(template) == 4
+    fingerprint = {int(r["cluster_id"]): r["fingerprint"] for r in template}
+    assert sum(int(f.split(":")[0]) for f in fingerprint.values()) == 128  # the whole sample, once
+
     # two annotators label cluster 0 the same way; cluster 1 gets one vote each way (a tie)
-    header = "cluster_id,panel_type,global_concept,local_concepts,notes\n"
-    for name, concept in (("ann_a", "Plots and Charts"), ("ann_b", "Microscopy")):
+    header = "cluster_id,panel_type,global_concept,local_concepts,notes,model_version,fingerprint\n"
+
+    def annotate(name, text):
         with lake.atomic_local_file(lake.path("annotations", version, f"{name}.csv")) as tmp, open(tmp, "w") as fh:
-            fh.write(header + "0,single panel,Plots and Charts,bar chart,\n" + f"1,single panel,{concept},,\n")
+            fh.write(header + text)
+
+    for name, concept in (("ann_a", "Plots and Charts"), ("ann_b", "Microscopy")):
+        annotate(
+            name,
+            f"0,single panel,Plots and Charts,bar chart,,{version},{fingerprint[0]}\n"
+            f"1,single panel,{concept},,,{version},{fingerprint[1]}\n",
+        )
     labels = run(cluster_labels, "2025")
     assert labels["annotated_clusters"].value == 2 and labels["clusters_with_ties"].value == 1
+    assert labels["clusters_with_fingerprint_mismatch"].value == 0
     assert labels["disagreement_global_concept_max"].value == 0.5
     for key in _shards("2025"):
         run(figure_concepts, key)
@@ -100,3 +124,45 @@ def test_two_releases_of_concepts(concept_lake):
     assert {k: (r["cluster_id"], r["global_concept"]) for k, r in later.items()} == {
         (r["pmcid"], r["image_file"]): (r["cluster_id"], r["global_concept"]) for r in concepts
     }
+
+    # an annotator who saw cluster 2 with one image more than the model has: labelled, but flagged
+    size, digest = fingerprint[2].split(":")
+    annotate("ann_c", f"2,single panel,Tables,table,,{version},{int(size) + 1}:{digest}\n")
+    flagged = run(cluster_labels, "2026")
+    assert flagged["clusters_with_fingerprint_mismatch"].value == 1
+    (row,) = [r for r in lake.read_table("cluster_labels", "2026", "all").to_pylist() if r["cluster_id"] == 2]
+    assert row["global_concept"] == "Tables"
+    assert row["fingerprint_mismatch"] == (
+        f"ann_c: annotated a cluster of {int(size) + 1} sample images ({int(size) + 1}:{digest}), "
+        f"the model's has {size} ({fingerprint[2]})"
+    )
+
+
+def test_shipped_demo_annotations_describe_the_demo_model(concept_lake):
+    """The demo model rebuilt from the sample's embeddings (as ``make demo`` builds it: the same
+    images, synthetic DINOv2, DEMO_CONCEPT_MODEL) has exactly the clusters
+    sample/annotations/panelforge_dev.csv was written for."""
+    lake, run = concept_lake
+    for key in _shards(DEMO_RELEASE):
+        if lake.read_table("embeddings", DEMO_RELEASE, key.keys_by_dimension["shard"]) is None:
+            run(figure_embeddings, key)
+    settings = ConceptModelConfig(**DEMO_CONCEPT_MODEL)
+    vectors, keys = sample_vectors(lake, DEMO_RELEASE, settings.sample_size, settings.seed)
+    model = fit_concept_model(vectors, settings, keys)
+    version = settings.version(DEMO_RELEASE, EmbedderConfig(synthetic=True).model_label)
+    assert version == "2026-4e388acf" and model.info["kmeans_backend"] == "scikit-learn"
+    files = {p.name: p.read_text() for p in sorted((REPO / "sample" / "annotations").glob("*.csv"))}
+    taxonomy = load_taxonomy()
+    labels = resolve(read_annotations(files, taxonomy, 8, version, model.fingerprints()), taxonomy).labels
+    assert {c: label["fingerprint_mismatch"] for c, label in labels.items()} == dict.fromkeys(range(7))
+    # what the contact sheets showed: charts in 0 and 5, brain MRI in 1, 4 and 6, microscopy in 2 and 3
+    assert {c: label["global_concept"] for c, label in labels.items()} == {
+        0: "Plots and Charts",
+        1: "Clinical Imaging",
+        2: "Microscopy",
+        3: "Microscopy",
+        4: "Clinical Imaging",
+        5: "Plots and Charts",
+        6: "Clinical Imaging",
+    }
+    assert [int(f.split(":")[0]) for _, f in sorted(model.fingerprints().items())] == [88, 8, 3, 7, 1, 16, 1, 4]

@@ -17,6 +17,7 @@ from pipelines.concepts.annotations import (
 )
 from pipelines.concepts.model import (
     ConceptModelConfig,
+    cluster_fingerprint,
     fit_concept_model,
     latest_version,
     load_model,
@@ -26,7 +27,14 @@ from pipelines.concepts.model import (
 from pipelines.concepts.propagate import propagate
 from pipelines.concepts.review import seeded_sample
 
-HEADER = "cluster_id,panel_type,global_concept,local_concepts,notes\n"
+HEADER = "cluster_id,panel_type,global_concept,local_concepts,notes,model_version,fingerprint\n"
+VERSION = "2026-abcd1234"
+
+
+def rows(*lines: str, version: str = VERSION) -> str:
+    """An annotation file for model ``version``: ``lines`` are ``cluster,panel,global,locals,notes``;
+    no fingerprint is recorded (these tests' models have none to check against)."""
+    return HEADER + "".join(f"{line},{version},\n" for line in lines)
 
 
 def blobs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +59,42 @@ def test_pca_and_kmeans_recover_separated_groups():
     assert float(distances.max()) < 3.0
     again = fit_concept_model(points, ConceptModelConfig(n_components=5, k=3, seed=1))
     assert np.array_equal(model.centroids, again.centroids)  # seeded: reproducible
+
+
+def test_fingerprints_name_each_clusters_sample_members():
+    points, truth = blobs()
+    keys = [f"{i:04d}" for i in range(len(points))]
+    model = fit_concept_model(points, ConceptModelConfig(n_components=5, k=3, seed=1), keys)
+    clusters, _ = model.assign(points)
+    fingerprints = model.fingerprints()
+    for group in range(3):  # blobs() puts points 40 * group .. 40 * group + 39 in group ``group``
+        members = keys[40 * group : 40 * group + 40]
+        assert fingerprints[int(clusters[40 * group])] == cluster_fingerprint(members)
+        assert fingerprints[int(clusters[40 * group])].startswith("40:")
+    assert model.info["kmeans_note"] is None  # 120 points >= 39 * 3
+    with pytest.raises(ValueError, match="3 keys for 120 vectors"):
+        fit_concept_model(points, ConceptModelConfig(n_components=5, k=3), keys[:3])
+
+
+def test_small_sample_is_handled_without_faiss_warning(capfd):
+    """120 points for k = 4 is below faiss's 39 per centroid (156): ``auto`` clusters with
+    scikit-learn; ``faiss`` asked for explicitly runs with its minimum lowered; both say so."""
+    points, _ = blobs(4)
+    auto = fit_concept_model(points, ConceptModelConfig(n_components=5, k=4, seed=1))
+    assert auto.info["kmeans_backend"] == "scikit-learn"
+    assert auto.info["kmeans_note"] == (
+        "120 sample points for k=4 is below faiss's minimum of 39 per centroid (156): "
+        "clustered with scikit-learn's exact KMeans on the CPU (the same result on every machine)"
+    )
+    again = fit_concept_model(points, ConceptModelConfig(n_components=5, k=4, seed=1))
+    assert np.array_equal(auto.centroids, again.centroids)
+    forced = fit_concept_model(points, ConceptModelConfig(n_components=5, k=4, seed=1, backend="faiss"))
+    assert forced.info["kmeans_backend"].startswith("faiss")
+    assert forced.info["kmeans_note"].endswith(
+        "faiss ran as requested with its minimum lowered to 1 point per centroid"
+    )
+    captured = capfd.readouterr()
+    assert "WARNING" not in captured.err + captured.out
 
 
 def test_scikit_learn_fallback(monkeypatch):
@@ -116,18 +160,19 @@ def test_sample_is_seeded_bounded_and_distinct(lake):
 def test_annotations_are_validated_with_file_and_line():
     taxonomy = load_taxonomy()
     files = {
-        "ann.csv": HEADER
-        + "0,single panel,Microscopy,fluorescence microscopy,\n"
-        + "x,single panel,Microscopy,,\n"
-        + "1,single panel,Astrology,,\n"
-        + "2,two panels,Microscopy,,\n"
-        + "3,single panel,Microscopy,unicorn imaging,\n"
-        + "9,single panel,Microscopy,,\n"
-        + "0,single panel,Microscopy,,\n",
+        "ann.csv": rows(
+            "0,single panel,Microscopy,fluorescence microscopy,",
+            "x,single panel,Microscopy,,",
+            "1,single panel,Astrology,,",
+            "2,two panels,Microscopy,,",
+            "3,single panel,Microscopy,unicorn imaging,",
+            "9,single panel,Microscopy,,",
+            "0,single panel,Microscopy,,",
+        ),
         "other.csv": "cluster,label\n1,x\n",
     }
     with pytest.raises(AnnotationError) as error:
-        read_annotations(files, taxonomy, k=5)
+        read_annotations(files, taxonomy, 5, VERSION)
     assert str(error.value).splitlines()[1:] == [
         "ann.csv:3: cluster_id 'x' is not a number",
         "ann.csv:4: unknown global concept 'Astrology'",
@@ -139,20 +184,81 @@ def test_annotations_are_validated_with_file_and_line():
     ]
 
 
+def test_annotations_for_another_model_version_are_refused():
+    taxonomy = load_taxonomy()
+    files = {
+        "old.csv": rows("0,single panel,Microscopy,,", "1,,Tables,table,", version="2025-0f0f0f0f"),
+        "current.csv": rows("0,single panel,Microscopy,,"),
+    }
+    with pytest.raises(AnnotationError) as error:
+        read_annotations(files, taxonomy, 2, VERSION)
+    (problem,) = str(error.value).splitlines()[1:]
+    assert problem.startswith(
+        "old.csv: made for concept model '2025-0f0f0f0f', but the current model is '2026-abcd1234'"
+    )
+    assert "review/2026-abcd1234/annotations_template.csv" in problem
+    # a file with one row of another version (say, pasted from an older file) is refused whole
+    mixed = {"mixed.csv": rows("0,single panel,Microscopy,,") + "1,,Tables,table,,2025-0f0f0f0f,\n"}
+    with pytest.raises(AnnotationError, match="mixed.csv: made for concept model '2025-0f0f0f0f'"):
+        read_annotations(mixed, taxonomy, 2, VERSION)
+
+
+def test_annotations_without_version_are_refused_with_the_fix():
+    taxonomy = load_taxonomy()
+    old_style = {
+        "panelforge_dev.csv": "cluster_id,n_images,panel_type,global_concept,local_concepts,notes\n"
+        "1,9,,Clinical Imaging,magnetic resonance imaging,brain MRI\n"
+    }
+    with pytest.raises(AnnotationError) as error:
+        read_annotations(old_style, taxonomy, 8, VERSION)
+    (problem,) = str(error.value).splitlines()[1:]
+    assert problem.startswith("panelforge_dev.csv: no fingerprint or model_version column")
+    assert (
+        "fill the template concept_review writes for the current model, review/2026-abcd1234/annotations_template.csv"
+        in problem
+    )
+
+
+def test_changed_clusters_are_flagged_not_refused():
+    taxonomy = load_taxonomy()
+    # the model's clusters: 0 holds images a, b, c; 1 holds d; 2 holds e, f
+    model = {0: cluster_fingerprint(["c", "a", "b"]), 1: cluster_fingerprint(["d"]), 2: cluster_fingerprint(["e", "f"])}
+    assert model[0] == cluster_fingerprint(["a", "b", "c"]) and model[0].startswith("3:")
+    annotated = {
+        0: model[0],  # unchanged
+        1: cluster_fingerprint(["d", "x", "y"]),  # the annotator saw 3 images, the model has 1
+        2: cluster_fingerprint(["e", "g"]),  # same size, another member
+    }
+    text = HEADER + "".join(f"{c},single panel,Microscopy,histology,,{VERSION},{annotated[c]}\n" for c in (0, 1, 2))
+    labels = resolve(read_annotations({"ann.csv": text}, taxonomy, 3, VERSION, model), taxonomy).labels
+    assert labels[0]["fingerprint_mismatch"] is None
+    assert labels[1]["fingerprint_mismatch"] == (
+        f"ann: annotated a cluster of 3 sample images ({annotated[1]}), the model's has 1 ({model[1]})"
+    )
+    assert labels[2]["fingerprint_mismatch"] == (
+        f"ann: annotated other images ({annotated[2]}) than the model's cluster of the same size ({model[2]})"
+    )
+    assert all(labels[c]["global_concept"] == "Microscopy" for c in (0, 1, 2))  # kept, but flagged
+    # a row with labels but without its fingerprint cannot be checked: flagged too
+    blank = HEADER + f"0,single panel,Microscopy,,,{VERSION},\n"
+    (vote,) = read_annotations({"ann.csv": blank}, taxonomy, 3, VERSION, model)
+    assert vote.mismatch == f"no fingerprint recorded; the model's cluster is {model[0]}"
+
+
 def test_majority_vote_normalisation_ties_and_disagreement():
     taxonomy = load_taxonomy()
     assert normalize_label(" Fluorescence-Microscopy ") == normalize_label("fluorescence microscopy")
     files = {
-        "a.csv": HEADER
-        + "0,single panel,Microscopy,Fluorescence-Microscopy;histology,\n1,single panel,Tables,table,\n",
-        "b.csv": HEADER + "0,single panel,Microscopy,fluorescence microscopy,\n1,single panel,Plots and Charts,,\n",
-        "c.csv": HEADER + "0,single panel,Clinical Imaging,FLUORESCENCE MICROSCOPY,\n2,,,,\n",
+        "a.csv": rows("0,single panel,Microscopy,Fluorescence-Microscopy;histology,", "1,single panel,Tables,table,"),
+        "b.csv": rows("0,single panel,Microscopy,fluorescence microscopy,", "1,single panel,Plots and Charts,,"),
+        "c.csv": rows("0,single panel,Clinical Imaging,FLUORESCENCE MICROSCOPY,", "2,,,,"),
     }
-    resolution = resolve(read_annotations(files, taxonomy, k=3), taxonomy)
+    resolution = resolve(read_annotations(files, taxonomy, 3, VERSION), taxonomy)
     zero, one = resolution.labels[0], resolution.labels[1]
     assert (zero["panel_type"], zero["global_concept"], zero["annotators"]) == ("single panel", "Microscopy", 3)
     assert zero["local_concepts"] == ["fluorescence microscopy"] and zero["ties"] == []  # histology: 1 of 3
     assert one["global_concept"] is None and one["ties"] == ["global_concept", "local_concepts"]  # 1 vs 1
+    assert zero["fingerprint_mismatch"] is None  # no model fingerprints given: nothing to check
     assert 2 not in resolution.labels  # an empty row is "not annotated", not a vote
     # global concept disagreement: cluster 0 = 1 - 2/3, cluster 1 = 1 - 1/2
     assert resolution.stats["global_concept"] == {
@@ -165,12 +271,17 @@ def test_majority_vote_normalisation_ties_and_disagreement():
 
 
 def test_template_lists_every_cluster():
-    text = template_csv({1: 5, 0: 3})
+    text = template_csv({1: 5, 0: 3}, "2026-abcd1234", {0: "3:aaaaaaaaaaaa", 1: "4:bbbbbbbbbbbb"})
     assert text.splitlines() == [
-        "cluster_id,n_images,panel_type,global_concept,local_concepts,notes",
-        "0,3,,,,",
-        "1,5,,,,",
+        "cluster_id,n_images,panel_type,global_concept,local_concepts,notes,model_version,fingerprint",
+        "0,3,,,,,2026-abcd1234,3:aaaaaaaaaaaa",
+        "1,5,,,,,2026-abcd1234,4:bbbbbbbbbbbb",
     ]
+    # a filled template is accepted as is
+    filled = text.replace("0,3,,,,,", "0,3,single panel,Tables,table,,")
+    model = {0: "3:aaaaaaaaaaaa", 1: "4:bbbbbbbbbbbb"}
+    (vote,) = read_annotations({"a.csv": filled}, load_taxonomy(), 2, "2026-abcd1234", model)
+    assert (vote.cluster_id, vote.global_concept, vote.mismatch) == (0, "Tables", None)
 
 
 def test_seeded_sample_is_stable_and_bounded():
@@ -206,3 +317,7 @@ def test_propagation_labels_flags_and_marks():
     assert [r["label_status"] for r in out] == ["labeled", "partly_labeled", "unannotated_cluster", "no_embedding"]
     assert out[0]["global_concept"] == "Microscopy" and out[0]["cluster_id"] == int(clusters[0])
     assert all(r["synthetic"] for r in out) and out[3]["cluster_id"] is None
+    # labels made for a cluster that has changed since are kept but marked
+    stale = {int(clusters[0]): {**labels[int(clusters[0])], "fingerprint_mismatch": "ann: annotated 9, has 91"}}
+    (row,) = propagate(rows[:1], model, "v1", stale)
+    assert (row["global_concept"], row["label_status"]) == ("Microscopy", "stale_annotation")

@@ -79,3 +79,16 @@ def test_offline_without_weights_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelUnavailableError, match="'facebook/dinov2-large' are not available"):
         load_model(EmbedderConfig(model="facebook/dinov2-large"))
+
+
+def test_synthetic_model_stays_on_the_cpu_and_leaves_the_global_rng_alone(monkeypatch):
+    """bf16 on a GPU would give the demo other vectors, hence other clusters than its annotations."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    model = load_model(SYNTHETIC)
+    assert torch.equal(torch.rand(3), expected)
+    assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32

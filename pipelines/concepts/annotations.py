@@ -1,10 +1,17 @@
 """People annotate clusters once; the votes are validated, resolved and then label every image.
 
-Annotation files are CSVs, one per annotator, with the columns of the template the review
-step writes: ``cluster_id, panel_type, global_concept, local_concepts, notes`` (local concepts
-separated by ``;``). Local labels are normalised (lower case, no whitespace, no dashes) before
-they are checked against the taxonomy and counted. Each field is decided by strict majority of
-the annotators who filled it; a tie is flagged for re-review, never broken silently.
+Annotation files are CSVs, one per annotator: filled copies of the template the review step
+writes, ``cluster_id, n_images, panel_type, global_concept, local_concepts, notes, model_version,
+fingerprint`` (local concepts separated by ``;``). Local labels are normalised (lower case, no
+whitespace, no dashes) before they are checked against the taxonomy and counted. Each field is
+decided by strict majority of the annotators who filled it; a tie is flagged for re-review, never
+broken silently.
+
+Cluster ids mean nothing outside the model they come from, so every row names the concept-model
+version and the cluster's fingerprint (``<members>:<hash>`` of the model's sample, see
+``pipelines.concepts.model``). A file made for another version, or without those columns, is
+refused; a cluster whose fingerprint differs from the model's (same version, other clusters: a
+changed sample, library or machine) keeps its labels but is flagged in ``fingerprint_mismatch``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,16 @@ from pathlib import Path
 
 TAXONOMY_FILE = Path(__file__).with_name("taxonomy.json")
 FIELDS = ("panel_type", "global_concept", "local_concepts")
-TEMPLATE_COLUMNS = ["cluster_id", "n_images", "panel_type", "global_concept", "local_concepts", "notes"]
+TEMPLATE_COLUMNS = [
+    "cluster_id",
+    "n_images",
+    "panel_type",
+    "global_concept",
+    "local_concepts",
+    "notes",
+    "model_version",
+    "fingerprint",
+]
 
 
 def normalize_label(label: str) -> str:
@@ -63,15 +79,44 @@ class Vote:
     panel_type: str | None
     global_concept: str | None
     local_concepts: frozenset[str]
+    mismatch: str | None = None  # why the row's fingerprint is not the model's cluster's
 
 
-def read_annotations(files: dict[str, str], taxonomy: Taxonomy, k: int) -> list[Vote]:
-    """Parse ``{file name: CSV text}``; rows with nothing filled in are skipped (not annotated)."""
+def fingerprint_mismatch(annotated: str, current: str) -> str | None:
+    """None when the fingerprints agree, else what differs (size first, then the members)."""
+    if annotated == current:
+        return None
+    if not annotated:
+        return f"no fingerprint recorded; the model's cluster is {current}"
+    size, model_size = annotated.split(":", 1)[0], current.split(":", 1)[0]
+    if size != model_size:
+        return f"annotated a cluster of {size} sample images ({annotated}), the model's has {model_size} ({current})"
+    return f"annotated other images ({annotated}) than the model's cluster of the same size ({current})"
+
+
+def _template_hint(version: str) -> str:
+    return (
+        f"fill the template concept_review writes for the current model, review/{version}/annotations_template.csv "
+        "(it records the model version and each cluster's fingerprint), looking at that folder's contact sheets"
+    )
+
+
+def read_annotations(
+    files: dict[str, str], taxonomy: Taxonomy, k: int, version: str, fingerprints: dict[int, str] | None = None
+) -> list[Vote]:
+    """Parse ``{file name: CSV text}``; rows with nothing filled in are skipped (not annotated).
+
+    ``version`` is the current concept model's: a file made for another (or naming none) is an
+    error. ``fingerprints`` (cluster id -> fingerprint, from the model) mark the votes of clusters
+    that differ from what the annotator saw; empty or None (a model saved without them) skips that
+    check.
+    """
     problems: list[str] = []
     votes: list[Vote] = []
     panel = {p.lower(): p for p in taxonomy.panel_types}
     concepts = {c.lower(): c for c in taxonomy.global_concepts}
     locals_ = taxonomy.local_index()
+    fingerprints = fingerprints or {}
     for name, text in sorted(files.items()):
         annotator = Path(name).stem
         reader = csv.DictReader(io.StringIO(text))
@@ -79,8 +124,24 @@ def read_annotations(files: dict[str, str], taxonomy: Taxonomy, k: int) -> list[
         if missing:
             problems.append(f"{name}: missing columns {sorted(missing)}")
             continue
+        unversioned = {"model_version", "fingerprint"} - set(reader.fieldnames or [])
+        if unversioned:
+            problems.append(
+                f"{name}: no {' or '.join(sorted(unversioned))} column, so it cannot say which clusters it "
+                f"describes; {_template_hint(version)}"
+            )
+            continue
+        rows = list(enumerate(reader, start=2))
+        made_for = sorted({(row["model_version"] or "").strip() for _, row in rows} - {version})
+        if made_for:
+            named = ", ".join(repr(v) if v else "none (an empty model_version)" for v in made_for)
+            problems.append(
+                f"{name}: made for concept model {named}, but the current model is {version!r}; cluster ids of "
+                f"another model mean other clusters: {_template_hint(version)}"
+            )
+            continue
         seen: set[int] = set()
-        for line, row in enumerate(reader, start=2):
+        for line, row in rows:
             where = f"{name}:{line}"
             try:
                 cluster = int((row["cluster_id"] or "").strip())
@@ -105,6 +166,7 @@ def read_annotations(files: dict[str, str], taxonomy: Taxonomy, k: int) -> list[
             unknown = [x for x in raw_locals if normalize_label(x) not in locals_]
             if unknown:
                 problems.append(f"{where}: unknown local concepts {unknown}")
+            current = fingerprints.get(cluster)
             votes.append(
                 Vote(
                     annotator,
@@ -112,6 +174,7 @@ def read_annotations(files: dict[str, str], taxonomy: Taxonomy, k: int) -> list[
                     panel.get(p.lower()) if p else None,
                     concepts.get(g.lower()) if g else None,
                     frozenset(normalize_label(x) for x in raw_locals),
+                    fingerprint_mismatch((row["fingerprint"] or "").strip(), current) if current else None,
                 )
             )
     if problems:
@@ -155,6 +218,7 @@ def resolve(votes: list[Vote], taxonomy: Taxonomy) -> Resolution:
         disagreement["global_concept"].append(concept_d)
         disagreement["local_concepts"].append(1 - sets.most_common(1)[0][1] / n)
         ties = [f for f, t in zip(FIELDS, (panel_tie, concept_tie, local_tie), strict=True) if t]
+        mismatches = [f"{v.annotator}: {v.mismatch}" for v in cluster_votes if v.mismatch]
         result.labels[cluster] = {
             "cluster_id": cluster,
             "panel_type": panel,
@@ -162,6 +226,7 @@ def resolve(votes: list[Vote], taxonomy: Taxonomy) -> Resolution:
             "local_concepts": chosen,
             "annotators": n,
             "ties": ties,
+            "fingerprint_mismatch": "; ".join(mismatches) or None,
         }
     for name, values in disagreement.items():
         if values:
@@ -178,10 +243,12 @@ def resolve(votes: list[Vote], taxonomy: Taxonomy) -> Resolution:
     return result
 
 
-def template_csv(cluster_sizes: dict[int, int]) -> str:
+def template_csv(cluster_sizes: dict[int, int], version: str, fingerprints: dict[int, str]) -> str:
+    """One row per cluster: its size in the reviewed release, empty label fields, and the model
+    version and cluster fingerprint the labels will be checked against."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(TEMPLATE_COLUMNS)
     for cluster in sorted(cluster_sizes):
-        writer.writerow([cluster, cluster_sizes[cluster], "", "", "", ""])
+        writer.writerow([cluster, cluster_sizes[cluster], "", "", "", "", version, fingerprints.get(cluster, "")])
     return out.getvalue()

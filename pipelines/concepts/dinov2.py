@@ -4,7 +4,9 @@ Production loads real weights by model id (Hugging Face cache or hub) or a local
 offline without them is a clear error naming the model. Tests and the demo pass
 ``synthetic=True``: a tiny randomly initialised DINOv2 built from a config in code, and every
 vector made that way carries ``synthetic = True`` — it is never used silently in place of the
-real model.
+real model. Its weights come from a fixed seed (without touching the global RNG) and it runs on
+the CPU in float32 unless a device is named, so its vectors, and the demo's clusters, are the
+same on every run and machine, GPU or not (bf16 autocast on a GPU would give other vectors).
 
 Preprocessing is DINOv2's (``BitImageProcessor``): resize so the shortest edge is 256 px
 (bicubic, aspect ratio kept), centre crop 224 x 224, scale to [0, 1], normalise with the
@@ -34,7 +36,7 @@ class EmbedderConfig:
     synthetic: bool = False
     pooling: str = "cls"  # or "mean" (mean of the patch tokens)
     pad: bool = False
-    device: str | None = None  # None: cuda when available, else cpu
+    device: str | None = None  # None: cuda when available, else cpu (synthetic: always cpu)
 
     @property
     def model_label(self) -> str:
@@ -92,11 +94,13 @@ def load_model(config: EmbedderConfig):
     from transformers import Dinov2Model
 
     if config.synthetic:
-        torch.manual_seed(0)
-        model = Dinov2Model(tiny_dinov2_config())
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = Dinov2Model(tiny_dinov2_config())
     else:
         model = _from_pretrained(Dinov2Model, config)
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    default = "cpu" if config.synthetic or not torch.cuda.is_available() else "cuda"
+    device = config.device or default
     return model.to(device).eval()
 
 

@@ -4,8 +4,14 @@ The sample is chosen by a keyed hash of each image's sha256 (the ``sample_size``
 hashes), so it is the same whatever the partition order and holds each distinct image once;
 only ``sample_size`` vectors are ever in memory. k-means runs on faiss (on the GPU when faiss
 sees one) and falls back to scikit-learn's KMeans when faiss is not installed or
-``backend="sklearn"`` asks for it. Artifacts are versioned under
-``models/concepts/<version>/`` in the lake; a later release can reuse them unchanged.
+``backend="sklearn"`` asks for it. A sample smaller than faiss's minimum of 39 points per
+centroid (the demo: 128 images, k = 8) is clustered by scikit-learn under ``auto``: exact, on
+the CPU, the same on every machine; ``info["kmeans_note"]`` records it. Artifacts are versioned
+under ``models/concepts/<version>/`` in the lake; a later release can reuse them unchanged.
+
+Each cluster also gets a fingerprint, ``<members>:<hash>``: how many images of the model's
+sample it holds and a hash of their sorted sha256s. Annotation templates carry it, so labels
+written for one set of clusters are never silently applied to another (see annotations.py).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import numpy as np
 from pipelines.lake import Lake
 
 KMEANS_BACKENDS = ("auto", "faiss", "sklearn")
+# faiss's ClusteringParameters.min_points_per_centroid: below k * 39 points it warns on stderr
+FAISS_MIN_POINTS_PER_CENTROID = 39
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class ConceptModel:
     components: np.ndarray  # (n_components, dim)
     centroids: np.ndarray  # (k, n_components)
     info: dict
+
+    def fingerprints(self) -> dict[int, str]:
+        """cluster id -> fingerprint; empty for models saved before fingerprints existed."""
+        return {int(c): fp for c, fp in self.info.get("cluster_fingerprints", {}).items()}
 
     def project(self, vectors: np.ndarray) -> np.ndarray:
         return ((vectors.astype(np.float32) - self.mean) @ self.components.T).astype(np.float32)
@@ -104,33 +116,61 @@ def kmeans_plusplus_init(points: np.ndarray, k: int, seed: int, per_centroid: in
     return np.ascontiguousarray(centres, dtype=np.float32)
 
 
+def small_sample_note(n: int, k: int, backend: str) -> str | None:
+    """Why a sample below faiss's 39 points per centroid was clustered the way it was (None when
+    the sample is large enough)."""
+    needed = FAISS_MIN_POINTS_PER_CENTROID * k
+    if n >= needed:
+        return None
+    minimum = FAISS_MIN_POINTS_PER_CENTROID
+    few = f"{n} sample points for k={k} is below faiss's minimum of {minimum} per centroid ({needed})"
+    if backend == "faiss":
+        return f"{few}: faiss ran as requested with its minimum lowered to 1 point per centroid"
+    return f"{few}: clustered with scikit-learn's exact KMeans on the CPU (the same result on every machine)"
+
+
 def _kmeans(points: np.ndarray, k: int, seed: int, niter: int, backend: str) -> tuple[np.ndarray, str, float]:
-    if backend != "sklearn":
+    small = len(points) < FAISS_MIN_POINTS_PER_CENTROID * k
+    if backend == "faiss" or (backend == "auto" and not small):
         try:
             import faiss
         except ImportError:
             if backend == "faiss":
                 raise RuntimeError("k-means backend 'faiss' requested but faiss is not installed") from None
         else:
-            return _faiss_kmeans(faiss, points, k, seed, niter)
+            return _faiss_kmeans(
+                faiss, points, k, seed, niter, min_points=1 if small else FAISS_MIN_POINTS_PER_CENTROID
+            )
     from sklearn.cluster import KMeans
 
     km = KMeans(n_clusters=k, random_state=seed, n_init=1, max_iter=niter).fit(points)
     return km.cluster_centers_.astype(np.float32), "scikit-learn", float(km.inertia_)
 
 
-def _faiss_kmeans(faiss, points: np.ndarray, k: int, seed: int, niter: int) -> tuple[np.ndarray, str, float]:
+def _faiss_kmeans(
+    faiss, points: np.ndarray, k: int, seed: int, niter: int, min_points: int
+) -> tuple[np.ndarray, str, float]:
     gpu = faiss.get_num_gpus() > 0
     points = np.ascontiguousarray(points, dtype=np.float32)
-    km = faiss.Kmeans(points.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False)
+    km = faiss.Kmeans(
+        points.shape[1], k, niter=niter, seed=seed, gpu=gpu, verbose=False, min_points_per_centroid=min_points
+    )
     km.train(points, init_centroids=kmeans_plusplus_init(points, k, seed))
     _, labels = km.index.search(points, 1)
     inertia = float(((points - km.centroids[labels[:, 0]]) ** 2).sum())
     return km.centroids.astype(np.float32), "faiss-gpu" if gpu else "faiss-cpu", inertia
 
 
-def fit_concept_model(vectors: np.ndarray, config: ConceptModelConfig) -> ConceptModel:
-    """PCA (SVD of the centred sample) to ``n_components``, then k-means with ``k`` clusters."""
+def cluster_fingerprint(keys: list[str]) -> str:
+    """``<members>:<hash>``: the count and a hash of the sorted keys (sha256s) of a cluster's sample images."""
+    digest = hashlib.blake2b("\n".join(sorted(keys)).encode(), digest_size=6).hexdigest()
+    return f"{len(keys)}:{digest}"
+
+
+def fit_concept_model(vectors: np.ndarray, config: ConceptModelConfig, keys: list[str] | None = None) -> ConceptModel:
+    """PCA (SVD of the centred sample) to ``n_components``, then k-means with ``k`` clusters.
+
+    ``keys`` (the sample's sha256s, in the order of ``vectors``) give each cluster its fingerprint."""
     if len(vectors) < 2:
         raise ValueError(f"need at least 2 embedded images to fit a concept model, got {len(vectors)}")
     mean = vectors.mean(0)
@@ -154,9 +194,18 @@ def fit_concept_model(vectors: np.ndarray, config: ConceptModelConfig) -> Concep
         "components_for_99pct_variance": int(np.searchsorted(cumulative, 0.99) + 1),
         "variance_kept": round(float(cumulative[n_components - 1]), 6),
         "kmeans_backend": backend,
+        "kmeans_note": small_sample_note(len(vectors), k, config.backend),
         "inertia": inertia,
     }
-    return ConceptModel(mean.astype(np.float32), components, centroids, info)
+    model = ConceptModel(mean.astype(np.float32), components, centroids, info)
+    if keys is not None:
+        if len(keys) != len(vectors):
+            raise ValueError(f"{len(keys)} keys for {len(vectors)} vectors")
+        members: dict[int, list[str]] = {c: [] for c in range(k)}
+        for key, cluster in zip(keys, model.assign(vectors)[0].tolist(), strict=True):
+            members[cluster].append(key)
+        info["cluster_fingerprints"] = {str(c): cluster_fingerprint(m) for c, m in members.items()}
+    return model
 
 
 def scree_png(model: ConceptModel) -> bytes:

@@ -9,7 +9,8 @@ from pipelines.concepts.model import ConceptModel, decode_vector
 
 def propagate(embeddings: list[dict], model: ConceptModel, version: str, labels: dict[int, dict]) -> list[dict]:
     """One ``figure_concepts`` row per embedding row. Status: ``labeled``; ``partly_labeled``
-    (a field tied); ``unannotated_cluster``; ``no_embedding`` (the image could not be embedded)."""
+    (a field tied); ``stale_annotation`` (labels made for a cluster whose fingerprint differs from
+    the model's); ``unannotated_cluster``; ``no_embedding`` (the image could not be embedded)."""
     with_vector = [r for r in embeddings if r["vector"]]
     clusters, distances = (
         model.assign(np.stack([decode_vector(r["vector"], r["dim"]) for r in with_vector]))
@@ -44,7 +45,13 @@ def propagate(embeddings: list[dict], model: ConceptModel, version: str, labels:
                     panel_type=label["panel_type"],
                     global_concept=label["global_concept"],
                     local_concepts=list(label["local_concepts"]),
-                    label_status="partly_labeled" if label["ties"] else "labeled",
+                    label_status=_status(label),
                 )
         rows.append(out)
     return rows
+
+
+def _status(label: dict) -> str:
+    if label.get("fingerprint_mismatch"):
+        return "stale_annotation"
+    return "partly_labeled" if label["ties"] else "labeled"

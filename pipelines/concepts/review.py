@@ -61,7 +61,8 @@ def index_html(version: str, clusters: dict[int, list[dict]], sizes: dict[int, i
         "<style>body{font-family:sans-serif}td{vertical-align:top;padding:4px}</style>"
         f"<h1>Concept model {html.escape(version)}: {len(clusters)} clusters</h1>"
         "<p>Fill one <code>annotations_template.csv</code> per annotator (panel type, global concept, "
-        "local concepts separated by ';') and put the files in the annotations folder.</p>"
+        "local concepts separated by ';'), leave its <code>model_version</code> and <code>fingerprint</code> "
+        "columns as they are, and put the files in the annotations folder.</p>"
         "<table><tr><th>cluster</th><th>images</th><th>sample</th><th>examples</th></tr>" + "".join(rows) + "</table>"
     )
 

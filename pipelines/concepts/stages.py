@@ -30,9 +30,10 @@ from pipelines.concepts.review import SHEET_SIZE, contact_sheet, group_members, 
 from pipelines.concepts.shard import embed_shard, raw_locations
 from pipelines.lake import Lake
 from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.stage import RELEASE, Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
 
 GPU_POOL = "gpu"
+ANNOTATIONS_MATCH = "annotations_match_model"
 
 
 def _pointer(lake: Lake, release: str) -> str:
@@ -146,8 +147,8 @@ class ConceptModelStage(Stage):
         if previous:
             version, model, reused = previous, load_model(lake, previous), True
         else:
-            vectors, _ = sample_vectors(lake, release, self.settings.sample_size, self.settings.seed)
-            model = fit_concept_model(vectors, self.settings)
+            vectors, keys = sample_vectors(lake, release, self.settings.sample_size, self.settings.seed)
+            model = fit_concept_model(vectors, self.settings, keys)
             version, reused = self.settings.version(release, self.model_label), False
             save_model(lake, model, version)
         with lake.atomic_local_file(_pointer(lake, release)) as tmp:
@@ -199,8 +200,9 @@ class ConceptReviewStage(Stage):
             with lake.atomic_local_file(f"{directory}/cluster_{cluster:04d}.png") as tmp:
                 Path(tmp).write_bytes(sheet)
             written += len(sheet)
-        outputs = {"index.html": index_html(version, samples, sizes), "annotations_template.csv": template_csv(sizes)}
-        outputs.update({f"{name}.csv": template_csv(sizes) for name in self.annotators})
+        template = template_csv(sizes, version, model.fingerprints())
+        outputs = {"index.html": index_html(version, samples, sizes), "annotations_template.csv": template}
+        outputs.update({f"{name}.csv": template for name in self.annotators})
         for name, text in outputs.items():
             with lake.atomic_local_file(f"{directory}/{name}") as tmp:
                 Path(tmp).write_text(text)
@@ -241,8 +243,10 @@ class ClusterLabelsStage(Stage):
                 p.rsplit("/", 1)[1]: lake.fs.cat(p).decode("utf-8") for p in sorted(lake.fs.glob(f"{directory}/*.csv"))
             }
         taxonomy = load_taxonomy(self.taxonomy)
-        resolution = resolve(read_annotations(files, taxonomy, model.info["k_used"]), taxonomy)
+        votes = read_annotations(files, taxonomy, model.info["k_used"], version, model.fingerprints())
+        resolution = resolve(votes, taxonomy)
         rows = [{"model_version": version, **label} for label in resolution.labels.values()]
+        stale = [r for r in rows if r["fingerprint_mismatch"]]
         lake.write_table(Table.CLUSTER_LABELS, release, "all", rows)
         stats = {f"disagreement_{f}_{k}": v for f, s in resolution.stats.items() for k, v in s.items()}
         return self.result(
@@ -254,11 +258,25 @@ class ClusterLabelsStage(Stage):
                 "annotated_clusters": len(rows),
                 "clusters": model.info["k_used"],
                 "clusters_with_ties": sum(1 for r in rows if r["ties"]),
+                "clusters_with_fingerprint_mismatch": len(stale),
                 **stats,
             },
             previews={
                 "preview": Preview(rows, ["cluster_id", "panel_type", "global_concept", "local_concepts", "ties"])
             },
+            checks=[
+                Check(
+                    ANNOTATIONS_MATCH,
+                    passed=not stale,
+                    description="; ".join(
+                        f"cluster {r['cluster_id']} changed since it was annotated: {r['fingerprint_mismatch']}"
+                        for r in stale
+                    )
+                    or "every annotated cluster is as annotated",
+                    blocking=False,
+                    metadata={"stale_clusters": [r["cluster_id"] for r in stale]},
+                )
+            ],
         )
 
 
