@@ -18,7 +18,7 @@ from assets.metadata import preview, previous_release
 from jobs.partitions import release_shard_partitions, releases_partitions
 from pipelines.entrez.pubmed import pubmed_rows
 from pipelines.parse.duplicates import find_duplicates
-from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from pipelines.parse.shard import parse_shard
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 
@@ -38,28 +38,25 @@ def parsed_articles(context: AssetExecutionContext, lake: LakeResource) -> Mater
     lk = lake.lake()
     previous = previous_release(lk.releases("articles"), release)
     result = parse_shard(lk, release, shard, previous)
-    for table in PARSE_TABLES:
-        lk.write_table(table, release, shard, result.tables[table])
     lk.refresh_catalog()
-    articles, figures = result.tables["articles"], result.tables["figures"]
-    errors = [a for a in articles if a["parse_status"] == "error"]
-    for row in errors:
-        context.log.warning(f"{row['pmcid']}: {row['parse_error']}")
-    flags = Counter(flag.split(":")[0] for f in figures for flag in f["flags"])
+    for pmcid, error in result.first_errors:
+        context.log.warning(f"{pmcid}: {error}")
+    if result.errors > len(result.first_errors):
+        context.log.warning(f"... and {result.errors - len(result.first_errors)} more parse errors")
     return MaterializeResult(
         metadata={
-            "articles": len(articles),
+            "articles": result.articles,
             "parsed": result.parsed,
             "carried": result.carried,
-            "parse_errors": len(errors),
-            "figures": len(figures),
-            "child_figures": sum(1 for f in figures if f["is_child"]),
-            "images": sum(len(f["image_files"]) for f in figures),
-            "mentions": len(result.tables["mentions"]),
-            "other_graphics": len(result.tables["other_graphics"]),
-            **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(flags.items())},
+            "parse_errors": result.errors,
+            "figures": result.figures,
+            "child_figures": result.child_figures,
+            "images": result.images,
+            "mentions": result.mentions,
+            "other_graphics": result.other_graphics,
+            **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(result.flags.items())},
             "path": MetadataValue.path(lk.path("tables", "figures", f"release={release}", f"shard={shard}")),
-            "preview": preview(figures, ["pmcid", "fig_id", "label", "caption_text", "image_files"]),
+            "preview": preview(result.preview, ["pmcid", "fig_id", "label", "caption_text", "image_files"]),
         }
     )
 
