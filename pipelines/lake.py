@@ -26,6 +26,14 @@ CATALOG_FILE = "catalog.duckdb"
 BATCH_ROWS = 1024  # rows per Parquet row group, and at most this many rows buffered by a writer
 
 
+def release_unused() -> None:
+    """Hand Arrow's freed memory back to the system. Arrow's allocator (mimalloc) keeps freed
+    pages for reuse; batch after batch, that alone grows the RSS of a streaming reader or writer
+    with the number of batches (measured: 110 to 240 MB over 80 row groups), although no data
+    is kept."""
+    pa.default_memory_pool().release_unused()
+
+
 def validated(table: str, data: pa.Table | list[dict]) -> pa.Table:
     """``data`` as an Arrow table with exactly the schema of ``table``; rows must have its fields."""
     schema = TABLES[table]
@@ -69,6 +77,7 @@ class TableWriter:
         if self._buffer:
             rows, self._buffer = self._buffer, []
             self._writer.write_table(validated(self.table, rows), row_group_size=self.batch_rows)
+            release_unused()
 
     def close(self) -> None:
         self.flush()
@@ -178,6 +187,7 @@ class Lake:
         with self.fs.open(path, "rb") as fh:
             for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=wanted.names):
                 yield pa.Table.from_batches([batch]).select(wanted.names).cast(wanted)
+                release_unused()
 
     def read_release(self, table: str, release: str) -> pa.Table:
         """Return every shard of ``table`` in ``release`` (empty table when none exist)."""
