@@ -5,6 +5,7 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
+    Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
     asset,
@@ -15,10 +16,24 @@ from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, run_stage
 from pipelines.entrez.stage import POOL as EUTILS_POOL
 from pipelines.entrez.stage import PubmedStage
+from pipelines.parse.shard import ParseLimits
 from pipelines.parse.stages import DuplicatesStage, ParseStage
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
+
+
+class ParseSettings(Config):
+    """Caps on one article's inputs (over a cap: a recorded reason, never read) and the rows per
+    Parquet batch, which bound the run's memory."""
+
+    max_xml_bytes: int = ParseLimits.max_xml_bytes
+    max_image_bytes: int = ParseLimits.max_image_bytes
+    max_image_pixels: int = ParseLimits.max_image_pixels
+    batch_rows: int = ParseLimits.batch_rows
+
+    def limits(self) -> ParseLimits:
+        return ParseLimits(self.max_xml_bytes, self.max_image_bytes, self.max_image_pixels, self.batch_rows)
 
 
 @asset(
@@ -30,8 +45,10 @@ from resources.quality import QualityResource
     description=ParseStage.__doc__,
     check_specs=[error_rate_check("parsed_articles")],
 )
-def parsed_articles(context: AssetExecutionContext, lake: LakeResource, quality: QualityResource) -> MaterializeResult:
-    return run_stage(context, ParseStage(), lake.lake(), quality.max_error_rate)
+def parsed_articles(
+    context: AssetExecutionContext, config: ParseSettings, lake: LakeResource, quality: QualityResource
+) -> MaterializeResult:
+    return run_stage(context, ParseStage(config.limits()), lake.lake(), quality.max_error_rate)
 
 
 @asset(

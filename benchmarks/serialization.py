@@ -57,8 +57,7 @@ def build_lake(root: Path) -> tuple[object, list[dict], float]:
             lake.write_table("inventory", "2026", shard, rows)
             acquire_shard(lake, source, "2026", shard, rows, None)
     for shard in shard_keys(4):
-        for table, rows in parse_shard(lake, "2026", shard, None).tables.items():
-            lake.write_table(table, "2026", shard, rows)
+        parse_shard(lake, "2026", shard, None)
     planned, cpu = [], 0.0
     for shard in shard_keys(4):
         start = time.process_time()

@@ -32,6 +32,71 @@ class LakeLayoutError(ValueError):
     """The lake was created with another shard count than the one asked for."""
 
 
+BATCH_ROWS = 1024  # rows per Parquet row group, and at most this many rows buffered by a writer
+
+
+def release_unused() -> None:
+    """Hand Arrow's freed memory back to the system. Arrow's allocator (mimalloc) keeps freed
+    pages for reuse; batch after batch, that alone grows the RSS of a streaming reader or writer
+    with the number of batches (measured: 110 to 240 MB over 80 row groups), although no data
+    is kept."""
+    pa.default_memory_pool().release_unused()
+
+
+def validated(table: str, data: pa.Table | list[dict]) -> pa.Table:
+    """``data`` as an Arrow table with exactly the schema of ``table``; rows must have its fields."""
+    schema = TABLES[table]
+    if isinstance(data, pa.Table):
+        return data.select(schema.names).cast(schema)
+    rows, names = list(data), set(schema.names)
+    for row in rows:  # from_pylist would quietly fill a forgotten field with nulls
+        if row.keys() != names:
+            raise ValueError(f"{table} row fields differ from the schema: {sorted(row.keys() ^ names)}")
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class TableWriter:
+    """Validates rows against a table's schema and writes them as Parquet row groups of
+    ``batch_rows`` rows (zstd). Made by :meth:`Lake.table_writer`, which publishes the file."""
+
+    def __init__(self, table: str, local_path: str, batch_rows: int, path: str):
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, not {batch_rows}")
+        self.table, self.batch_rows, self.path = table, batch_rows, path
+        self.rows = 0  # written or buffered so far
+        self._buffer: list[dict] = []
+        self._writer = pq.ParquetWriter(local_path, TABLES[table], compression="zstd")
+
+    def write(self, data: pa.Table | list[dict]) -> None:
+        """Add rows (dicts with exactly the schema's fields) or an Arrow table."""
+        if isinstance(data, pa.Table):
+            self.flush()
+            data = validated(self.table, data)
+            self._writer.write_table(data, row_group_size=self.batch_rows)
+            self.rows += data.num_rows
+            return
+        for row in data:
+            self._buffer.append(row)
+            self.rows += 1
+            if len(self._buffer) >= self.batch_rows:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows as one row group."""
+        if self._buffer:
+            rows, self._buffer = self._buffer, []
+            self._writer.write_table(validated(self.table, rows), row_group_size=self.batch_rows)
+            release_unused()
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+    def abort(self) -> None:
+        self._buffer = []
+        self._writer.close()
+
+
 class Lake:
     """A lake rooted at ``root`` (``./data``, ``/abs/path``, ``s3://bucket/prefix``...)."""
 
@@ -126,19 +191,27 @@ class Lake:
 
     def write_table(self, table: str, release: str, shard: str, data: pa.Table | list[dict]) -> str:
         """Write one partition of ``table`` atomically, validated against its schema."""
-        schema = TABLES[table]
-        if not isinstance(data, pa.Table):
-            rows, names = list(data), set(schema.names)
-            for row in rows:  # from_pylist would quietly fill a forgotten field with nulls
-                if row.keys() != names:
-                    raise ValueError(f"{table} row fields differ from the schema: {sorted(row.keys() ^ names)}")
-            data = pa.Table.from_pylist(rows, schema=schema)
-        else:
-            data = data.select(schema.names).cast(schema)
+        with self.table_writer(table, release, shard) as writer:
+            writer.write(data)
+        return writer.path
+
+    @contextlib.contextmanager
+    def table_writer(self, table: str, release: str, shard: str, batch_rows: int = BATCH_ROWS) -> Iterator[TableWriter]:
+        """Stream one partition of ``table`` to Parquet, ``batch_rows`` rows per row group.
+
+        Rows are buffered at most ``batch_rows`` at a time and validated batch by batch, so
+        memory is bounded by the batch, not the partition. The file appears when the block
+        ends without an exception; if it raises, nothing is published and no file is left.
+        """
         dest = self.table_path(table, release, shard)
         with self.atomic_local_file(dest) as tmp:
-            pq.write_table(data, tmp, compression="zstd")
-        return dest
+            writer = TableWriter(table, tmp, batch_rows, dest)
+            try:
+                yield writer
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
 
     def read_table(self, table: str, release: str, shard: str) -> pa.Table | None:
         """Return one partition of ``table``, or None when it was never written."""
@@ -147,6 +220,21 @@ class Lake:
             return None
         with self.fs.open(path, "rb") as fh:
             return pq.read_table(fh, schema=TABLES[table])
+
+    def iter_batches(
+        self, table: str, release: str, shard: str, batch_rows: int = BATCH_ROWS, columns: list[str] | None = None
+    ) -> Iterator[pa.Table]:
+        """Yield one partition of ``table`` in tables of at most ``batch_rows`` rows (nothing when
+        it was never written), cast to the table's schema (or its ``columns``)."""
+        path = self.table_path(table, release, shard)
+        if not self.fs.exists(path):
+            return
+        schema = TABLES[table]
+        wanted = pa.schema([schema.field(c) for c in columns]) if columns else schema
+        with self.fs.open(path, "rb") as fh:
+            for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=wanted.names):
+                yield pa.Table.from_batches([batch]).select(wanted.names).cast(wanted)
+                release_unused()
 
     def read_release(self, table: str, release: str) -> pa.Table:
         """Return every shard of ``table`` in ``release`` (empty table when none exist)."""

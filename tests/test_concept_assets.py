@@ -14,7 +14,8 @@ from pipelines.concepts.annotations import load_taxonomy, read_annotations, reso
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.model import ConceptModelConfig, fit_concept_model, sample_vectors
 from pipelines.lake import Lake
-from pipelines.parse.shard import parse_shard
+from pipelines.parse.stages import ParseStage
+from pipelines.stage import Partition
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -27,8 +28,7 @@ MODEL = {"n_components": 8, "k": 4, "sample_size": 1000, "seed": 0}
 
 def _parse(lake, release, previous=None):
     for shard in SHARDS:
-        for table, rows in parse_shard(lake, release, shard, previous).tables.items():
-            lake.write_table(table, release, shard, rows)
+        ParseStage().run(lake, Partition(release, shard))
 
 
 @pytest.fixture(scope="module")

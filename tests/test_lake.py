@@ -9,6 +9,7 @@ import time
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.lake import Lake
@@ -45,6 +46,41 @@ def test_rows_that_break_the_schema_are_refused(lake):
     with pytest.raises(ValueError, match=r"fields differ from the schema: \['md5'\]"):
         lake.write_table("raw_manifest", "2026", "001", [{k: v for k, v in ROW.items() if k != "md5"}])
     assert not os.path.exists(lake.table_path("raw_manifest", "2026", "001"))
+
+
+def test_table_writer_streams_row_groups_of_batch_rows(lake):
+    rows = [{**ROW, "pmcid": f"PMC{i}"} for i in range(5)]
+    with lake.table_writer("raw_manifest", "2026", "001", batch_rows=2) as writer:
+        writer.write(rows[:3])
+        writer.write(rows[3:])
+        assert not os.path.exists(writer.path)  # published only when the block ends
+    assert writer.rows == 5
+    meta = pq.ParquetFile(lake.table_path("raw_manifest", "2026", "001")).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [2, 2, 1]
+    assert lake.read_table("raw_manifest", "2026", "001").to_pylist() == rows
+    assert [t.num_rows for t in lake.iter_batches("raw_manifest", "2026", "001", batch_rows=2)] == [2, 2, 1]
+    assert list(lake.iter_batches("raw_manifest", "2026", "009")) == []
+
+
+def test_table_writer_publishes_nothing_when_the_block_raises(lake):
+    lake.write_table("raw_manifest", "2026", "001", [ROW])
+    dest = lake.table_path("raw_manifest", "2026", "001")
+    before = open(dest, "rb").read()
+    with pytest.raises(RuntimeError, match="midway"):
+        with lake.table_writer("raw_manifest", "2026", "001", batch_rows=2) as writer:
+            writer.write([{**ROW, "pmcid": f"PMC{i}"} for i in range(5)])  # two row groups on disk
+            raise RuntimeError("midway")
+    assert open(dest, "rb").read() == before and os.listdir(os.path.dirname(dest)) == ["data.parquet"]
+    with pytest.raises(RuntimeError, match="midway"):
+        with lake.table_writer("raw_manifest", "2026", "002") as writer:
+            writer.write([ROW])
+            raise RuntimeError("midway")
+    assert os.listdir(os.path.dirname(lake.table_path("raw_manifest", "2026", "002"))) == []
+    # a bad row in the last batch fails at the end of the block, and publishes nothing either
+    with pytest.raises(ValueError, match=r"fields differ from the schema: \['md5'\]"):
+        with lake.table_writer("raw_manifest", "2026", "003") as writer:
+            writer.write([ROW, {k: v for k, v in ROW.items() if k != "md5"}])
+    assert os.listdir(os.path.dirname(lake.table_path("raw_manifest", "2026", "003"))) == []
 
 
 def test_a_killed_writer_leaves_the_old_file_intact(lake, tmp_path):

@@ -1,32 +1,41 @@
-"""The parse step over a lake: one broken article among good ones, carry-over, and duplicates."""
+"""The parse step over a lake: one broken article among good ones, carry-over, and duplicates;
+size caps, unreadable raw files, and tables streamed to the lake in batches."""
 
 import hashlib
 import io
+import os
 import zlib
 
+import pyarrow.parquet as pq
+import pytest
 from PIL import Image
 
+import pipelines.parse.shard as shard_module
 from pipelines.parse.duplicates import find_duplicates
 from pipelines.parse.images import image_info
-from pipelines.parse.shard import parse_shard
+from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
 from tests.conftest import source_for
-from tests.helpers import N_SHARDS, run_release
+from tests.helpers import N_SHARDS, files, run_release
+from tests.test_parse import ARTICLE_FACTS
 
 BROKEN, BOMB = "PMC534114", "PMC900000012"  # an nXML-only article; elife-54296 (one figure)
+SHARDS = [f"{i:03d}" for i in range(N_SHARDS)]
 
 
-def _parse_all(lake, release, previous=None):
-    results = {}
-    for shard in [f"{i:03d}" for i in range(N_SHARDS)]:
-        results[shard] = parse_shard(lake, release, shard, previous)
-        for table, rows in results[shard].tables.items():
-            lake.write_table(table, release, shard, rows)
-    return results
+def _parse_all(lake, release, previous=None, limits=ParseLimits()):
+    return {shard: parse_shard(lake, release, shard, previous, limits) for shard in SHARDS}
 
 
-def _rows(results, table):
-    return [r for res in results.values() for r in res.tables[table]]
+def _rows(lake, release, table):
+    return lake.read_release(table, release).to_pylist()
+
+
+@pytest.fixture
+def sample_lake(lake, cloud_mirror):
+    with source_for(cloud_mirror.as_uri()) as source:
+        run_release(lake, source, "2026")
+    return lake
 
 
 def test_broken_xml_and_a_decompression_bomb_are_recorded(lake, sample, tmp_path):
@@ -48,11 +57,13 @@ def test_broken_xml_and_a_decompression_bomb_are_recorded(lake, sample, tmp_path
     with source_for(mirror.as_uri()) as source:
         run_release(lake, source, "2026")
     results = _parse_all(lake, "2026")
-    articles = {a["pmcid"]: a for a in _rows(results, "articles")}
+    articles = {a["pmcid"]: a for a in _rows(lake, "2026", "articles")}
     assert len(articles) == len(sample)
     assert articles[BROKEN]["parse_status"] == "error" and "not well-formed" in articles[BROKEN]["parse_error"]
     assert sum(a["parse_status"] == "ok" for a in articles.values()) == len(sample) - 1
-    (fig,) = [f for f in _rows(results, "figures") if f["pmcid"] == BOMB]
+    assert sum(r.errors for r in results.values()) == 1
+    assert [e for r in results.values() for e in r.first_errors] == [(BROKEN, articles[BROKEN]["parse_error"])]
+    (fig,) = [f for f in _rows(lake, "2026", "figures") if f["pmcid"] == BOMB]
     assert fig["phash"] == [None] and fig["image_files"] == ["elife-54296-fig1.jpeg"]
     assert fig["image_errors"][0].startswith("decompression bomb refused")
     assert "3600000000 pixels" in fig["image_errors"][0]  # 60,000 x 60,000
@@ -68,6 +79,131 @@ def test_unchanged_articles_carry_their_parse_rows(lake, s3_server, tmp_path):
     assert sum(r.carried for r in second.values()) == 38 and sum(r.parsed for r in second.values()) == 0
     for table in ("articles", "figures", "mentions", "other_graphics"):
         assert lake.read_release(table, "2026").to_pylist() == lake.read_release(table, "2025").to_pylist()
+    for name in ("figures", "child_figures", "images", "mentions", "other_graphics"):  # carried rows are counted
+        assert sum(getattr(r, name) for r in second.values()) == sum(getattr(r, name) for r in first.values()) > 0
+
+
+def test_the_written_tables_hold_every_article_in_batches(sample_lake):
+    results = _parse_all(sample_lake, "2026")
+    articles = _rows(sample_lake, "2026", "articles")
+    figures = _rows(sample_lake, "2026", "figures")
+    assert len(articles) == 38 and all(a["parse_status"] == "ok" for a in articles)
+    assert sum(r.parsed for r in results.values()) == 38 and sum(r.articles for r in results.values()) == 38
+    for pmcid, n_fig, n_child, _, _ in ARTICLE_FACTS:  # counted by hand from the XML (tests/test_parse.py)
+        mine = [f for f in figures if f["pmcid"] == pmcid]
+        assert (len(mine), sum(f["is_child"] for f in mine)) == (n_fig, n_child), pmcid
+    # PMC900000009 is elife-46472: 8 figures, one JPEG each, 600 px wide
+    elife = [f for f in figures if f["pmcid"] == "PMC900000009"]
+    assert [f["image_files"] for f in elife] == [[f"fig{i}.jpg"] for i in range(1, 9)]
+    assert all(f["widths"] == [600] and f["image_errors"] == [None] and f["phash"][0] for f in elife)
+    # the counters add up to the tables, and the preview is the first figure rows of each shard
+    assert sum(r.figures for r in results.values()) == len(figures)
+    assert sum(r.images for r in results.values()) == sum(len(f["image_files"]) for f in figures)
+    assert sum(r.mentions for r in results.values()) == len(_rows(sample_lake, "2026", "mentions"))
+    assert sum(r.other_graphics for r in results.values()) == len(_rows(sample_lake, "2026", "other_graphics"))
+    for shard, result in results.items():
+        shard_figures = sample_lake.read_table("figures", "2026", shard).to_pylist()
+        assert result.preview == shard_figures[:10]
+    # row groups of 3 rows hold the same rows as row groups of 256
+    before = {t: _rows(sample_lake, "2026", t) for t in PARSE_TABLES}
+    _parse_all(sample_lake, "2026", limits=ParseLimits(batch_rows=3))
+    assert {t: _rows(sample_lake, "2026", t) for t in PARSE_TABLES} == before
+    path = sample_lake.table_path("figures", "2026", "003")
+    groups = pq.ParquetFile(path).metadata
+    assert groups.num_rows == results["003"].figures and groups.num_row_groups == -(-groups.num_rows // 3)
+
+
+def test_an_xml_over_the_size_limit_is_an_error_and_never_read(sample_lake, monkeypatch):
+    read = []
+    original = shard_module._RawFiles.read
+    spy = lambda self, row: read.append(row["pmcid"]) or original(self, row)  # noqa: E731
+    monkeypatch.setattr(shard_module._RawFiles, "read", spy)
+    # the largest XML of the sample is bioRxiv 030213's, 390,994 bytes; the next is 315,512
+    results = _parse_all(sample_lake, "2026", limits=ParseLimits(max_xml_bytes=390_993))
+    articles = {a["pmcid"]: a for a in _rows(sample_lake, "2026", "articles")}
+    assert articles["PMC900000001"]["parse_status"] == "error"
+    assert articles["PMC900000001"]["parse_error"] == "article XML not read: 390994 bytes, over the 390993-byte limit"
+    assert sum(a["parse_status"] == "ok" for a in articles.values()) == 37
+    assert "PMC900000001" not in read and len(set(read)) == 37
+    assert not [f for f in _rows(sample_lake, "2026", "figures") if f["pmcid"] == "PMC900000001"]
+    assert [e for r in results.values() for e in r.first_errors] == [
+        ("PMC900000001", articles["PMC900000001"]["parse_error"])
+    ]
+
+
+def test_an_image_over_the_size_limit_is_an_image_error_and_never_decoded(sample_lake, monkeypatch):
+    decoded = []
+    original = shard_module.image_info
+    monkeypatch.setattr(shard_module, "image_info", lambda stream, px: decoded.append(stream) or original(stream, px))
+    # elife-46472's images (PMC900000009): fig1 71,657 bytes, fig5 63,078, fig7 49,640, the others larger
+    parse_shard(sample_lake, "2026", "000", None, ParseLimits(max_image_bytes=71_656))
+    figures = {f["image_files"][0]: f for f in _rows(sample_lake, "2026", "figures") if f["pmcid"] == "PMC900000009"}
+    assert figures["fig1.jpg"]["image_errors"] == ["image not read: 71657 bytes, over the 71656-byte limit"]
+    assert figures["fig1.jpg"]["widths"] == [None] and figures["fig1.jpg"]["phash"] == [None]
+    assert figures["fig1.jpg"]["sha256"] == [files(sample_lake, "2026")["PMC900000009"]["fig1.jpg"]["sha256"]]
+    refused = {n for n, f in figures.items() if f["image_errors"][0]}
+    assert refused == {"fig1.jpg", "fig2.jpg", "fig3.jpg", "fig4.jpg", "fig6.jpg", "fig8.jpg"}
+    assert figures["fig5.jpg"]["widths"] == [600] and figures["fig7.jpg"]["widths"] == [600]
+    articles = sample_lake.read_table("articles", "2026", "000").to_pylist()
+    assert all(a["parse_status"] == "ok" for a in articles)
+    images = sum(len(f["image_files"]) for f in sample_lake.read_table("figures", "2026", "000").to_pylist())
+    assert len(decoded) < images
+
+
+def test_a_deleted_or_truncated_raw_tar_is_a_per_article_error(sample_lake):
+    tar = "raw/release=2026/shard=001/part-00000.tar"
+    os.unlink(sample_lake.path(tar))
+    results = _parse_all(sample_lake, "2026")
+    articles = _rows(sample_lake, "2026", "articles")
+    in_tar = {r["pmcid"] for r in sample_lake.read_table("raw_files", "2026", "001").to_pylist()}
+    assert len(in_tar) == 12 and results["001"].errors == 12 and results["001"].parsed == 0
+    for a in articles:
+        if a["pmcid"] in in_tar:
+            assert (a["parse_status"], a["parse_error"]) == ("error", f"raw file missing: {tar}")
+        else:
+            assert a["parse_status"] == "ok"
+    assert len(articles) == 38
+    # cut shard 000's tar just after PMC900000009's XML (offset 617,984 + 208,247 bytes): its
+    # images and every article stored after it are short; the articles before it parse
+    tar0 = sample_lake.path("raw/release=2026/shard=000/part-00000.tar")
+    os.truncate(tar0, 617_984 + 208_247)
+    parse_shard(sample_lake, "2026", "000", None)
+    rows = sample_lake.read_table("raw_files", "2026", "000").to_pylist()
+    short = {r["pmcid"] for r in rows if r["offset"] + r["size"] > 617_984 + 208_247}
+    assert "PMC900000009" in short and len(short) < 4
+    for a in sample_lake.read_table("articles", "2026", "000").to_pylist():
+        assert (a["parse_status"] == "error") == (a["pmcid"] in short)
+        if a["pmcid"] == "PMC900000009":
+            assert a["parse_error"] == (
+                "raw file short: fig1.jpg needs bytes 826880-898537 of "
+                "raw/release=2026/shard=000/part-00000.tar, which has 826231"
+            )
+
+
+def test_a_failure_mid_shard_publishes_nothing(sample_lake, monkeypatch):
+    parse_shard(sample_lake, "2026", "003", None)
+    before = {t: open(sample_lake.table_path(t, "2026", "003"), "rb").read() for t in PARSE_TABLES}
+    calls = []
+    original = shard_module.parse_article
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("disk on fire")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(shard_module, "parse_article", failing)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        parse_shard(sample_lake, "2026", "003", None, ParseLimits(batch_rows=2))  # row groups were written
+    for table in PARSE_TABLES:
+        path = sample_lake.table_path(table, "2026", "003")
+        assert open(path, "rb").read() == before[table]
+        assert os.listdir(os.path.dirname(path)) == ["data.parquet"]  # no temporary file left
+    calls.clear()
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        parse_shard(sample_lake, "2026", "002", None)  # never written before: still no file
+    for table in PARSE_TABLES:
+        assert os.listdir(os.path.dirname(sample_lake.table_path(table, "2026", "002"))) == []
 
 
 def _figure(pmcid, name, data):

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from pipelines.lake import Lake
-from pipelines.parse.shard import parse_shard
+from pipelines.parse.stages import ParseStage
 from pipelines.release import webdataset as wds_writer
 from pipelines.release.samples import plan_shard, sample_key
 from pipelines.release.webdataset import (
@@ -31,6 +31,7 @@ from pipelines.release.webdataset import (
     write_release_subsets,
     write_subset,
 )
+from pipelines.stage import Partition
 from tests.conftest import source_for
 from tests.helpers import SHARDS, run_release
 from tests.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
@@ -46,8 +47,7 @@ def parsed_lake(tmp_path_factory, cloud_mirror) -> Lake:
     with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:
         run_release(lake, source, RELEASE)
     for shard in SHARDS:
-        for table, rows in parse_shard(lake, RELEASE, shard, None).tables.items():
-            lake.write_table(table, RELEASE, shard, rows)
+        ParseStage().run(lake, Partition(RELEASE, shard))
     return lake
 
 

@@ -3,17 +3,19 @@
 The perceptual hash is a 64-bit difference hash (dHash: grayscale, 9x8 thumbnail, one bit per
 horizontal gradient); two images within a Hamming distance of a few bits are near-duplicates
 (re-encoded, rescaled, slightly cropped). Decoding is bounded: images above
-``MAX_PIXELS`` are refused as decompression bombs before any pixel is decoded.
+``MAX_PIXELS`` (or the caller's ``max_pixels``) are refused as decompression bombs before any
+pixel is decoded. An image is read from a stream, so only what the decoder needs is in memory.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+from typing import BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
-MAX_PIXELS = 180_000_000  # about 13,400 x 13,400; PMC figures are far smaller
+MAX_PIXELS = 180_000_000  # about 13,400 x 13,400, PIL's own refusal threshold; PMC figures are far smaller
 
 
 def dhash(image: Image.Image) -> str:
@@ -31,13 +33,14 @@ def hamming(a: str, b: str) -> int:
     return (int(a, 16) ^ int(b, 16)).bit_count()
 
 
-def image_info(data: bytes) -> dict:
-    """Return width, height, format and dHash of an image, or an ``error`` with the reason."""
+def image_info(source: bytes | BinaryIO, max_pixels: int = MAX_PIXELS) -> dict:
+    """Return width, height, format and dHash of an image (bytes or a seekable binary stream),
+    or an ``error`` with the reason."""
     info = {"width": None, "height": None, "format": None, "phash": None, "error": None}
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else source) as image:
             info.update(width=image.width, height=image.height, format=(image.format or "").lower() or None)
-            if image.width * image.height > MAX_PIXELS:
+            if image.width * image.height > max_pixels:
                 info["error"] = f"decompression bomb refused: {image.width}x{image.height} pixels"
                 return info
             image.draft("L", (64, 64))  # JPEG: decode at reduced size, much faster

@@ -1,30 +1,171 @@
 """Parse every downloaded article of one (release, shard) into the parse tables.
 
 Articles carried over unchanged from the previous release keep their previous rows (no
-re-parse, no image decode). One article's broken XML is an ``articles`` row with
-``parse_status = "error"`` and the reason; the rest of the shard is parsed.
+re-parse, no image decode). One article's broken XML, an XML over the size limit or a raw file
+that cannot be read (its tar deleted or cut short) is an ``articles`` row with
+``parse_status = "error"`` and the reason; the rest of the shard is parsed. An image over the
+size limit is not read: the figure's ``image_errors`` say why.
+
+Rows stream to the four tables in batches of ``ParseLimits.batch_rows`` as articles are parsed,
+and carried rows stream from the previous release's partitions batch by batch, so memory is
+bounded by the batch and the largest allowed input, not by the number of articles in the shard.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import contextlib
+import io
+from collections import Counter
 from dataclasses import dataclass, field
 
-from pipelines.acquire.rawstore import read_raw_file
-from pipelines.lake import Lake
-from pipelines.parse.images import image_info
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.lake import Lake, TableWriter
+from pipelines.parse.images import MAX_PIXELS, image_info
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
 from pipelines.schemas import ARTICLES
 
 PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
+PREVIEW_ROWS = 10  # figure rows kept in the result for the asset's preview
+ERROR_ROWS = 50  # (pmcid, reason) pairs kept in the result; ``errors`` counts them all
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    """Caps on what one article may cost; inputs above them are recorded, never read."""
+
+    max_xml_bytes: int = 100 * MB  # lxml's tree takes ~15x the file: a 200 MB nXML took 3.3 GB
+    max_image_bytes: int = 256 * MB
+    max_image_pixels: int = MAX_PIXELS  # decompression-bomb guard, checked before decoding
+    batch_rows: int = 256  # rows buffered per table before a Parquet row group is written
 
 
 @dataclass
 class ParsedShard:
-    tables: dict[str, list[dict]] = field(default_factory=lambda: {t: [] for t in PARSE_TABLES})
+    """Counters of one parsed partition (the rows themselves are in the lake)."""
+
     parsed: int = 0
     carried: int = 0
     errors: int = 0
+    figures: int = 0
+    child_figures: int = 0
+    images: int = 0
+    mentions: int = 0
+    other_graphics: int = 0
+    flags: Counter[str] = field(default_factory=Counter)  # figure flags by kind (text before ":")
+    preview: list[dict] = field(default_factory=list, repr=False)  # the first PREVIEW_ROWS figure rows
+    first_errors: list[tuple[str, str]] = field(default_factory=list)  # the first ERROR_ROWS errors
+
+    @property
+    def articles(self) -> int:
+        return self.parsed + self.carried + self.errors
+
+    def count(self, table: str, rows: list[dict] | pa.Table) -> None:
+        """Count rows written to ``table`` (a figures table is converted to count its fields)."""
+        if isinstance(rows, pa.Table):
+            rows = rows.to_pylist() if table == "figures" else [None] * rows.num_rows
+        if table == "figures":
+            self.figures += len(rows)
+            self.child_figures += sum(1 for f in rows if f["is_child"])
+            self.images += sum(len(f["image_files"] or []) for f in rows)
+            self.flags.update(flag.split(":")[0] for f in rows for flag in f["flags"] or [])
+            self.preview.extend(rows[: PREVIEW_ROWS - len(self.preview)])
+        elif table == "mentions":
+            self.mentions += len(rows)
+        elif table == "other_graphics":
+            self.other_graphics += len(rows)
+
+    def error(self, pmcid: str, reason: str) -> None:
+        self.errors += 1
+        if len(self.first_errors) < ERROR_ROWS:
+            self.first_errors.append((pmcid, reason))
+
+
+class RawFileError(Exception):
+    """A raw file that cannot be read: its tar is missing or shorter than ``raw_files`` says."""
+
+
+class _Member(io.RawIOBase):
+    """One tar member as a read-only stream: bytes ``[offset, offset + size)`` of an open file."""
+
+    def __init__(self, fh, offset: int, size: int):
+        super().__init__()
+        self._fh, self._offset, self._size, self._pos = fh, offset, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        self._fh.seek(self._offset + self._pos)
+        data = self._fh.read(n)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+class _RawFiles:
+    """Reads ``raw_files`` rows from their tars, one open handle per tar (at most ``max_open``)."""
+
+    def __init__(self, lake: Lake, max_open: int = 16):
+        self.lake, self.max_open = lake, max_open
+        self._tars: dict[str, tuple[object, int]] = {}
+
+    def _tar(self, tar_path: str) -> tuple[object, int]:
+        if tar_path not in self._tars:
+            if len(self._tars) >= self.max_open:
+                self._tars.pop(next(iter(self._tars)))[0].close()
+            path = self.lake.path(tar_path)
+            try:
+                size = self.lake.fs.size(path)
+                self._tars[tar_path] = (self.lake.fs.open(path, "rb"), size)
+            except FileNotFoundError:
+                raise RawFileError(f"raw file missing: {tar_path}") from None
+        return self._tars[tar_path]
+
+    def check(self, row: dict) -> None:
+        """Raise :class:`RawFileError` unless the row's bytes are all in its tar."""
+        _, size = self._tar(row["tar_path"])
+        if row["offset"] + row["size"] > size:
+            raise RawFileError(
+                f"raw file short: {row['name']} needs bytes {row['offset']}-{row['offset'] + row['size']} "
+                f"of {row['tar_path']}, which has {size}"
+            )
+
+    def read(self, row: dict) -> bytes:
+        self.check(row)
+        fh = self._tar(row["tar_path"])[0]
+        fh.seek(row["offset"])
+        data = fh.read(row["size"])
+        if len(data) != row["size"]:
+            raise RawFileError(f"raw file short: read {len(data)} of {row['size']} bytes of {row['name']}")
+        return data
+
+    def open(self, row: dict) -> io.BufferedReader:
+        """The row's bytes as a stream, read only as far as the reader goes."""
+        self.check(row)
+        return io.BufferedReader(_Member(self._tar(row["tar_path"])[0], row["offset"], row["size"]), 1 << 16)
+
+    def close(self) -> None:
+        for fh, _ in self._tars.values():
+            fh.close()
+        self._tars.clear()
 
 
 def _error_row(pmcid: str, error: str) -> dict:
@@ -33,13 +174,18 @@ def _error_row(pmcid: str, error: str) -> dict:
     return row
 
 
-def _measure(lake: Lake, figures: list[dict], files: dict[str, dict]) -> None:
+def _measure(raw: _RawFiles, figures: list[dict], files: dict[str, dict], limits: ParseLimits) -> None:
     """Add width, height, sha256 and dHash for every resolved image of the article's figures."""
     for fig in figures:
         widths, heights, shas, hashes, errors = [], [], [], [], []
         for name in fig["image_files"]:
             row = files[name]
-            info = image_info(read_raw_file(lake, row))
+            if row["size"] > limits.max_image_bytes:
+                info = {"width": None, "height": None, "phash": None}
+                info["error"] = f"image not read: {row['size']} bytes, over the {limits.max_image_bytes}-byte limit"
+            else:
+                with raw.open(row) as stream:
+                    info = image_info(stream, limits.max_image_pixels)
             widths.append(info["width"])
             heights.append(info["height"])
             shas.append(row["sha256"])
@@ -48,46 +194,114 @@ def _measure(lake: Lake, figures: list[dict], files: dict[str, dict]) -> None:
         fig.update(widths=widths, heights=heights, sha256=shas, phash=hashes, image_errors=errors)
 
 
-def parse_shard(lake: Lake, release: str, shard: str, previous_release: str | None) -> ParsedShard:
-    manifest = lake.read_table("raw_manifest", release, shard)
-    if manifest is None:
-        raise FileNotFoundError(f"no raw_manifest for release {release} shard {shard}")
-    files_by_article: dict[str, dict[str, dict]] = defaultdict(dict)
-    for row in lake.read_table("raw_files", release, shard).to_pylist():
-        files_by_article[row["pmcid"]][row["name"]] = row
-    previous: dict[str, dict[str, list[dict]]] = {t: defaultdict(list) for t in PARSE_TABLES}
-    if previous_release:
-        for table in PARSE_TABLES:
-            old = lake.read_table(table, previous_release, shard)
-            for row in old.to_pylist() if old is not None else []:
-                previous[table][row["pmcid"]].append(row)
+def _parse_one(raw: _RawFiles, pmcid: str, files: dict[str, dict], limits: ParseLimits):
+    """The article's parsed rows, or the reason it has none."""
+    xml_rows = [f for f in files.values() if f["kind"] == "xml"]
+    # with their sizes, so that the largest rendition of a graphic is the one kept
+    images = {n: f["size"] for n, f in sorted(files.items()) if f["kind"] == "image"}
+    if not xml_rows:
+        return "no article XML in the raw files"
+    xml = xml_rows[0]
+    if xml["size"] > limits.max_xml_bytes:
+        return f"article XML not read: {xml['size']} bytes, over the {limits.max_xml_bytes}-byte limit"
+    try:
+        for row in files.values():
+            raw.check(row)
+        parsed = parse_article(raw.read(xml), pmcid=pmcid, files=images)
+        _measure(raw, parsed.figures, files, limits)
+    except (RawFileError, UnsafeXmlError, XmlParseError) as exc:
+        return str(exc)
+    return parsed
 
-    result = ParsedShard()
-    for article in manifest.to_pylist():
-        pmcid = article["pmcid"]
-        if article["status"] not in ("ok", "carried"):
-            continue
-        old_article = previous["articles"].get(pmcid)
-        if article["status"] == "carried" and old_article and old_article[0]["parse_status"] == "ok":
-            for table in PARSE_TABLES:
-                result.tables[table].extend(previous[table].get(pmcid, []))
-            result.carried += 1
-            continue
-        files = files_by_article[pmcid]
-        xml_rows = [f for f in files.values() if f["kind"] == "xml"]
-        # with their sizes, so that the largest rendition of a graphic is the one kept
-        images = {n: f["size"] for n, f in sorted(files.items()) if f["kind"] == "image"}
-        try:
-            parsed = parse_article(read_raw_file(lake, xml_rows[0]), pmcid=pmcid, files=images)
-        except (UnsafeXmlError, XmlParseError, IndexError) as exc:
-            reason = "no article XML in the raw files" if isinstance(exc, IndexError) else str(exc)
-            result.tables["articles"].append(_error_row(pmcid, reason))
-            result.errors += 1
-            continue
-        _measure(lake, parsed.figures, files)
-        result.tables["articles"].append({**parsed.article, "parse_status": "ok", "parse_error": None})
-        result.tables["figures"].extend(parsed.figures)
-        result.tables["mentions"].extend(parsed.mentions)
-        result.tables["other_graphics"].extend(parsed.other_graphics)
-        result.parsed += 1
+
+def _manifest(lake: Lake, release: str, shard: str) -> list[tuple[str, str]]:
+    """(pmcid, status) of the partition's articles, in manifest order."""
+    if not lake.exists(lake.table_path("raw_manifest", release, shard)):
+        raise FileNotFoundError(f"no raw_manifest for release {release} shard {shard}")
+    out = []
+    for batch in lake.iter_batches("raw_manifest", release, shard, columns=["pmcid", "status"]):
+        out.extend(zip(batch.column("pmcid").to_pylist(), batch.column("status").to_pylist(), strict=True))
+    return out
+
+
+class _FileIndex:
+    """The partition's ``raw_files`` rows by article, kept as one Arrow table sorted by pmcid
+    (compact columns, not a dict per file); an article's rows become dicts only when parsed."""
+
+    def __init__(self, lake: Lake, release: str, shard: str):
+        table = lake.read_table("raw_files", release, shard)
+        self.table = table.sort_by("pmcid") if table is not None else None  # stable: tar order kept
+        self.spans: dict[str, list[int]] = {}  # pmcid: [first row, number of rows]
+        for i, pmcid in enumerate(self.table.column("pmcid").to_pylist() if self.table is not None else []):
+            self.spans.setdefault(pmcid, [i, 0])[1] += 1
+
+    def files(self, pmcid: str) -> dict[str, dict]:
+        if pmcid not in self.spans:
+            return {}
+        return {row["name"]: row for row in self.table.slice(*self.spans[pmcid]).to_pylist()}
+
+
+def _previous_ok(lake: Lake, release: str | None, shard: str) -> set[str]:
+    """Articles the previous release parsed without error."""
+    ok: set[str] = set()
+    for batch in lake.iter_batches("articles", release, shard, columns=["pmcid", "parse_status"]) if release else ():
+        ok.update(batch.filter(pc.equal(batch.column("parse_status"), "ok")).column("pmcid").to_pylist())
+    return ok
+
+
+def _carry(
+    lake: Lake, release: str, shard: str, pmcids: set[str], writers: dict[str, TableWriter], result: ParsedShard
+) -> None:
+    """Copy the previous release's rows of ``pmcids`` into ``writers``, batch by batch."""
+    keep = pa.array(sorted(pmcids), pa.string())
+    for table, writer in writers.items():
+        for batch in lake.iter_batches(table, release, shard, writer.batch_rows):
+            rows = batch.filter(pc.is_in(batch.column("pmcid"), value_set=keep))
+            if rows.num_rows:
+                writer.write(rows)
+                result.count(table, rows)
+
+
+def parse_shard(
+    lake: Lake, release: str, shard: str, previous_release: str | None, limits: ParseLimits = ParseLimits()
+) -> ParsedShard:
+    """Parse the partition and write its four tables; return the counters.
+
+    Newly parsed articles come first, in manifest order, then the carried articles' rows in the
+    previous partition's order. If anything raises, no table of the partition is replaced.
+    """
+    manifest = _manifest(lake, release, shard)
+    index = _FileIndex(lake, release, shard)
+    previous_ok = _previous_ok(lake, previous_release, shard)
+    result, carried = ParsedShard(), set()
+    with contextlib.ExitStack() as stack:
+        raw = _RawFiles(lake)
+        stack.callback(raw.close)
+        writers = {
+            table: stack.enter_context(lake.table_writer(table, release, shard, limits.batch_rows))
+            for table in PARSE_TABLES
+        }
+        for pmcid, status in manifest:
+            if status not in ("ok", "carried"):
+                continue
+            if status == "carried" and pmcid in previous_ok:
+                carried.add(pmcid)
+                continue
+            parsed = _parse_one(raw, pmcid, index.files(pmcid), limits)
+            if isinstance(parsed, str):
+                writers["articles"].write([_error_row(pmcid, parsed)])
+                result.error(pmcid, parsed)
+                continue
+            writers["articles"].write([{**parsed.article, "parse_status": "ok", "parse_error": None}])
+            for table, rows in (
+                ("figures", parsed.figures),
+                ("mentions", parsed.mentions),
+                ("other_graphics", parsed.other_graphics),
+            ):
+                writers[table].write(rows)
+                result.count(table, rows)
+            result.parsed += 1
+        if carried:
+            _carry(lake, previous_release, shard, carried, writers, result)
+            result.carried = len(carried)
     return result

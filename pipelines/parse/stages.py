@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipelines.lake import Lake
 from pipelines.parse.duplicates import find_duplicates
-from pipelines.parse.shard import PARSE_TABLES, parse_shard
+from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 from pipelines.schemas import Table
 from pipelines.stage import RELEASE, Partition, Preview, Stage, StageResult
 
@@ -15,7 +15,10 @@ from pipelines.stage import RELEASE, Partition, Preview, Stage, StageResult
 @dataclass
 class ParseStage(Stage):
     """Every article's metadata and text, its figures (image size, sha256, dHash), the
-    paragraphs that mention them and other graphics; unchanged articles are carried over."""
+    paragraphs that mention them and other graphics; unchanged articles are carried over.
+    Rows stream to Parquet in batches, so memory is bounded by ``limits``, not by the shard."""
+
+    limits: ParseLimits = field(default_factory=ParseLimits)
 
     name = "parsed_articles"
     reads = (Table.RAW_MANIFEST, Table.RAW_FILES, *PARSE_TABLES)
@@ -24,33 +27,28 @@ class ParseStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
         previous = lake.previous_release(Table.ARTICLES, release)
-        parsed = parse_shard(lake, release, shard, previous)
-        for table in PARSE_TABLES:
-            lake.write_table(table, release, shard, parsed.tables[table])
-        articles, figures = parsed.tables["articles"], parsed.tables["figures"]
-        errors = [a for a in articles if a["parse_status"] == "error"]
-        flags = Counter(flag.split(":")[0] for f in figures for flag in f["flags"])
+        parsed = parse_shard(lake, release, shard, previous, self.limits)
         result = self.result(
             partition,
-            ok=parsed.parsed - len(errors),
-            error=len(errors),
+            ok=parsed.parsed,
+            error=parsed.errors,
             skipped=parsed.carried,
             counts={
-                "articles": len(articles),
+                "articles": parsed.articles,
                 "parsed": parsed.parsed,
                 "carried": parsed.carried,
-                "parse_errors": len(errors),
-                "figures": len(figures),
-                "child_figures": sum(1 for f in figures if f["is_child"]),
-                "images": sum(len(f["image_files"]) for f in figures),
-                "mentions": len(parsed.tables["mentions"]),
-                "other_graphics": len(parsed.tables["other_graphics"]),
-                **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(flags.items())},
+                "parse_errors": parsed.errors,
+                "figures": parsed.figures,
+                "child_figures": parsed.child_figures,
+                "images": parsed.images,
+                "mentions": parsed.mentions,
+                "other_graphics": parsed.other_graphics,
+                **{f"flag_{k.replace(' ', '_')}": v for k, v in sorted(parsed.flags.items())},
             },
             paths={"path": lake.path("tables", Table.FIGURES, f"release={release}", f"shard={shard}")},
-            previews={"preview": Preview(figures, ["pmcid", "fig_id", "label", "caption_text", "image_files"])},
+            previews={"preview": Preview(parsed.preview, ["pmcid", "fig_id", "label", "caption_text", "image_files"])},
         )
-        result.add_errors(errors, "pmcid", "parse_error")
+        result.errors = list(parsed.first_errors)
         return result
 
 
