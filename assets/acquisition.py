@@ -10,7 +10,7 @@ from dagster import (
     asset,
 )
 
-from assets.partitions import release_shard_partitions, releases_partitions
+from assets.partitions import open_release, release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
 from pipelines.acquire.stages import POOL, AcquireStage, InventoryStage
 from resources.eutils import EutilsResource
@@ -29,15 +29,19 @@ def outage_of(resource: PmcSourceResource | EutilsResource) -> OutageRetry:
     kinds={"parquet"},
     pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=InventoryStage.__doc__,
+    description=InventoryStage.__doc__ + " Opens the release's shards as partitions.",
     check_specs=[error_rate_check("pmc_inventory")],
 )
 def pmc_inventory(
     context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource, quality: QualityResource
 ) -> MaterializeResult:
+    lk = lake.lake()
     with pmc_source.open() as source:
         stage = InventoryStage(source, lake.shards)
-        return run_stage(context, stage, lake.lake(), quality.max_error_rate, outage_of(pmc_source))
+        result = run_stage(context, stage, lk, quality.max_error_rate, outage_of(pmc_source))
+    # a release added by hand (the UI's "Add partition") gets its shards here, in the run
+    open_release(context.instance, context.partition_key, len(lk.shards()))
+    return result
 
 
 @asset(

@@ -51,7 +51,7 @@ def figure_embeddings(
 ) -> MaterializeResult:
     config = models.dinov2_config()
     if config.synthetic:
-        context.log.warning("embedding with a tiny RANDOM DINOv2 (synthetic): vectors are marked synthetic=True")
+        context.log.info("embedding with a tiny RANDOM DINOv2 (synthetic): vectors are marked synthetic=True")
     stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address)
     return run_stage(context, stage, lake.lake(), quality.max_error_rate)
 

@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.acquire.download import acquire_shard
-from pipelines.acquire.inventory import build_inventory
 from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import open_source
+from pipelines.acquire.stages import AcquireStage, InventoryStage
 from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
+from pipelines.stage import Partition
 from testing.loopback.faults import FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.sample_mirror import build_legacy_mirror
@@ -37,33 +37,29 @@ RESULTS = Path(__file__).parent / "results" / "acquisition.json"
 N_SHARDS = 8
 
 
-def _download(url: str, lake_root: str, shards: list[str], rate: float, concurrency: int, queue) -> None:
+def _download(url: str, lake_root: str, shards: list[str], rate: float, concurrency: int, rate_dir: str, queue) -> None:
     lake = Lake(lake_root)
-    with open_source(url, rate_limit=rate) as source:
-        fetched = 0
-        for shard in shards:
-            rows = lake.read_table("inventory", "bench", shard).to_pylist()
-            fetched += acquire_shard(lake, source, "bench", shard, rows, None, concurrency).counts["fetched"]
+    with open_source(url, rate_limit=rate, rate_state_dir=rate_dir) as source:
+        stage = AcquireStage(source, concurrency)
+        fetched = sum(stage.run(lake, Partition("bench", shard)).counts.get("fetched", 0) for shard in shards)
         queue.put((source.requests, source.bytes, fetched, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 
 
 def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Path) -> dict:
     """One full download of the mirror by two processes; returns the server-side measurements."""
-    os.environ["PANELFORGE_RATE_DIR"] = str(workdir / "ratelimit")
+    rate_dir = str(workdir / "ratelimit")
     plan = FaultPlan(latency=latency)
     lake = Lake(workdir / "lake")
     with FtpLoopbackServer(mirror, plan=plan) as server:
-        with open_source(server.url, rate_limit=rate) as source:
-            inventory = build_inventory(source, [], None, N_SHARDS)
-        for shard in shard_keys(N_SHARDS):
-            lake.write_table("inventory", "bench", shard, inventory.rows_by_shard.get(shard, []))
+        with open_source(server.url, rate_limit=rate, rate_state_dir=rate_dir) as source:
+            InventoryStage(source, N_SHARDS).run(lake, Partition("bench"))
         plan.log.clear()
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         halves = [shard_keys(N_SHARDS)[0::2], shard_keys(N_SHARDS)[1::2]]
         started = time.time()
         procs = [
-            ctx.Process(target=_download, args=(server.url, str(lake.root), h, rate, concurrency, queue))
+            ctx.Process(target=_download, args=(server.url, str(lake.root), h, rate, concurrency, rate_dir, queue))
             for h in halves
         ]
         for p in procs:
@@ -77,10 +73,9 @@ def run(mirror: Path, rate: float, latency: float, concurrency: int, workdir: Pa
         densest, first = densest_window(times)
         # rerun: everything is complete and verified, so no request may reach the server
         plan.log.clear()
-        with open_source(server.url, rate_limit=rate) as source:
+        with open_source(server.url, rate_limit=rate, rate_state_dir=rate_dir) as source:
             for shard in shard_keys(N_SHARDS):
-                rows = lake.read_table("inventory", "bench", shard).to_pylist()
-                acquire_shard(lake, source, "bench", shard, rows, None, concurrency)
+                AcquireStage(source, concurrency).run(lake, Partition("bench", shard))
         rerun_requests = len(plan.log)
     client_requests = sum(r[0] for r in reports)
     articles = sum(r[2] for r in reports)

@@ -111,22 +111,9 @@ VARIANTS = {"streaming": streaming, "in_memory": parse_shard_in_memory}
 # ---- inputs ---------------------------------------------------------------------------------------
 def build_sample_lake(root: Path):
     """The sample acquired into ``root/lake`` (release 2026, 4 shards), as the pipeline does it."""
-    from pipelines.acquire.download import acquire_shard
-    from pipelines.acquire.inventory import build_inventory
-    from pipelines.acquire.source import open_source
-    from pipelines.lake import Lake
-    from pipelines.partitioning import shard_keys
-    from testing.loopback.sample_mirror import build_cloud_mirror
+    from testing.pipeline import sample_lake
 
-    lake = Lake(root / "lake")
-    mirror = build_cloud_mirror(root / "mirror")
-    with open_source(mirror.as_uri()) as source:
-        inventory = build_inventory(source, [], None, 4)
-        for shard in shard_keys(4):
-            rows = inventory.rows_by_shard.get(shard, [])
-            lake.write_table("inventory", RELEASE, shard, rows)
-            acquire_shard(lake, source, RELEASE, shard, rows, None)
-    return lake
+    return sample_lake(root, RELEASE, parse=False)
 
 
 def replicate(lake, copies: int, release: str, status: str) -> int:

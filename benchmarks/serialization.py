@@ -39,32 +39,19 @@ BENCH_RELEASE = "bench"
 
 
 def build_lake(root: Path) -> tuple[object, list[dict], float]:
-    from pipelines.acquire.download import acquire_shard
-    from pipelines.acquire.inventory import build_inventory
-    from pipelines.acquire.source import open_source
-    from pipelines.lake import Lake
-    from pipelines.parse.shard import parse_shard
-    from pipelines.partitioning import shard_keys
-    from pipelines.release.samples import plan_shard
-    from testing.loopback.sample_mirror import build_cloud_mirror
+    """The sample acquired and parsed as the pipeline does it, then planned; returns the lake,
+    the planned sample rows and the planning CPU seconds."""
+    from pipelines.release.stages import SamplePlanStage
+    from pipelines.stage import Partition
+    from testing.pipeline import sample_lake
 
-    lake = Lake(root / "lake")
-    mirror = build_cloud_mirror(root / "mirror")
-    with open_source(mirror.as_uri()) as source:
-        inventory = build_inventory(source, [], None, 4)
-        for shard in shard_keys(4):
-            rows = inventory.rows_by_shard.get(shard, [])
-            lake.write_table("inventory", "2026", shard, rows)
-            acquire_shard(lake, source, "2026", shard, rows, None)
-    for shard in shard_keys(4):
-        parse_shard(lake, "2026", shard, None)
+    lake = sample_lake(root)
     planned, cpu = [], 0.0
-    for shard in shard_keys(4):
+    for shard in lake.shards():
         start = time.process_time()
-        converted = lake.path("converted", "release=2026", f"shard={shard}", "images.tar")
-        rows = plan_shard(lake, "2026", shard, 0, converted).rows
+        SamplePlanStage().run(lake, Partition("2026", shard))
         cpu += time.process_time() - start
-        planned += rows
+        planned += lake.read_table("samples", "2026", shard).to_pylist()
     return lake, planned, cpu
 
 

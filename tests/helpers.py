@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pipelines.acquire.download import acquire_shard
-from pipelines.acquire.inventory import build_inventory
 from pipelines.partitioning import shard_keys
+from testing.pipeline import acquire_release
 
 N_SHARDS = 4
 SHARDS = shard_keys(N_SHARDS)
@@ -18,17 +17,15 @@ def open_test_release(instance, *releases: str) -> None:
         open_release(instance, release, N_SHARDS)
 
 
-def run_release(lake, source, release: str, previous: str | None = None, n_shards: int = N_SHARDS):
-    """Inventory + every shard of ``release``; returns (inventory result, {shard: ShardResult})."""
-    prev_rows = lake.read_release("inventory", previous).to_pylist() if previous else []
-    inventory = build_inventory(source, prev_rows, previous, n_shards)
-    for shard in shard_keys(n_shards):
-        lake.write_table("inventory", release, shard, inventory.rows_by_shard.get(shard, []))
-    results = {
-        shard: acquire_shard(lake, source, release, shard, inventory.rows_by_shard.get(shard, []), previous)
-        for shard in shard_keys(n_shards)
-    }
-    return inventory, results
+def run_release(lake, source, release: str, n_shards: int = N_SHARDS):
+    """Inventory + every shard of ``release``, as the assets run them (the previous release is
+    the lake's); returns (inventory StageResult, {shard: StageResult})."""
+    return acquire_release(lake, source, release, n_shards)
+
+
+def inventory_rows(lake, release: str) -> dict[str, list[dict]]:
+    """The release's inventory rows by shard."""
+    return {shard: lake.read_table("inventory", release, shard).to_pylist() for shard in lake.shards()}
 
 
 def manifest(lake, release: str) -> dict[str, dict]:

@@ -8,9 +8,10 @@ import tarfile
 
 import pytest
 
-from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.rawstore import read_raw_file
+from pipelines.acquire.stages import AcquireStage
 from pipelines.partitioning import shard_of
+from pipelines.stage import Partition
 from testing.loopback.faults import Fault, FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer
@@ -24,7 +25,7 @@ from testing.loopback.sample_mirror import (
     SAMPLE_DIR as SAMPLE,
 )
 from tests.conftest import source_for
-from tests.helpers import N_SHARDS, files, manifest, run_release
+from tests.helpers import N_SHARDS, files, inventory_rows, manifest, run_release
 
 # By hand from `ls sample/articles/*`: 17 articles with 157 image files; 21 nXML-only articles.
 ARTICLES, IMAGES = 38, 157
@@ -55,7 +56,7 @@ def _check_sample_release(lake):
 def test_cloud_source_over_s3_server(lake, s3_server, cloud_mirror):
     with source_for(s3_server.url) as source:
         inventory, _ = run_release(lake, source, "2026")
-    assert inventory.counts["added"] == ARTICLES and inventory.problems == []
+    assert inventory.counts["change_added"] == ARTICLES and inventory.errors == []
     found = _check_sample_release(lake)
     # every byte in the raw tars is the byte the server holds
     fig = found[ELIFE_46472]["fig3.jpg"]
@@ -70,7 +71,7 @@ def test_ftp_source_gives_the_same_files(lake, ftp_server, tmp_path):
     with source_for(ftp_server.url) as source:
         inventory, results = run_release(lake, source, "2026")
         ftp_requests = source.requests
-    assert inventory.counts["added"] == ARTICLES
+    assert inventory.counts["change_added"] == ARTICLES
     found = _check_sample_release(lake)
     # RETR: the file list and one package per article; one SIZE per package;
     # logins: the listing thread + at most one per worker thread (4) of each shard
@@ -93,20 +94,20 @@ def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake,
                 open(lake.table_path("raw_manifest", "2026", s), "rb").read(),
                 open(lake.table_path("raw_files", "2026", s), "rb").read(),
             )
-            for s in inventory.rows_by_shard
+            for s in inventory_rows(lake, "2026")
         }
         served = s3_server.plan.count()
-        for shard, rows in inventory.rows_by_shard.items():
-            result = acquire_shard(lake, source, "2026", shard, rows, None)
-            assert result.requests == 0 and result.new_tar is None
-            assert result.counts["already_done"] == len(rows)
+        for shard, rows in inventory_rows(lake, "2026").items():
+            result = AcquireStage(source).run(lake, Partition("2026", shard))
+            assert result.counts["source_requests"] == 0 and result.counts["new_tar"] == "none (nothing fetched)"
+            assert result.counts["already_done"] == len(rows) == result.skipped
     assert s3_server.plan.count() == served
     after = {
         s: (
             open(lake.table_path("raw_manifest", "2026", s), "rb").read(),
             open(lake.table_path("raw_files", "2026", s), "rb").read(),
         )
-        for s in inventory.rows_by_shard
+        for s in inventory_rows(lake, "2026")
     }
     assert after == before
 
@@ -206,7 +207,7 @@ def test_cloud_bad_inputs_are_recorded_and_the_rest_completes(lake, sample, tmp_
     assert len(ranged) == 1  # the dropped transfer resumed with a Range request
     found = files(lake, "2026")
     assert read_raw_file(lake, found[dropped]["fig8.jpg"]) == (mirror / f"{dropped}.1" / "fig8.jpg").read_bytes()
-    inv = {r["pmcid"]: r for rows_ in inventory.rows_by_shard.values() for r in rows_}
+    inv = {r["pmcid"]: r for rows_ in inventory_rows(lake, "2026").values() for r in rows_}
     assert inv["PMC3261204"]["license_group"] == "other" and "unknown license string" in inv["PMC3261204"]["warning"]
     assert rows["PMC3261204"]["status"] == "ok"
     assert inv["PMC3441633"]["pmid"] is None and rows["PMC3441633"]["status"] == "ok"
@@ -226,6 +227,6 @@ def test_local_file_sources(lake, tmp_path, layout):
 def test_every_article_lands_in_its_hash_shard(lake, s3_server):
     with source_for(s3_server.url) as source:
         inventory, _ = run_release(lake, source, "2026")
-    assert sum(len(rows) for rows in inventory.rows_by_shard.values()) == ARTICLES
-    for shard, rows in inventory.rows_by_shard.items():
+    assert sum(len(rows) for rows in inventory_rows(lake, "2026").values()) == ARTICLES
+    for shard, rows in inventory_rows(lake, "2026").items():
         assert all(shard_of(r["pmcid"], N_SHARDS) == shard for r in rows)

@@ -54,7 +54,6 @@ class Graphql:
 def dagster_dev(tmp_path, cloud_mirror):
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    default_limit: 1\n")
     port = _free_port()
     with S3LoopbackServer(cloud_mirror) as server:
         env = {
@@ -65,6 +64,12 @@ def dagster_dev(tmp_path, cloud_mirror):
             "PANELFORGE_SHARDS": "4",
             "PANELFORGE_RATE_LIMIT": "100",
         }
+        # the instance users get: the shipped dagster.yaml and its pool limits, set by the command line
+        setup = subprocess.run(
+            [sys.executable, "-m", "jobs.cli", "setup-instance"], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert setup.returncode == 0, setup.stderr
+        assert "pool pmc_source: 1" in setup.stdout and (home / "dagster.yaml").exists()
         dagster = Path(sys.executable).with_name("dagster")
         log = open(tmp_path / "dagster_dev.log", "wb")
         proc = subprocess.Popen(

@@ -24,7 +24,7 @@ from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, package_path, sample_rows
 from tests.conftest import FAST_RETRY, source_for  # FAST_RETRY: 4 attempts, ms delays
-from tests.helpers import N_SHARDS, files, manifest, run_release
+from tests.helpers import N_SHARDS, files, inventory_rows, manifest, run_release
 
 # By hand from sample/release.csv: 38 articles, hashed into shards 000: 4, 001: 12, 002: 13, 003: 9.
 SHARD, SHARD_ARTICLES = "002", 13
@@ -181,14 +181,15 @@ def test_truncated_tar_is_a_size_mismatch(lake, mirror):
 def test_carried_articles_whose_tar_vanished_are_fetched_again(lake, mirror):
     with S3LoopbackServer(mirror) as server, source_for(server.url) as source:
         run_release(lake, source, "2026")
-        inventory, results = run_release(lake, source, "2027", previous="2026")
-        assert inventory.counts["unchanged"] == 38 and all(r.new_tar is None for r in results.values())
+        inventory, results = run_release(lake, source, "2027")
+        assert inventory.counts["change_unchanged"] == 38
+        assert all(r.counts["new_tar"] == "none (nothing fetched)" for r in results.values())
         assert {r["status"] for r in manifest(lake, "2027").values()} == {"carried"}
         for name in os.listdir(lake.raw_dir("2026", SHARD)):
             os.remove(os.path.join(lake.raw_dir("2026", SHARD), name))
         assert not _consistent(lake, "2027")
         served = len(server.plan.log)
-        result = acquire_shard(lake, source, "2027", SHARD, inventory.rows_by_shard[SHARD], "2026")
+        result = acquire_shard(lake, source, "2027", SHARD, inventory_rows(lake, "2027")[SHARD], "2026")
         assert _requested_articles(server.plan, served) == set(PMCIDS)
     assert result.counts["repaired"] == SHARD_ARTICLES and result.new_tar.endswith(
         "release=2027/shard=002/part-00000.tar"

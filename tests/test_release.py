@@ -17,9 +17,9 @@ import pytest
 from PIL import Image
 
 from pipelines.lake import Lake
-from pipelines.parse.stages import ParseStage
 from pipelines.release import webdataset as wds_writer
-from pipelines.release.samples import plan_shard, sample_key
+from pipelines.release.samples import sample_key
+from pipelines.release.stages import SamplePlanStage
 from pipelines.release.webdataset import (
     LICENSE_SUBSETS,
     ShardLimits,
@@ -32,6 +32,7 @@ from pipelines.release.webdataset import (
     write_subset,
 )
 from pipelines.stage import Partition
+from testing.pipeline import parse_release
 from tests.conftest import source_for
 from tests.helpers import SHARDS, run_release
 from tests.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
@@ -46,8 +47,7 @@ def parsed_lake(tmp_path_factory, cloud_mirror) -> Lake:
     lake = Lake(tmp_path_factory.mktemp("release") / "lake")
     with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:
         run_release(lake, source, RELEASE)
-    for shard in SHARDS:
-        ParseStage().run(lake, Partition(RELEASE, shard))
+    parse_release(lake, RELEASE)
     return lake
 
 
@@ -59,10 +59,8 @@ def copy_lake(lake: Lake, tmp_path) -> Lake:
 def plan_release(lake: Lake, seed: int = 0) -> dict[str, list[dict]]:
     plans = {}
     for shard in SHARDS:
-        converted = lake.path("converted", f"release={RELEASE}", f"shard={shard}", "images.tar")
-        rows = plan_shard(lake, RELEASE, shard, seed, converted).rows
-        lake.write_table("samples", RELEASE, shard, rows)
-        plans[shard] = rows
+        SamplePlanStage(seed).run(lake, Partition(RELEASE, shard))
+        plans[shard] = lake.read_table("samples", RELEASE, shard).to_pylist()
     return plans
 
 
