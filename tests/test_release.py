@@ -8,6 +8,7 @@ from the edits each test makes to its input by hand.
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from collections import Counter, defaultdict
@@ -347,6 +348,30 @@ def test_a_crash_mid_shard_leaves_no_partial_shard_and_a_rerun_finishes_the_same
     assert [s["sha256"] for s in rerun.shards] == [s["sha256"] for s in expected.shards]
     assert [s["reused"] for s in rerun.shards[:3]] == [True, True, False]
     assert not [p for p in lake.fs.glob(f"{folder}/.*")]  # no temporary files left behind
+
+
+def test_temporary_files_never_sit_among_the_shards_and_old_orphans_are_swept(parsed_lake, tmp_path, monkeypatch):
+    lake = copy_lake(parsed_lake, tmp_path)
+    plan_release(lake)
+    folder = dataset_dir(lake, RELEASE, "commercial")
+    os.makedirs(folder)
+    # what a writer killed with -9 left here before temporary files moved to the lake's _tmp/
+    with open(f"{folder}/.panelforge-000000.tar.0123456789abcdef.tmp", "wb") as fh:
+        fh.write(b"truncated")
+    real_add, seen = wds_writer.add_member, []
+
+    def watching_add(tar, name, fileobj, size):  # runs while a shard's temporary file is open
+        seen.append((sorted(n for n in os.listdir(folder) if n.startswith(".")), os.listdir(lake.path("_tmp"))))
+        return real_add(tar, name, fileobj, size)
+
+    monkeypatch.setattr(wds_writer, "add_member", watching_add)
+    result = write_subset(lake, RELEASE, "commercial", shuffled_samples(lake, RELEASE), ShardLimits(10, 10**9))
+    assert len(result.shards) > 1 and seen
+    # mid-write the folder held only the old orphan; the open temporary file was in _tmp/
+    assert all(dot == [".panelforge-000000.tar.0123456789abcdef.tmp"] for dot, _ in seen)
+    assert all(len(tmp) == 1 and tmp[0].startswith("panelforge-") and tmp[0].endswith(".tmp") for _, tmp in seen)
+    assert not [n for n in os.listdir(folder) if n.startswith(".") or ".tmp" in n]
+    assert os.listdir(lake.path("_tmp")) == []
 
 
 def test_statistics_are_exact_in_count_mean_and_range():
