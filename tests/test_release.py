@@ -392,6 +392,32 @@ def test_statistics_are_exact_in_count_mean_and_range():
     assert result["fields"]["caption"]["tokens"]["max"] == 2
 
 
+def test_histogram_axes_span_the_data(monkeypatch):
+    import numpy as np
+
+    from pipelines.release import stats as stats_module
+    from pipelines.release.stats import ReleaseStats, log_bins
+
+    edges = log_bins(np.array([300.0, 1000.0, 3000.0]), edges=3)
+    assert edges.tolist() == pytest.approx([300, 948.683, 3000])  # 300 * sqrt(10), then 300 * 10
+    assert log_bins(np.array([500.0, 500.0]), edges=3).tolist() == pytest.approx([500 / 1.1, 500, 550])
+    limits = {}
+    real_png = stats_module._png
+
+    def recording_png(fig, plt):
+        limits[fig.axes[0].get_title()] = fig.axes[0].get_xlim()
+        return real_png(fig, plt)
+
+    monkeypatch.setattr(stats_module, "_png", recording_png)
+    stats = ReleaseStats(reservoir=10, token_sample=0)
+    for width in (320, 640, 2400):
+        stats.add_value("image_width", width)
+    pngs = stats.histograms()
+    assert pngs["image_width.png"].startswith(b"\x89PNG")
+    half_bin = (2400 / 320) ** (1 / 39 / 2)  # 40 edges from 320 to 2400: 39 equal ratios
+    assert limits["image width: n = 3"] == pytest.approx((320 / half_bin, 2400 * half_bin))  # not from 1
+
+
 def test_sample_json_is_complete_and_typed():
     from pipelines.release.samples import JSON_FIELDS, stable_json
 
