@@ -6,23 +6,18 @@ value fails the load with the variable's name, and nothing is read at import tim
 
 from __future__ import annotations
 
-import warnings
+from dagster import Definitions
 
-from dagster import BetaWarning, Definitions, PreviewWarning
-
-warnings.filterwarnings("ignore", category=BetaWarning)
-warnings.filterwarnings("ignore", category=PreviewWarning)
-
-from assets.acquisition import pmc_inventory, pmc_raw_articles  # noqa: E402
-from assets.concepts import (  # noqa: E402
+from assets.acquisition import pmc_inventory, pmc_raw_articles
+from assets.concepts import (
     cluster_labels,
     concept_model,
     concept_review,
     figure_concepts,
     figure_embeddings,
 )
-from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata  # noqa: E402
-from assets.release import (  # noqa: E402
+from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
+from assets.release import (
     dataset_card,
     dataset_samples,
     hf_upload,
@@ -31,15 +26,15 @@ from assets.release import (  # noqa: E402
     webdataset_concept_filtered,
     webdataset_shards,
 )
-from jobs.automation import with_automation  # noqa: E402
-from jobs.refresh import (  # noqa: E402
+from jobs.automation import with_automation
+from jobs.refresh import (
     pmc_download_job,
     pmc_inventory_job,
     publish_release_job,
     yearly_refresh_sensor,
 )
-from resources.profiles import build_resources  # noqa: E402
-from resources.settings import Settings  # noqa: E402
+from resources.profiles import build_resources
+from resources.settings import Settings
 
 ASSETS = [
     pmc_inventory,

@@ -154,9 +154,7 @@ def main() -> int:
 
 
 def print_summary(lake, seconds: float) -> None:
-    import duckdb
-
-    con = duckdb.connect(lake.path("catalog.duckdb"), read_only=True)
+    con = lake.connect()
     print(f"\nPanelForge demo finished in {seconds:.1f}s. Lake: {lake.url}")
     tables = (
         "inventory",
@@ -186,12 +184,12 @@ def print_summary(lake, seconds: float) -> None:
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
     con.close()
-    duckdb_cli = os.path.relpath(os.path.join(sys.prefix, "bin", "duckdb"))
-    catalog = os.path.relpath(lake.path("catalog.duckdb"))
-    print(f'\nQuery it:    {duckdb_cli} {catalog} "SELECT status, count(*) FROM raw_manifest GROUP BY ALL"')
+    duckdb_cli = os.path.relpath(os.path.join(sys.prefix, "bin", "duckdb"), lake.root)
+    query = "SELECT status, count(*) FROM raw_manifest GROUP BY ALL"
+    print(f'\nQuery it:    cd {os.path.relpath(lake.root)} && {duckdb_cli} catalog.duckdb "{query}"')
     dataset = os.path.relpath(lake.path("dataset"))
     print(f"The dataset: {dataset}/README.md (card), {dataset}/{DEMO_RELEASE}/commercial/*.tar (WebDataset)")
-    print("Open the UI: make ui   (then http://127.0.0.1:3000: Assets for the graph, Runs for what ran)")
+    print("Open the UI: make ui   (then http://127.0.0.1:3000: Lineage for the graph, Catalog, Runs for what ran)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,16 @@
 """The data lake: Parquet tables partitioned by release and shard, raw tars, a DuckDB catalog.
 
 The root is a local path or an fsspec URL. Every file appears atomically: local files are
-written next to their destination and renamed into place (``os.replace``), remote files are
-written completely to local disk first and then uploaded as one object, so a reader never
-sees a partial file, even if the writer is killed.
+written to the lake's own ``_tmp/`` folder and renamed into place (``os.replace``; same file
+system), remote files are written completely to local disk first and then uploaded as one
+object, so a reader never sees a partial file, and a killed writer leaves its partial file in
+``_tmp/``, never among the tables or the published dataset.
+
+The DuckDB catalog names the Parquet files of a local lake relative to the lake root, so a
+moved or copied lake keeps working: open it with :meth:`Lake.connect`, or with the DuckDB CLI
+from the lake root (``cd data && duckdb catalog.duckdb``) or with ``SET file_search_path`` to
+the lake root. DuckDB resolves a view's relative paths against the working directory (or
+``file_search_path``), never against the catalog file.
 """
 
 from __future__ import annotations
@@ -97,6 +104,9 @@ class TableWriter:
         self._writer.close()
 
 
+TMP_DIR = "_tmp"  # partial files of running (or killed) writers; never read, never published
+
+
 class Lake:
     """A lake rooted at ``root`` (``./data``, ``/abs/path``, ``s3://bucket/prefix``...)."""
 
@@ -173,7 +183,8 @@ class Lake:
         """Yield a local temporary path; on success it becomes ``dest`` in one step."""
         if self.is_local:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{uuid.uuid4().hex}.tmp{suffix}")
+            os.makedirs(self.path(TMP_DIR), exist_ok=True)
+            tmp = self.path(TMP_DIR, f"{os.path.basename(dest)}.{uuid.uuid4().hex}.tmp{suffix}")
         else:
             fd, tmp = tempfile.mkstemp(suffix=suffix)
             os.close(fd)
@@ -251,12 +262,34 @@ class Lake:
         return sorted({p.rstrip("/").rsplit("release=", 1)[1] for p in found})
 
     # ---- catalog -----------------------------------------------------------------------
+    def _create_views(self, con, relative: bool) -> None:
+        """One view per table that has data; ``relative``: paths relative to the lake root."""
+        for table in TABLES:
+            pattern = self.path("tables", table, "release=*", "shard=*", "data.parquet")
+            if not self.fs.glob(pattern):
+                continue
+            if not self.is_local:
+                location = self.fs.unstrip_protocol(pattern)
+            elif relative:
+                location = f"tables/{table}/release=*/shard=*/data.parquet"
+            else:
+                location = pattern
+            location = location.replace("'", "''")
+            con.execute(
+                f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet("
+                f"'{location}', hive_partitioning = true, union_by_name = true, "
+                "hive_types = {'release': VARCHAR, 'shard': VARCHAR})"
+            )
+
     def refresh_catalog(self) -> str:
         """Rebuild ``catalog.duckdb`` with one view per table that has data.
 
         The catalog holds only view definitions over the Parquet files, so it is rebuilt
         whole into a temporary file and renamed into place: concurrent runs never leave a
-        half-written or locked catalog behind.
+        half-written or locked catalog behind. A local lake's views name their files relative
+        to the lake root (see the module docstring), so moving or copying the lake keeps them
+        valid and a copy never reads the original's files; an object-store lake's views (and
+        those of a local root whose path holds a comma) hold full paths.
         """
         import duckdb
 
@@ -266,16 +299,30 @@ class Lake:
                 os.unlink(tmp)
             con = duckdb.connect(tmp)
             try:
-                for table in TABLES:
-                    pattern = self.path("tables", table, "release=*", "shard=*", "data.parquet")
-                    if not self.fs.glob(pattern):
-                        continue
-                    location = pattern if self.is_local else f"{self.fs.unstrip_protocol(pattern)}"
-                    con.execute(
-                        f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet("
-                        f"'{location}', hive_partitioning = true, union_by_name = true, "
-                        "hive_types = {'release': VARCHAR, 'shard': VARCHAR})"
-                    )
+                # creating a view reads its files' schemas, so the relative paths must resolve now;
+                # a root holding a comma (file_search_path's separator) keeps absolute paths
+                relative = self.is_local and "," not in self.root
+                if relative:
+                    con.execute("SET file_search_path = ?", [self.root])
+                self._create_views(con, relative=relative)
             finally:
                 con.close()
         return dest
+
+    def connect(self):
+        """A read-only DuckDB connection with the lake's views, wherever the lake now lives.
+
+        A local lake opens ``catalog.duckdb`` with ``file_search_path`` set to the lake root;
+        an object-store lake (or a root whose path holds a comma, which ``file_search_path``
+        would split) gets an in-memory database with the views created on the spot.
+        """
+        import duckdb
+
+        catalog = self.path(CATALOG_FILE)
+        if self.is_local and "," not in self.root and os.path.exists(catalog):
+            con = duckdb.connect(catalog, read_only=True)
+            con.execute("SET file_search_path = ?", [self.root])
+            return con
+        con = duckdb.connect()
+        self._create_views(con, relative=False)
+        return con

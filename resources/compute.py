@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dagster import ConfigurableResource
+import os
+
+from dagster import ConfigurableResource, InitResourceContext
 
 from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
 
@@ -18,6 +20,12 @@ class RayResource(ConfigurableResource):
     actors: int = 1
     gpus_per_actor: float = 0.0
     batch_size: int = 32
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        # A Ray started here uses token authentication, Ray's default for a new local cluster;
+        # saying so explicitly (RAY_AUTH_MODE) keeps Ray from printing that notice every run.
+        if self.address is None:
+            os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 class ModelsResource(ConfigurableResource):

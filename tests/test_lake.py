@@ -1,6 +1,7 @@
 """The lake: schema-checked atomic Parquet writes, kill-safety, and the DuckDB catalog."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,9 +106,11 @@ def test_a_killed_writer_leaves_the_old_file_intact(lake, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert open(dest, "rb").read() == before
-    leftovers = [n for n in os.listdir(os.path.dirname(dest)) if n != "data.parquet"]
-    assert leftovers and all(n.startswith(".data.parquet.") and n.endswith(".tmp") for n in leftovers)
-    # readers only ever glob data.parquet, so the half-written temporary file is invisible
+    # the half-written file is left in the lake's _tmp/, never beside the data it would replace
+    assert os.listdir(os.path.dirname(dest)) == ["data.parquet"]
+    leftovers = os.listdir(lake.path("_tmp"))
+    assert len(leftovers) == 1 and leftovers[0].startswith("data.parquet.") and leftovers[0].endswith(".tmp")
+    assert os.path.getsize(lake.path("_tmp", leftovers[0])) == 1_000_004
     assert lake.read_release("raw_manifest", "2026").num_rows == 1
 
 
@@ -115,12 +118,57 @@ def test_catalog_has_a_view_per_table_with_release_and_shard(lake):
     lake.write_table("raw_manifest", "2025", "000", [ROW])
     lake.write_table("raw_manifest", "2026", "003", [{**ROW, "pmcid": "PMC2"}, {**ROW, "pmcid": "PMC3"}])
     lake.write_table("inventory_errors", "2026", "all", [{"location": "x:1", "raw": "a,b", "error": "bad"}])
-    catalog = lake.refresh_catalog()
-    con = duckdb.connect(catalog, read_only=True)
+    assert lake.refresh_catalog() == lake.path("catalog.duckdb")
+    con = lake.connect()
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     assert views == {"raw_manifest", "inventory_errors"}
     rows = con.execute("SELECT release, shard, pmcid FROM raw_manifest ORDER BY pmcid").fetchall()
     assert rows == [("2025", "000", "PMC1"), ("2026", "003", "PMC2"), ("2026", "003", "PMC3")]
+    con.close()
+
+
+def test_a_moved_lake_keeps_its_catalog(tmp_path):
+    first = Lake(tmp_path / "A" / "data")
+    first.write_table("raw_manifest", "2026", "000", [ROW, {**ROW, "pmcid": "PMC2"}])
+    first.refresh_catalog()
+    os.rename(tmp_path / "A", tmp_path / "B")  # the old path is gone: nothing can read through it
+    moved = tmp_path / "B" / "data"
+    query = "SELECT pmcid, release FROM raw_manifest ORDER BY pmcid"
+    expected = [("PMC1", "2026"), ("PMC2", "2026")]
+
+    con = Lake(moved).connect()  # from Python, wherever the process runs
+    assert con.execute(query).fetchall() == expected
+    con.close()
+    # the DuckDB CLI the README documents, from the lake root and, with file_search_path, from its parent
+    cli = os.path.join(os.path.dirname(sys.executable), "duckdb")
+    for cwd, args in (
+        (moved, ["catalog.duckdb"]),
+        (moved.parent, ["-cmd", "SET file_search_path = 'data'", "data/catalog.duckdb"]),
+    ):
+        out = subprocess.run([cli, "-csv", *args, query], cwd=cwd, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["pmcid,release", "PMC1,2026", "PMC2,2026"]
+    # opened from anywhere else the relative paths find nothing: an error, not another lake's rows
+    con = duckdb.connect(str(moved / "catalog.duckdb"), read_only=True)
+    with pytest.raises(duckdb.IOException, match="No files found"):
+        con.execute(query)
+    con.close()
+
+
+def test_a_copied_lake_reads_its_own_files(tmp_path):
+    original = Lake(tmp_path / "original")
+    original.write_table("raw_manifest", "2026", "000", [ROW])
+    original.refresh_catalog()
+    shutil.copytree(original.root, tmp_path / "copy")
+    copy = Lake(tmp_path / "copy")
+    copy.write_table("raw_manifest", "2026", "001", [{**ROW, "pmcid": "PMC9"}])  # no refresh_catalog
+    con = copy.connect()
+    assert con.execute("SELECT pmcid, shard FROM raw_manifest ORDER BY pmcid").fetchall() == [
+        ("PMC1", "000"),
+        ("PMC9", "001"),
+    ]
+    con.close()
+    con = original.connect()
+    assert con.execute("SELECT pmcid FROM raw_manifest").fetchall() == [("PMC1",)]
     con.close()
 
 

@@ -8,6 +8,7 @@ from the edits each test makes to its input by hand.
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from collections import Counter, defaultdict
@@ -345,6 +346,30 @@ def test_a_crash_mid_shard_leaves_no_partial_shard_and_a_rerun_finishes_the_same
     assert not [p for p in lake.fs.glob(f"{folder}/.*")]  # no temporary files left behind
 
 
+def test_temporary_files_never_sit_among_the_shards_and_old_orphans_are_swept(parsed_lake, tmp_path, monkeypatch):
+    lake = copy_lake(parsed_lake, tmp_path)
+    plan_release(lake)
+    folder = dataset_dir(lake, RELEASE, "commercial")
+    os.makedirs(folder)
+    # what a writer killed with -9 left here before temporary files moved to the lake's _tmp/
+    with open(f"{folder}/.panelforge-000000.tar.0123456789abcdef.tmp", "wb") as fh:
+        fh.write(b"truncated")
+    real_add, seen = wds_writer.add_member, []
+
+    def watching_add(tar, name, fileobj, size):  # runs while a shard's temporary file is open
+        seen.append((sorted(n for n in os.listdir(folder) if n.startswith(".")), os.listdir(lake.path("_tmp"))))
+        return real_add(tar, name, fileobj, size)
+
+    monkeypatch.setattr(wds_writer, "add_member", watching_add)
+    result = write_subset(lake, RELEASE, "commercial", shuffled_samples(lake, RELEASE), ShardLimits(10, 10**9))
+    assert len(result.shards) > 1 and seen
+    # mid-write the folder held only the old orphan; the open temporary file was in _tmp/
+    assert all(dot == [".panelforge-000000.tar.0123456789abcdef.tmp"] for dot, _ in seen)
+    assert all(len(tmp) == 1 and tmp[0].startswith("panelforge-") and tmp[0].endswith(".tmp") for _, tmp in seen)
+    assert not [n for n in os.listdir(folder) if n.startswith(".") or ".tmp" in n]
+    assert os.listdir(lake.path("_tmp")) == []
+
+
 def test_statistics_are_exact_in_count_mean_and_range():
     import numpy as np
 
@@ -361,6 +386,32 @@ def test_statistics_are_exact_in_count_mean_and_range():
     result = stats.result()
     assert result["fields"]["caption"]["chars"]["max"] == 5
     assert result["fields"]["caption"]["tokens"]["max"] == 2
+
+
+def test_histogram_axes_span_the_data(monkeypatch):
+    import numpy as np
+
+    from pipelines.release import stats as stats_module
+    from pipelines.release.stats import ReleaseStats, log_bins
+
+    edges = log_bins(np.array([300.0, 1000.0, 3000.0]), edges=3)
+    assert edges.tolist() == pytest.approx([300, 948.683, 3000])  # 300 * sqrt(10), then 300 * 10
+    assert log_bins(np.array([500.0, 500.0]), edges=3).tolist() == pytest.approx([500 / 1.1, 500, 550])
+    limits = {}
+    real_png = stats_module._png
+
+    def recording_png(fig, plt):
+        limits[fig.axes[0].get_title()] = fig.axes[0].get_xlim()
+        return real_png(fig, plt)
+
+    monkeypatch.setattr(stats_module, "_png", recording_png)
+    stats = ReleaseStats(reservoir=10, token_sample=0)
+    for width in (320, 640, 2400):
+        stats.add_value("image_width", width)
+    pngs = stats.histograms()
+    assert pngs["image_width.png"].startswith(b"\x89PNG")
+    half_bin = (2400 / 320) ** (1 / 39 / 2)  # 40 edges from 320 to 2400: 39 equal ratios
+    assert limits["image width: n = 3"] == pytest.approx((320 / half_bin, 2400 * half_bin))  # not from 1
 
 
 def test_sample_json_is_complete_and_typed():

@@ -196,6 +196,7 @@ def test_upload_is_private_by_default_and_keeps_the_token_out_of_logs(release, m
     (create, upload) = FakeHfApi.calls
     assert create[0] == "create_repo" and create[2] == {"repo_type": "dataset", "private": True, "exist_ok": True}
     assert upload[0] == "upload_folder" and upload[2]["allow_patterns"] == release_patterns(RELEASE)
+    assert upload[2]["ignore_patterns"] == hub.IGNORE_PATTERNS
     assert upload[2]["folder_path"] == dataset_dir(lake)
     logs = instance.all_logs(result.run_id)
     assert logs and not any(TOKEN in repr(entry) for entry in logs)
@@ -212,6 +213,30 @@ def test_upload_large_folder_is_used_where_the_library_has_it(tmp_path):
     (_, (name, _, kwargs)) = FakeHfApi.calls
     assert name == "upload_large_folder" and kwargs["private"] is True and kwargs["repo_type"] == "dataset"
     assert kwargs["allow_patterns"] == ["2025/**", "README.md", "LICENSES.md"]
+    assert kwargs["ignore_patterns"] == hub.IGNORE_PATTERNS
+
+
+def test_uploads_never_include_dotfiles_or_temporary_files(tmp_path):
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = tmp_path / "dataset"
+    (folder / "2025" / "commercial" / ".cache").mkdir(parents=True)
+    published = ["2025/commercial/panelforge-000000.tar", "2025/commercial/sizes.json", "README.md"]
+    never = [
+        "2025/commercial/.panelforge-000000.tar.0123abcd.tmp",  # a killed writer's partial shard
+        "2025/commercial/.cache/x.json",
+        "2025/commercial/panelforge-000001.tar.tmp",
+        "2025/catalog.duckdb.0123abcd.tmp.duckdb",
+        ".gitattributes",
+    ]
+    for name in published + never:
+        (folder / name).write_bytes(b"x")
+    plan = plan_upload(folder, release_patterns("2025"))
+    assert plan.files == sorted(published)
+    # huggingface_hub applies the same patterns the same way to what it uploads
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    chosen = filter_repo_objects(files, allow_patterns=release_patterns("2025"), ignore_patterns=hub.IGNORE_PATTERNS)
+    assert sorted(chosen) == sorted(published)
 
 
 def test_hub_limits_are_checked_before_upload(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors o
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -26,6 +27,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     import logging
 
     import ray
+    import ray.data  # its import configures the "ray.data" logger (level DEBUG), so set ours after
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # progress lines flood run logs
     if not ray.is_initialized():
@@ -93,13 +95,20 @@ def embed_images(
     cfg = asdict(config)
     ds = ray.data.from_items(refs)
     ds = ds.map_batches(_prepare_batch, fn_kwargs={"lake_root": lake.url, "config": cfg}, batch_size=batch_size)
-    ds = ds.map_batches(
-        _EmbedActor,
-        fn_constructor_kwargs={"config": cfg},
-        batch_size=batch_size,
-        compute=ray.data.ActorPoolStrategy(size=actors),
-        num_gpus=gpus_per_actor or None,
-    )
+    with warnings.catch_warnings():
+        # Ray Data would restart a dead actor forever, but its constructor arguments live in the
+        # object store, where a restart cannot rely on them (ray-project/ray#53727; Ray logs an
+        # error for every pool): a lost actor fails this partition's run, which is rerun on its own.
+        # Ray 2.60 has no named parameter for max_restarts yet, only the deprecated **ray_remote_args.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(
+            _EmbedActor,
+            fn_constructor_kwargs={"config": cfg},
+            batch_size=batch_size,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_gpus=gpus_per_actor or None,
+            max_restarts=0,
+        )
     rows = []
     for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
         for i in range(len(batch["sha256"])):

@@ -32,18 +32,26 @@ class UploadPlan:
     warnings: list[str]
 
 
+# Never published, whatever the allow patterns say: dotfiles and anything in a dot-folder, and
+# temporary files (a killed writer's partial ``*.tmp``). Matched as huggingface_hub matches
+# (``fnmatchcase``, ``*`` crosses ``/``), and passed to it as ``ignore_patterns``.
+IGNORE_PATTERNS = [".*", "*/.*", "*.tmp", "*.tmp.*"]
+
+
 def release_patterns(release: str) -> list[str]:
     return [f"{release}/**", "README.md", "LICENSES.md"]
 
 
 def plan_upload(folder: Path, patterns: list[str]) -> UploadPlan:
-    """The files that ``patterns`` select in ``folder``, checked against the Hub's limits."""
-    files = sorted(
-        p.relative_to(folder).as_posix()
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
-    chosen = [f for f in files if any(fnmatch.fnmatch(f, pat) for pat in patterns)]
+    """The files that ``patterns`` select in ``folder`` (less ``IGNORE_PATTERNS``), checked
+    against the Hub's limits."""
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    chosen = [
+        f
+        for f in files
+        if any(fnmatch.fnmatchcase(f, pat) for pat in patterns)
+        and not any(fnmatch.fnmatchcase(f, pat) for pat in IGNORE_PATTERNS)
+    ]
     problems, warnings = [], []
     children: dict[str, set[str]] = {}
     for name in chosen:
@@ -75,7 +83,12 @@ def upload_release(api, repo_id: str, folder: Path, release: str, private: bool 
     patterns = release_patterns(release)
     if hasattr(api, "upload_large_folder"):
         api.upload_large_folder(
-            repo_id=repo_id, folder_path=str(folder), repo_type="dataset", allow_patterns=patterns, private=private
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="dataset",
+            allow_patterns=patterns,
+            ignore_patterns=IGNORE_PATTERNS,
+            private=private,
         )
         return "upload_large_folder"
     api.upload_folder(
@@ -83,6 +96,7 @@ def upload_release(api, repo_id: str, folder: Path, release: str, private: bool 
         folder_path=str(folder),
         repo_type="dataset",
         allow_patterns=patterns,
+        ignore_patterns=IGNORE_PATTERNS,
         commit_message=f"PanelForge release {release}",
     )
     return "upload_folder"

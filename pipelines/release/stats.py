@@ -132,9 +132,11 @@ class ReleaseStats:
                 continue
             fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
             values = np.maximum(np.array(res.values, dtype=float), 1)
-            bins = np.logspace(0, np.log10(values.max() + 1), 40)
+            bins = log_bins(values)
             ax.hist(values, bins=bins, color="#4c72b0")
             ax.set_xscale("log")
+            pad = np.sqrt(bins[1] / bins[0])  # half a bin either side, so the end bars clear the frame
+            ax.set_xlim(bins[0] / pad, bins[-1] * pad)
             unit = "characters" if res.text_size else ("pixels" if "area" in name else "px")
             ax.set_xlabel(f"{name.replace('_', ' ')} ({unit})")
             ax.set_ylabel("count" + ("" if res.count <= res.size else f" (sample of {res.size:,})"))
@@ -150,6 +152,15 @@ class ReleaseStats:
             ax.set_title(f"samples per {name}")
             pngs[f"per_{name}.png"] = _png(fig, plt)
         return pngs
+
+
+def log_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
+    """Log-spaced bin edges from the smallest to the largest value, so the axis spans the data
+    (a single value gets a band of x1.1 either side)."""
+    low, high = float(values.min()), float(values.max())
+    if high < low * 1.1:
+        low, high = low / 1.1, high * 1.1
+    return np.geomspace(low, high, edges)
 
 
 def _png(fig, plt) -> bytes:

@@ -209,13 +209,16 @@ def write_subset(
 
 
 def _finish_directory(lake: Lake, directory: str, result: SubsetResult, name: str, settings: dict) -> None:
-    """Remove shards left from a larger earlier run, then write ``sizes.json`` (OpenCLIP reads it
-    for the sample count) and ``manifest.json`` last."""
+    """Remove shards left from a larger earlier run and the partial ``.<file>.<uuid>.tmp`` files
+    that writers killed before temporary files moved to the lake's ``_tmp/`` left here, then
+    write ``sizes.json`` (OpenCLIP reads it for the sample count) and ``manifest.json`` last."""
     keep = {s["name"] for s in result.shards} | {s["name"].replace(".tar", ".parquet") for s in result.shards}
     if lake.fs.exists(directory):
         for path in lake.fs.glob(f"{directory}/{name}-*"):
             if path.rsplit("/", 1)[1] not in keep:
                 lake.fs.rm(path)
+        for path in lake.fs.glob(f"{directory}/.*.tmp*"):
+            lake.fs.rm(path)
     files = {
         "sizes.json": {s["name"]: s["samples"] for s in result.shards},
         "manifest.json": {
