@@ -22,7 +22,7 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
 ui: $(STAMP)
-	mkdir -p .demo/dagster_home
+	$(DEMO_ENV) $(BIN)/python -m jobs.cli setup-instance
 	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml
 
 lint: $(STAMP)

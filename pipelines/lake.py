@@ -179,8 +179,14 @@ class Lake:
 
     # ---- atomic writes -----------------------------------------------------------------
     @contextlib.contextmanager
-    def atomic_local_file(self, dest: str, suffix: str = "") -> Iterator[str]:
-        """Yield a local temporary path; on success it becomes ``dest`` in one step."""
+    def atomic_local_file(self, dest: str, suffix: str = "", overwrite: bool = True) -> Iterator[str]:
+        """Yield a local temporary path; on success it becomes ``dest`` in one step.
+
+        With ``overwrite=False`` an existing ``dest`` is never replaced: FileExistsError instead
+        (on a local lake the check and the publishing are one ``link``)."""
+        refuse = f"refusing to overwrite {dest}"
+        if not overwrite and self.exists(dest):
+            raise FileExistsError(refuse)
         if self.is_local:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.makedirs(self.path(TMP_DIR), exist_ok=True)
@@ -193,8 +199,16 @@ class Lake:
             if self.is_local:
                 with open(tmp, "rb+") as fh:
                     os.fsync(fh.fileno())
-                os.replace(tmp, dest)
+                if overwrite:
+                    os.replace(tmp, dest)
+                else:
+                    try:
+                        os.link(tmp, dest)
+                    except FileExistsError as exc:
+                        raise FileExistsError(refuse) from exc
             else:
+                if not overwrite and self.exists(dest):
+                    raise FileExistsError(refuse)
                 self.fs.put_file(tmp, dest)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -43,16 +43,21 @@ def test_every_job_schedule_and_sensor_resolves():
     }
 
 
-def test_dagster_definitions_validate_passes():
+def _validate(**env) -> subprocess.CompletedProcess:
+    """``dagster definitions validate`` on the workspace, with ``env`` added to the environment."""
     dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
+    return subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PANELFORGE_PROFILE": "demo"},
+        env={**os.environ, **env},
     )
+
+
+def test_dagster_definitions_validate_passes():
+    result = _validate(PANELFORGE_PROFILE="demo")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "All code locations passed validation" in result.stderr + result.stdout
 
@@ -103,15 +108,7 @@ def test_bad_settings_name_their_variable(name, value, message):
 
 
 def test_a_bad_setting_fails_the_code_location_load():
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PANELFORGE_SHARDS": "0"},
-    )
+    result = _validate(PANELFORGE_SHARDS="0")
     assert result.returncode != 0
     assert "PANELFORGE_SHARDS must be at least 1, got 0" in result.stderr + result.stdout
 

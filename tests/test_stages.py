@@ -92,3 +92,48 @@ def test_the_shard_count_is_fixed_for_the_life_of_a_lake(tmp_path):
         lake.ensure_layout(256)
     with pytest.raises(LakeLayoutError, match="at least one shard"):
         Lake(tmp_path / "other").ensure_layout(0)
+
+
+def test_too_many_failed_items_fail_the_blocking_check_and_stop_downstream(tmp_path, cloud_mirror):
+    """Two of the sample's articles answer 404 (per-article errors, the run goes on); with a 1%
+    threshold the blocking error_rate check fails and parsing in the same run does not start."""
+    from dagster import DagsterInstance, MultiPartitionKey, materialize
+
+    from assets.acquisition import pmc_inventory, pmc_raw_articles
+    from assets.parsing import parsed_articles
+    from pipelines.partitioning import shard_of
+    from resources.lake import LakeResource
+    from resources.pmc_source import PmcSourceResource
+    from resources.quality import QualityResource
+    from testing.loopback.faults import Fault, FaultPlan
+    from testing.loopback.s3_server import S3LoopbackServer
+    from tests.helpers import N_SHARDS, open_test_release
+
+    # two articles of shard 000 of the 4-shard sample, by their hash shard
+    gone = sorted(p.name.split(".")[0] for p in cloud_mirror.iterdir() if shard_of(p.name.split(".")[0], 4) == "000")[
+        :2
+    ]
+    plan = FaultPlan(faults=[Fault(f"{pmcid}.1/{pmcid}.1.xml", status=404, times=99) for pmcid in gone])
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "home"))
+    open_test_release(instance, "2026")
+    with S3LoopbackServer(cloud_mirror, plan=plan) as server:
+        resources = {
+            "lake": LakeResource(home=str(tmp_path / "lake"), shards=N_SHARDS),
+            "pmc_source": PmcSourceResource(url=server.url, rate_limit=500, attempts=1),
+            "quality": QualityResource(max_error_rate=0.01),
+        }
+        assert materialize([pmc_inventory], partition_key="2026", instance=instance, resources=resources).success
+        key = MultiPartitionKey({"release": "2026", "shard": "000"})
+        result = materialize(
+            [pmc_raw_articles, parsed_articles],
+            partition_key=key,
+            instance=instance,
+            resources=resources,
+            raise_on_error=False,
+        )
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert not checks["error_rate"].passed and checks["raw_articles_consistent"].passed
+    assert checks["error_rate"].metadata["failed"].value == 2
+    materialized = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+    assert materialized == {"pmc_raw_articles"}  # parsing never started

@@ -14,15 +14,11 @@ never overwritten. :func:`verify_raw` checks that the rows still point at the re
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import re
 import tarfile
-import tempfile
-import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -72,36 +68,6 @@ def next_part_path(lake: Lake, release: str, shard: str, referenced: Iterable[st
     return f"{directory}/part-{max(numbers, default=-1) + 1:05d}.tar"
 
 
-@contextlib.contextmanager
-def _new_file(lake: Lake, dest: str) -> Iterator[str]:
-    """Like :meth:`Lake.atomic_local_file`, but ``dest`` must not exist: raises FileExistsError
-    rather than replace it (on a local lake the check and the rename are one ``link``)."""
-    if lake.exists(dest):
-        raise FileExistsError(f"refusing to overwrite raw tar {dest}")
-    if lake.is_local:
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{uuid.uuid4().hex}.tmp")
-    else:
-        fd, tmp = tempfile.mkstemp(suffix=".tar")
-        os.close(fd)
-    try:
-        yield tmp
-        if lake.is_local:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, dest)
-            except FileExistsError as exc:
-                raise FileExistsError(f"refusing to overwrite raw tar {dest}") from exc
-        else:
-            if lake.exists(dest):
-                raise FileExistsError(f"refusing to overwrite raw tar {dest}")
-            lake.fs.put_file(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
 def write_part(
     lake: Lake, release: str, shard: str, articles: list[tuple[dict, object]], referenced: Iterable[str] = ()
 ) -> list[dict]:
@@ -115,7 +81,10 @@ def write_part(
     dest = next_part_path(lake, release, shard, referenced)
     relative = dest[len(lake.root) + 1 :]
     rows: list[dict] = []
-    with _new_file(lake, dest) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        lake.atomic_local_file(dest, suffix=".tar", overwrite=False) as tmp,
+        tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for record, staged in articles:
             for name, kind in staged.files:
                 path = staged.directory / name

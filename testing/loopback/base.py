@@ -44,3 +44,15 @@ class LoopbackHttpServer(LoopbackServer):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def send_body(handler: BaseHTTPRequestHandler, body: bytes, fault=None) -> None:
+    """Write ``body`` (headers already sent), or, for a ``drop`` fault, only the fault's fraction
+    of it before cutting the connection, as a transfer broken mid-way."""
+    if fault is not None and fault.kind == "drop":
+        handler.wfile.write(body[: int(len(body) * fault.fraction)])
+        handler.wfile.flush()
+        handler.close_connection = True
+        handler.connection.shutdown(2)
+        return
+    handler.wfile.write(body)

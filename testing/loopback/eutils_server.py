@@ -17,7 +17,7 @@ from typing import Self
 
 from lxml import etree
 
-from testing.loopback.base import LoopbackHttpServer
+from testing.loopback.base import LoopbackHttpServer, send_body
 from testing.loopback.faults import FaultPlan
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "sample" / "entrez"
@@ -91,13 +91,7 @@ class EutilsLoopbackServer(LoopbackHttpServer):
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if fault is not None and fault.kind == "drop":
-                    self.wfile.write(body[: int(len(body) * fault.fraction)])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return
-                self.wfile.write(body)
+                send_body(self, body, fault)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 self._handle(urllib.parse.urlsplit(self.path).query)

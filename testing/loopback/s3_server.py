@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Self
 from xml.sax.saxutils import escape
 
-from testing.loopback.base import LoopbackHttpServer
+from testing.loopback.base import LoopbackHttpServer, send_body
 from testing.loopback.faults import FaultPlan
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -140,12 +140,6 @@ class S3LoopbackServer(LoopbackHttpServer):
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if fault and fault.kind == "drop":
-                    self.wfile.write(body[: int(len(body) * fault.fraction)])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return
-                self.wfile.write(body)
+                send_body(self, body, fault)
 
         return self._serve(Handler, "s3-loopback")
