@@ -234,6 +234,65 @@ FIGURE_CONCEPTS = pa.schema(
     ]
 )
 
+PANEL_FIGURES = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("sha256", pa.string()),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
+        pa.field("status", pa.string(), nullable=False),  # split, single, skipped, error
+        pa.field("reason", pa.string()),  # why skipped / the error
+        pa.field("method", pa.string()),  # the method whose panels are in `panels`
+        pa.field("n_panels", pa.int32()),
+        pa.field("n_xycut", pa.int32()),  # what each method found, for agreement
+        pa.field("n_detr", pa.int32()),
+        pa.field("agreement", pa.float32()),  # mean best IoU between the two methods' panels
+        pa.field("caption_labels", pa.int32()),  # panel labels found in the caption
+        pa.field("model", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("threshold", pa.float32()),
+        pa.field("synthetic", pa.bool_()),
+    ]
+)
+
+PANELS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("panel_index", pa.int32(), nullable=False),  # reading order: rows, then columns
+        pa.field("x1", pa.int32(), nullable=False),  # original pixels, x2/y2 exclusive
+        pa.field("y1", pa.int32(), nullable=False),
+        pa.field("x2", pa.int32(), nullable=False),
+        pa.field("y2", pa.int32(), nullable=False),
+        pa.field("score", pa.float32()),
+        pa.field("method", pa.string(), nullable=False),  # detr, xycut, consensus
+        pa.field("label", pa.string()),  # the printed label, when known
+        pa.field("agreement", pa.float32()),  # best IoU with the other method's panels
+        pa.field("model", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("threshold", pa.float32()),
+    ]
+)
+
+PANEL_CAPTIONS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("panel_index", pa.int32(), nullable=False),
+        pa.field("label", pa.string()),
+        pa.field("text", pa.string()),  # the panel's own text, without the preface
+        pa.field("preface", pa.string()),  # caption text shared by every panel
+        pa.field("match", pa.string(), nullable=False),  # label, order, none
+        pa.field("scheme", pa.string()),
+        pa.field("confidence", pa.float32()),
+        pa.field("count_mismatch", pa.bool_()),  # panels and caption labels differ in number
+    ]
+)
+
 CLUSTER_LABELS = pa.schema(
     [
         pa.field("model_version", pa.string(), nullable=False),
@@ -321,6 +380,9 @@ class Table(StrEnum):
     FIGURE_CONCEPTS = "figure_concepts"
     CLUSTER_LABELS = "cluster_labels"
     SAMPLES = "samples"
+    PANEL_FIGURES = "panel_figures"
+    PANELS = "panels"
+    PANEL_CAPTIONS = "panel_captions"
 
 
 TABLES: dict[str, pa.Schema] = {
@@ -339,6 +401,9 @@ TABLES: dict[str, pa.Schema] = {
     Table.FIGURE_CONCEPTS: FIGURE_CONCEPTS,
     Table.CLUSTER_LABELS: CLUSTER_LABELS,
     Table.SAMPLES: SAMPLES,
+    Table.PANEL_FIGURES: PANEL_FIGURES,
+    Table.PANELS: PANELS,
+    Table.PANEL_CAPTIONS: PANEL_CAPTIONS,
 }
 
 
