@@ -65,3 +65,21 @@ def test_add_release_uses_the_lakes_shard_count(dagster_home, tmp_path):
     Lake(tmp_path / "lake").ensure_layout(2)  # an existing lake keeps its count; PANELFORGE_SHARDS is 3
     assert main(["add-release", "2027"]) == 0
     assert _partitions(dagster_home)[1] == shard_keys(2)
+
+
+def test_the_sensor_lists_a_release_opened_ahead_of_time(dagster_home):
+    """``add-release`` in December does not stop the 2 January refresh from listing the release."""
+    from datetime import UTC, datetime
+
+    from dagster import build_sensor_context
+
+    from jobs.definitions import defs
+    from jobs.refresh import yearly_refresh_sensor
+
+    assert main(["add-release", "2027"]) == 0
+    sensor = yearly_refresh_sensor(3, clock=lambda: datetime(2027, 1, 2, 3, 0, tzinfo=UTC))
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))) as instance:
+        with build_sensor_context(instance=instance, definitions=defs) as context:
+            result = sensor(context)
+    assert [r.run_key for r in result.run_requests] == ["inventory-2027"]
+    assert result.dynamic_partitions_requests == []  # already open
