@@ -30,7 +30,7 @@ def outage_of(resource: PmcSourceResource | EutilsResource) -> OutageRetry:
     pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
     description=InventoryStage.__doc__ + " Opens the release's shards as partitions.",
-    check_specs=[error_rate_check("pmc_inventory")],
+    check_specs=[error_rate_check("pmc_inventory", releases_partitions)],
 )
 def pmc_inventory(
     context: AssetExecutionContext, lake: LakeResource, pmc_source: PmcSourceResource, quality: QualityResource
@@ -56,11 +56,12 @@ def pmc_inventory(
         AssetCheckSpec(
             "raw_articles_consistent",
             asset="pmc_raw_articles",
+            partitions_def=release_shard_partitions,
             blocking=True,
             description="Every downloaded or carried article has its XML, and every indexed file's bytes are in its "
             "tar with the recorded size, md5 and sha256.",
         ),
-        error_rate_check("pmc_raw_articles"),
+        error_rate_check("pmc_raw_articles", release_shard_partitions),
     ],
 )
 def pmc_raw_articles(

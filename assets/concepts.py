@@ -40,7 +40,7 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
     pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
     description=EmbedStage.__doc__,
-    check_specs=[error_rate_check("figure_embeddings")],
+    check_specs=[error_rate_check("figure_embeddings", release_shard_partitions)],
 )
 def figure_embeddings(
     context: AssetExecutionContext,
@@ -118,6 +118,7 @@ class AnnotationSettings(Config):
         AssetCheckSpec(
             ANNOTATIONS_MATCH,
             asset="cluster_labels",
+            partitions_def=releases_partitions,
             description="Every annotated cluster still has the size and members it had when it was annotated "
             "(its fingerprint); a changed cluster keeps its labels, flagged stale.",
         )

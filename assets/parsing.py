@@ -43,7 +43,7 @@ class ParseSettings(Config):
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=ParseStage.__doc__,
-    check_specs=[error_rate_check("parsed_articles")],
+    check_specs=[error_rate_check("parsed_articles", release_shard_partitions)],
 )
 def parsed_articles(
     context: AssetExecutionContext, config: ParseSettings, lake: LakeResource, quality: QualityResource
@@ -71,7 +71,7 @@ def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> Mate
     backfill_policy=BackfillPolicy.multi_run(1),
     description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID. "
     "An unreachable NCBI fails the run (to be retried); per-PMID problems are rows.",
-    check_specs=[error_rate_check("pubmed_metadata")],
+    check_specs=[error_rate_check("pubmed_metadata", release_shard_partitions)],
 )
 def pubmed_metadata(
     context: AssetExecutionContext, lake: LakeResource, eutils: EutilsResource, quality: QualityResource

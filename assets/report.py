@@ -12,6 +12,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    PartitionsDefinition,
     RetryRequested,
 )
 
@@ -37,11 +38,14 @@ def preview(rows: list[dict], columns: list[str], limit: int = 10) -> MetadataVa
     return MetadataValue.md(head + body if rows else "_no rows_")
 
 
-def error_rate_check(asset: str) -> AssetCheckSpec:
-    """The blocking check every per-item stage carries: failed items within the threshold."""
+def error_rate_check(asset: str, partitions_def: PartitionsDefinition | None = None) -> AssetCheckSpec:
+    """The blocking check every per-item stage carries: failed items within the threshold.
+    ``partitions_def`` (the asset's) records the result per partition, so automation holds back
+    only what depends on the partition that failed."""
     return AssetCheckSpec(
         ERROR_RATE,
         asset=asset,
+        partitions_def=partitions_def,
         blocking=True,
         description="Share of items the stage recorded as failed is at most the quality threshold "
         "(PANELFORGE_MAX_ERROR_RATE); a higher share means something systematic, not bad input.",

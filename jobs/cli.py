@@ -1,11 +1,17 @@
 """The command line for people without the UI: open a release, then materialize or backfill it.
 
+    python -m jobs.cli setup-instance            # once per DAGSTER_HOME: instance file, pool limits
     python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
-    dg launch --assets pmc_inventory --partition 2027
-    dg launch --assets 'group:acquisition' --partition '2027|000'
+    dagster asset materialize -m jobs.definitions --select pmc_inventory --partition 2027
+    dagster asset materialize -m jobs.definitions --select pmc_raw_articles --partition '2027|000'
+
+With the daemon running (``dagster dev`` or ``dagster-daemon run``), the inventory is enough: the
+automation sensor ``panelforge_automation`` carries the release through every other stage.
+(``dg launch --assets ... --partition ...`` is the same launch where dagster-dg-cli is installed.)
 
 ``add-release`` uses the shard count of the lake (or ``PANELFORGE_SHARDS`` for a new lake) and
-records it in ``DAGSTER_HOME``'s instance, which ``dg launch`` and ``dagster dev`` read.
+records it in ``DAGSTER_HOME``'s instance, which ``dagster asset materialize`` and ``dagster dev``
+read; without it, ``--partition 2027`` fails because the partition does not exist.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from assets.release import (
     webdataset_concept_filtered,
     webdataset_shards,
 )
-from jobs.automation import with_automation
+from jobs.automation import automation_sensor, with_automation
 from jobs.refresh import (
     pmc_download_job,
     pmc_inventory_job,
@@ -62,7 +62,7 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
     return Definitions(
         assets=with_automation(ASSETS, publish=settings.hf_repo is not None),
         jobs=[pmc_inventory_job, pmc_download_job, publish_release_job],
-        sensors=[yearly_refresh_sensor(settings.shards)],
+        sensors=[yearly_refresh_sensor(settings.shards), automation_sensor(settings.automation_interval_s)],
         resources=build_resources(settings),
     )
 

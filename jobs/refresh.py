@@ -3,8 +3,10 @@ and requests its inventory; declarative automation carries the release through e
 
 Evaluating the sensor has no side effect: it returns the release's dynamic-partition requests
 with its run request, and Dagster applies both at tick time only (``Test sensor`` in the UI
-shows them without adding anything). An open release is never requested again, so turning the
-sensor on does not re-launch the downloads of a complete release.
+shows them without adding anything). A release whose inventory is materialized is never
+requested again, so turning the sensor on does not re-launch the downloads of a complete
+release; a release opened ahead of time (``python -m jobs.cli add-release``) but not listed yet
+still gets its inventory. The run key (``inventory-<release>``) makes Dagster launch it once.
 """
 
 from __future__ import annotations
@@ -80,11 +82,12 @@ def yearly_refresh_sensor(n_shards: int, clock: Callable[[], datetime] = _utc_no
         release = due_release(now)
         if release is None:
             return SkipReason(f"no release is due before 2 January {now.year}")
-        if context.instance.has_dynamic_partition(RELEASES, release):
-            return SkipReason(f"release {release} is already open")
+        opened = context.instance.has_dynamic_partition(RELEASES, release)
+        if opened and release in context.instance.get_materialized_partitions(pmc_inventory.key):
+            return SkipReason(f"release {release} is already open and listed")
         return SensorResult(
             run_requests=[RunRequest(run_key=f"inventory-{release}", partition_key=release)],
-            dynamic_partitions_requests=open_release_requests(release, n_shards),
+            dynamic_partitions_requests=[] if opened else open_release_requests(release, n_shards),
         )
 
     return yearly_pmc_refresh

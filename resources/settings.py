@@ -67,6 +67,7 @@ class Settings:
     gpu_slots: int = 1
     outage_retries: int = 3
     outage_retry_delay_s: float = 300.0
+    automation_interval_s: int = 30
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -97,6 +98,7 @@ class Settings:
             gpu_slots=env.integer("PANELFORGE_GPU_SLOTS", minimum=1, default=1),
             outage_retries=env.integer("PANELFORGE_OUTAGE_RETRIES", minimum=0, default=3),
             outage_retry_delay_s=env.number("PANELFORGE_OUTAGE_RETRY_DELAY", 300.0, minimum=0.0),
+            automation_interval_s=env.integer("PANELFORGE_AUTOMATION_INTERVAL", minimum=1, default=30),
         )
 
 

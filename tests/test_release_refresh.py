@@ -164,4 +164,4 @@ def test_yearly_sensor_waits_for_the_day_and_never_reopens_a_release(two_release
     assert "no release is due" in _evaluate(early, instance).skip_message
     # release 2026 is open and complete: turning the sensor on in 2026 launches nothing
     later = yearly_refresh_sensor(N_SHARDS, clock=lambda: datetime(2026, 6, 1, tzinfo=UTC))
-    assert "release 2026 is already open" in _evaluate(later, instance).skip_message
+    assert "release 2026 is already open and listed" in _evaluate(later, instance).skip_message

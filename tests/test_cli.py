@@ -1,0 +1,85 @@
+"""The command line without the UI: ``python -m jobs.cli add-release`` opens a release in
+``DAGSTER_HOME``'s instance (idempotent) and refuses a name that is not a year."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+from dagster._core.instance.ref import InstanceRef
+
+from assets.partitions import RELEASES, SHARDS
+from jobs.cli import main
+from pipelines.partitioning import shard_keys
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("PANELFORGE_HOME", str(tmp_path / "lake"))
+    monkeypatch.setenv("PANELFORGE_SHARDS", "3")
+    assert main(["setup-instance"]) == 0
+    return home
+
+
+def _partitions(home: Path) -> tuple[list[str], list[str]]:
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        return instance.get_dynamic_partitions(RELEASES), instance.get_dynamic_partitions(SHARDS)
+
+
+def test_add_release_opens_the_release_and_its_shards(dagster_home):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "add-release", "2027"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "release 2027 is open with 3 shards" in done.stdout
+    assert _partitions(dagster_home) == (["2027"], shard_keys(3))
+
+
+def test_add_release_is_idempotent(dagster_home, capsys):
+    assert main(["add-release", "2027"]) == 0
+    assert main(["add-release", "2027"]) == 0
+    assert main(["add-release", "2028"]) == 0
+    assert _partitions(dagster_home) == (["2027", "2028"], shard_keys(3))
+    assert capsys.readouterr().out.count("is open with 3 shards") == 3
+
+
+@pytest.mark.parametrize("name", ["27", "2027a", "latest", "2027|000", ""])
+def test_a_bad_release_name_is_refused(dagster_home, name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["add-release", name])
+    assert exit_.value.code == 2
+    assert "a release is named by its year" in capsys.readouterr().err
+    assert _partitions(dagster_home) == ([], [])
+
+
+def test_add_release_uses_the_lakes_shard_count(dagster_home, tmp_path):
+    from pipelines.lake import Lake
+
+    Lake(tmp_path / "lake").ensure_layout(2)  # an existing lake keeps its count; PANELFORGE_SHARDS is 3
+    assert main(["add-release", "2027"]) == 0
+    assert _partitions(dagster_home)[1] == shard_keys(2)
+
+
+def test_the_sensor_lists_a_release_opened_ahead_of_time(dagster_home):
+    """``add-release`` in December does not stop the 2 January refresh from listing the release."""
+    from datetime import UTC, datetime
+
+    from dagster import build_sensor_context
+
+    from jobs.definitions import defs
+    from jobs.refresh import yearly_refresh_sensor
+
+    assert main(["add-release", "2027"]) == 0
+    sensor = yearly_refresh_sensor(3, clock=lambda: datetime(2027, 1, 2, 3, 0, tzinfo=UTC))
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))) as instance:
+        with build_sensor_context(instance=instance, definitions=defs) as context:
+            result = sensor(context)
+    assert [r.run_key for r in result.run_requests] == ["inventory-2027"]
+    assert result.dynamic_partitions_requests == []  # already open

@@ -1,0 +1,394 @@
+"""A yearly refresh through the real daemon: release 2026 is built, release 2027 is opened from the
+command line and its inventory launched with ``dagster asset materialize``; declarative automation
+(``panelforge_automation``, on by default) then carries 2027 through every stage on its own.
+
+The second release adds, changes (new version) and retracts an article; the test waits until every
+automated asset partition of 2027 is materialized, then checks the lake, the source's request log,
+the blocking checks, and that the daemon re-ran nothing of 2026.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from dagster import (
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    EventRecordsFilter,
+    MultiPartitionKey,
+    RunsFilter,
+    materialize,
+)
+from dagster._core.instance.ref import InstanceRef
+
+from assets.acquisition import pmc_inventory, pmc_raw_articles
+from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
+from assets.partitions import open_release
+from assets.release import (
+    dataset_card,
+    dataset_samples,
+    release_parquet,
+    webdataset_concept_balanced,
+    webdataset_concept_filtered,
+    webdataset_shards,
+)
+from jobs.automation import AUTOMATION_SENSOR
+from pipelines.concepts.annotations import TEMPLATE_COLUMNS, load_taxonomy
+from pipelines.lake import Lake
+from pipelines.partitioning import shard_keys
+from resources.profiles import build_resources
+from resources.settings import Settings
+from testing.loopback.eutils_server import EutilsLoopbackServer
+from testing.loopback.faults import FaultPlan
+from testing.loopback.s3_server import S3LoopbackServer
+from testing.loopback.sample_mirror import build_cloud_mirror
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FIRST, SECOND = "2026", "2027"
+N_SHARDS = 2
+SHARDS = shard_keys(N_SHARDS)
+CHANGED, RETRACTED, ADDED = "PMC3441633", "PMC6398430", "PMC900000009"
+MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}  # the demo's small model
+SHARD_ASSETS = (pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings, figure_concepts, dataset_samples)
+RELEASE_ASSETS = (
+    image_duplicates,
+    concept_model,
+    concept_review,
+    cluster_labels,
+    webdataset_shards,
+    webdataset_concept_filtered,
+    webdataset_concept_balanced,
+    release_parquet,
+    dataset_card,
+)
+WAIT_S = 480
+LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _mirrors(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
+    """2026: the sample without ADDED. 2027: CHANGED at version 2, RETRACTED retracted, ADDED new."""
+    old = [dict(r) for r in rows if r["pmcid"] != ADDED]
+    new = []
+    for row in rows:
+        row = dict(row)
+        if row["pmcid"] == CHANGED:
+            row["version"], row["last_updated"] = "2", "2027-01-01 00:00:00"
+        if row["pmcid"] == RETRACTED:
+            row["retracted"] = "yes"
+        new.append(row)
+    return build_cloud_mirror(tmp / "m2026", rows=old), build_cloud_mirror(tmp / "m2027", rows=new)
+
+
+def _annotate(lake: Lake, version: str) -> None:
+    """Two annotators fill the template concept_review wrote, agreeing on every cluster."""
+    folder = lake.path("review", version)
+    template = list(csv.DictReader(io.StringIO(lake.fs.cat(f"{folder}/annotations_template.csv").decode())))
+    taxonomy = load_taxonomy()
+    concepts, panels = taxonomy.global_concepts, taxonomy.panel_types
+    for annotator in ("ann_a", "ann_b"):
+        out = io.StringIO()
+        writer = csv.DictWriter(out, TEMPLATE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in template:
+            cluster = int(row["cluster_id"])
+            row.update(panel_type=panels[0], global_concept=concepts[cluster % len(concepts)])
+            writer.writerow(row)
+        with lake.atomic_local_file(lake.path("annotations", version, f"{annotator}.csv")) as tmp:
+            Path(tmp).write_text(out.getvalue())
+
+
+def _build_first_release(instance, env: dict) -> str:
+    """Release 2026, every stage but the upload, in-process (the quickest way); returns the model version."""
+    resources = build_resources(Settings.from_env(env))
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+    def run(asset, key, config=None):
+        run_config = {**quiet, "ops": {asset.key.path[-1]: {"config": config}}} if config else quiet
+        result = materialize([asset], partition_key=key, instance=instance, resources=resources, run_config=run_config)
+        assert result.success, asset.key
+        return result
+
+    open_release(instance, FIRST, N_SHARDS)
+    keys = [MultiPartitionKey({"release": FIRST, "shard": s}) for s in SHARDS]
+    run(pmc_inventory, FIRST)
+    for key in keys:
+        result = materialize(
+            [pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings],
+            partition_key=key,
+            instance=instance,
+            resources=resources,
+            run_config=quiet,
+        )
+        assert result.success, key
+    run(image_duplicates, FIRST)
+    (event,) = run(concept_model, FIRST, MODEL).get_asset_materialization_events()
+    version = event.materialization.metadata["version"].value
+    run(concept_review, FIRST)
+    _annotate(Lake(env["PANELFORGE_HOME"]), version)
+    labels = run(cluster_labels, FIRST).get_asset_materialization_events()[0].materialization.metadata
+    assert labels["annotated_clusters"].value == labels["clusters"].value > 0
+    for asset in (figure_concepts, dataset_samples):
+        for key in keys:
+            run(asset, key)
+    for asset in RELEASE_ASSETS[4:]:
+        run(asset, FIRST)
+    return version
+
+
+class DagsterDev:
+    """``dagster dev`` (web server + daemon) on a free port, loading this checkout's code."""
+
+    def __init__(self, env: dict, log: Path):
+        self.port = _free_port()
+        self.log_path = log
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
+            cwd=REPO,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}/graphql"
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{self.port}/server_info", timeout=5).ok:
+                    return
+            except requests.ConnectionError:
+                pass
+            assert self.proc.poll() is None, self.tail()
+            assert time.time() < deadline, "dagster dev did not start\n" + self.tail()
+            time.sleep(1)
+
+    def gql(self, query: str, **variables) -> dict:
+        response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
+        response.raise_for_status()
+        body = response.json()
+        assert "errors" not in body, body
+        return body["data"]
+
+    def tail(self, n: int = 4000) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def _expected_partitions() -> dict[AssetKey, set[str]]:
+    shard_keys_ = {str(MultiPartitionKey({"release": SECOND, "shard": s})) for s in SHARDS}
+    expected = {a.key: shard_keys_ for a in SHARD_ASSETS}
+    expected.update({a.key: {SECOND} for a in RELEASE_ASSETS})
+    return expected
+
+
+def _failed_runs(instance) -> list:
+    return instance.get_runs(filters=RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
+
+
+def _wait_for_release(instance, dev: DagsterDev) -> float:
+    """Seconds until every automated asset partition of 2027 is materialized; fails on a failed run."""
+    started, expected = time.time(), _expected_partitions()
+    while True:
+        missing = {
+            k.to_user_string(): sorted(want - set(instance.get_materialized_partitions(k)))
+            for k, want in expected.items()
+        }
+        missing = {k: v for k, v in missing.items() if v}
+        if not missing:
+            return time.time() - started
+        failed = _failed_runs(instance)
+        assert not failed, [(r.run_id, r.asset_selection, r.tags.get("dagster/partition")) for r in failed]
+        assert dev.proc.poll() is None, dev.tail()
+        assert time.time() - started < WAIT_S, f"still missing after {WAIT_S}s: {missing}\n{dev.tail()}"
+        time.sleep(3)
+
+
+@pytest.fixture(scope="module")
+def refreshed(tmp_path_factory, rows):
+    tmp = tmp_path_factory.mktemp("refresh_daemon")
+    home, lake_dir = tmp / "dagster_home", tmp / "lake"
+    m2026, m2027 = _mirrors(tmp, rows)
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "DAGSTER_HOME": str(home),
+        "PANELFORGE_PROFILE": "demo",
+        "PANELFORGE_SYNTHETIC": "1",
+        "PANELFORGE_HOME": str(lake_dir),
+        "PANELFORGE_SHARDS": str(N_SHARDS),
+        "PANELFORGE_RATE_LIMIT": "200",
+        "PANELFORGE_RATE_DIR": str(tmp / "ratelimit"),
+        "PANELFORGE_AUTOMATION_INTERVAL": "5",
+        "PANELFORGE_OUTAGE_RETRIES": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+    base_env.pop("PANELFORGE_HF_REPO", None)
+    setup = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "setup-instance"], cwd=REPO, env=base_env, capture_output=True, text=True
+    )
+    assert setup.returncode == 0, setup.stderr
+    instance = DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+
+    with EutilsLoopbackServer() as eutils:
+        base_env["NCBI_EUTILS_URL"] = eutils.url
+        with S3LoopbackServer(m2026) as first:
+            version = _build_first_release(instance, {**base_env, "PANELFORGE_PMC_SOURCE": first.url})
+        runs_of_first = {r.run_id for r in instance.get_runs()}
+
+        plan = FaultPlan()
+        with S3LoopbackServer(m2027, plan=plan) as second:
+            env = {**base_env, "PANELFORGE_PMC_SOURCE": second.url}
+            dev = DagsterDev(env, tmp / "dagster_dev.log")
+            try:
+                dev.wait_ready()
+                sensor = dev.gql(
+                    """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+                         ... on Sensor { sensorState { status } } } }""",
+                    s={**LOCATION, "sensorName": AUTOMATION_SENSOR},
+                )["sensorOrError"]
+                added = [
+                    subprocess.run(
+                        [sys.executable, "-m", "jobs.cli", "add-release", SECOND],
+                        cwd=REPO,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                    )
+                    for _ in range(2)  # idempotent
+                ]
+                launched = subprocess.run(
+                    [
+                        str(BIN / "dagster"),
+                        "asset",
+                        "materialize",
+                        "-m",
+                        "jobs.definitions",
+                        "--select",
+                        "pmc_inventory",
+                        "--partition",
+                        SECOND,
+                    ],
+                    cwd=REPO,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+                seconds = _wait_for_release(instance, dev)
+                # let the sensor tick again: nothing more is requested for a finished release
+                time.sleep(12)
+                later_runs = [r for r in instance.get_runs() if r.run_id not in runs_of_first]
+            finally:
+                dev.stop()
+    print(f"\nrelease {SECOND} went through every stage in {seconds:.0f}s after its inventory")
+    return {
+        "lake": Lake(lake_dir),
+        "instance": instance,
+        "plan": plan,
+        "version": version,
+        "sensor": sensor,
+        "added": added,
+        "later_runs": later_runs,
+    }
+
+
+def test_cli_opened_the_release_and_automation_is_on(refreshed):
+    assert refreshed["sensor"]["sensorState"]["status"] == "RUNNING"
+    assert [a.returncode for a in refreshed["added"]] == [0, 0]
+    assert all(f"release {SECOND} is open with {N_SHARDS} shards" in a.stdout for a in refreshed["added"])
+
+
+def test_the_new_release_has_the_added_and_changed_articles(refreshed):
+    lake = refreshed["lake"]
+    articles = {r["pmcid"]: r for r in lake.read_release("articles", SECOND).to_pylist()}
+    assert ADDED in articles and ADDED not in {r["pmcid"] for r in lake.read_release("articles", FIRST).to_pylist()}
+    assert ADDED in {r["pmcid"] for r in lake.read_release("figures", SECOND).to_pylist()}
+    manifest = {r["pmcid"]: r for r in lake.read_release("raw_manifest", SECOND).to_pylist()}
+    assert (manifest[CHANGED]["version"], manifest[CHANGED]["fetched_in_release"]) == (2, SECOND)
+    files = [r for r in lake.read_release("raw_files", SECOND).to_pylist() if r["pmcid"] == CHANGED]
+    assert files and all(r["tar_path"].startswith(f"raw/release={SECOND}/") for r in files)
+    samples = lake.read_release("samples", SECOND).to_pylist()
+    assert ADDED in {r["pmcid"] for r in samples if r["status"] == "included"}
+    assert CHANGED in {r["pmcid"] for r in samples}  # planned again (its figures have no image in the sample)
+
+
+def test_the_retracted_article_is_gone_from_samples_and_shards(refreshed):
+    lake = refreshed["lake"]
+    assert RETRACTED in {r["pmcid"] for r in lake.read_release("samples", FIRST).to_pylist()}
+    assert RETRACTED not in {r["pmcid"] for r in lake.read_release("articles", SECOND).to_pylist()}
+    assert RETRACTED not in {r["pmcid"] for r in lake.read_release("samples", SECOND).to_pylist()}
+    import pyarrow.parquet as pq
+
+    manifests = lake.fs.glob(lake.path("dataset", SECOND, "*", "manifest.json"))
+    assert manifests
+    total = sum(json.loads(lake.fs.cat(m))["samples"] for m in manifests if "/concept-" not in m)
+    assert total == sum(1 for r in lake.read_release("samples", SECOND).to_pylist() if r["status"] == "included")
+    sidecars = lake.fs.glob(lake.path("dataset", SECOND, "*", "*.parquet"))
+    in_shards = {p for path in sidecars for p in pq.read_table(lake.fs.open(path)).column("pmcid").to_pylist()}
+    assert ADDED in in_shards and RETRACTED not in in_shards
+    assert lake.exists(lake.path("dataset", "README.md"))
+
+
+def test_labels_come_from_the_first_releases_model_and_annotations(refreshed):
+    lake = refreshed["lake"]
+    labels = lake.read_table("cluster_labels", SECOND, "all").to_pylist()
+    assert {r["model_version"] for r in labels} == {refreshed["version"]} and labels
+    assert not [r for r in labels if r["fingerprint_mismatch"]]
+    statuses = {r["label_status"] for r in lake.read_release("figure_concepts", SECOND).to_pylist()}
+    assert statuses == {"labeled"}
+
+
+def test_carried_articles_were_not_fetched_again(refreshed):
+    log = refreshed["plan"].log
+    fetched = {p.split("/")[2] for _, m, p in log if m.startswith("GET") and p.count("/") >= 3}
+    assert fetched == {f"{ADDED}.1", f"{CHANGED}.2", f"{RETRACTED}.1"}
+
+
+def test_blocking_checks_passed_and_nothing_of_the_first_release_reran(refreshed):
+    instance = refreshed["instance"]
+    records = instance.get_event_records(EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=10_000)
+    latest = {}
+    for record in sorted(records, key=lambda r: r.storage_id):
+        evaluation = record.event_log_entry.dagster_event.event_specific_data
+        if (evaluation.partition or "").startswith(SECOND):
+            latest[(evaluation.asset_key.to_user_string(), evaluation.check_name, evaluation.partition)] = evaluation
+    blocking = {k: e.passed for k, e in latest.items() if e.blocking}
+    assert blocking and all(blocking.values()), blocking
+    checked = {k[0] for k in blocking}
+    assert {"pmc_raw_articles", "parsed_articles", "pubmed_metadata", "figure_embeddings"} <= checked
+    partitions = {r.tags.get("dagster/partition", "") for r in refreshed["later_runs"]}
+    assert partitions and all(p.startswith(SECOND) for p in partitions), partitions
+    assert not [r for r in refreshed["later_runs"] if r.status != DagsterRunStatus.SUCCESS]
