@@ -11,8 +11,9 @@ One switch, ``backend`` (``PANELFORGE_LAUNCHER``):
     Dagster's ``PipesSubprocessClient`` on this machine (demo, local profiles, tests).
 ``ray``
     :class:`PipesRayClient`, on the Ray cluster at ``ray_address`` (``PANELFORGE_RAY_ADDRESS``).
-    An ``http(s)://head:8265`` address submits a **Ray job** through Ray's job submission API
-    (the dashboard of a ``ray[default]`` cluster); any other address (``ray://head:10001``,
+    An ``http(s)://head:8265`` address submits a **Ray job** through Ray's job submission REST
+    API (the dashboard of a ``ray[default]`` cluster; this side needs only ``requests``, the job's
+    ``entrypoint_num_gpus`` reserve its GPUs); any other address (``ray://head:10001``,
     ``auto``, or none for a Ray started on this machine) runs the entrypoint in a Ray task that
     holds the job's GPUs. Either way the context goes in environment variables and the messages
     come back as numbered chunks under the run dir in the lake (fsspec), so the cluster needs
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
+import requests
 from dagster import (
     AssetExecutionContext,
     ConfigurableResource,
@@ -67,6 +69,7 @@ from pydantic import Field
 from pipelines.launch import CONFIG_FILE, FSSPEC_URL_KEY, atomic_write, checkpoint_dir, run_dir
 
 BACKENDS = ("subprocess", "ray", "kubernetes")
+RAY_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # a Ray job's final states
 TORCHRUN = ("-m", "torch.distributed.run")  # what the torchrun script runs, with the job's own interpreter
 
 
@@ -169,38 +172,45 @@ class PipesRayClient(PipesClient, TreatAsResourceParam):
                 ray_id = self._run_task(context, list(command), job_env, gpus, cwd)
         return PipesClientCompletedInvocation(session, metadata={"ray_job": ray_id})
 
-    # -- Ray job submission (a cluster's dashboard, ray[default]) ------------------------------
-    def _submit_job(self, context, command: list[str], env: dict[str, str], gpus: int) -> str:
-        from ray.job_submission import JobStatus, JobSubmissionClient
+    # -- Ray job submission: the REST API of a Ray head's dashboard ------------------------------
+    # Spoken with requests: Ray's JobSubmissionClient needs ray[default] (aiohttp) in this process.
+    def _jobs_api(self, method: str, path: str, body: dict | None = None) -> dict:
+        response = requests.request(method, f"{self.address.rstrip('/')}{path}", json=body, timeout=30)
+        if response.status_code != 200:
+            raise DagsterPipesExecutionError(
+                f"Ray job submission API {method} {path}: HTTP {response.status_code} {response.text[:500]}"
+            )
+        return response.json()
 
-        client = JobSubmissionClient(self.address)
+    def _submit_job(self, context, command: list[str], env: dict[str, str], gpus: int) -> str:
         runtime_env = {**self.runtime_env, "env_vars": {**self.runtime_env.get("env_vars", {}), **env}}
-        job_id = client.submit_job(
-            entrypoint=shlex.join(command),
-            runtime_env=runtime_env,
-            submission_id=f"panelforge-{context.run_id[:8]}-{uuid.uuid4().hex[:8]}",
-            entrypoint_num_gpus=gpus or None,
-            metadata={"dagster_run_id": context.run_id},
-        )
+        request = {
+            "entrypoint": shlex.join(command),
+            "submission_id": f"panelforge-{context.run_id[:8]}-{uuid.uuid4().hex[:8]}",
+            "runtime_env": runtime_env,
+            "metadata": {"dagster_run_id": context.run_id},
+        }
+        if gpus:
+            request["entrypoint_num_gpus"] = gpus
+        job_id = self._jobs_api("POST", "/api/jobs/", request)["submission_id"]
         context.log.info(f"[launcher] submitted Ray job {job_id} to {self.address}: {shlex.join(command)}")
         started = time.monotonic()
         try:
-            while True:
-                status = client.get_job_status(job_id)
-                if status.is_terminal():
-                    break
+            while (details := self._jobs_api("GET", f"/api/jobs/{job_id}"))["status"] not in RAY_TERMINAL:
                 if self.job_timeout_s is not None and time.monotonic() - started > self.job_timeout_s:
-                    client.stop_job(job_id)
+                    self._jobs_api("POST", f"/api/jobs/{job_id}/stop")
                     raise DagsterPipesExecutionError(f"Ray job {job_id} ran past {self.job_timeout_s} s; stopped")
                 time.sleep(self.poll_interval)
         except DagsterExecutionInterruptedError:
             context.log.info(f"[launcher] run interrupted: stopping Ray job {job_id}")
-            client.stop_job(job_id)
+            self._jobs_api("POST", f"/api/jobs/{job_id}/stop")
             raise
-        if status != JobStatus.SUCCEEDED:
-            info = client.get_job_info(job_id)
-            tail = client.get_job_logs(job_id)[-2000:]
-            raise DagsterPipesExecutionError(f"Ray job {job_id} {status.value}: {info.message}\n{tail}")
+        if details["status"] != "SUCCEEDED":
+            tail = self._jobs_api("GET", f"/api/jobs/{job_id}/logs")["logs"][-2000:]
+            raise DagsterPipesExecutionError(
+                f"External execution process failed: Ray job {job_id} {details['status']}: "
+                f"{details.get('message')}; its last lines:\n{tail}"
+            )
         return job_id
 
     # -- a Ray task that holds the GPUs and runs the entrypoint --------------------------------

@@ -11,6 +11,7 @@ from pipelines.launch import checkpoint_step, latest_checkpoint, save_checkpoint
 from resources.launcher import JobLauncherResource, LauncherUnavailableError, build_command
 from resources.profiles import build_resources
 from resources.settings import Settings, SettingsError
+from testing.loopback.ray_jobs import RayJobsLoopbackServer
 
 MODULE = "pipelines.launch_selftest"
 REPO = Path(__file__).resolve().parents[1]
@@ -121,6 +122,28 @@ def test_ray_task_streams_reports_and_resumes(tmp_path, local_ray):
         _check_resume(tmp_path / "runs", _launcher("ray", python=sys.executable), instance)
     pipes_dirs = list(_run_dir(tmp_path / "runs").glob("pipes/*/1.json"))
     assert len(pipes_dirs) == 2  # one message stream per launch, in the lake
+
+
+def test_ray_job_submission_streams_reports_and_resumes(tmp_path):
+    """The Ray backend with a dashboard address submits a Ray job over the job submission REST
+    API, here to a loopback stand-in (the real dashboard needs ray[default], not installed here)
+    that runs the entrypoint as a Ray head would, with the runtime_env's env_vars; messages come
+    back as fsspec chunks."""
+    with RayJobsLoopbackServer(cwd=str(REPO)) as jobs, DagsterInstance.ephemeral() as instance:
+        launcher = _launcher(
+            "ray",
+            python=sys.executable,
+            gpus=1,
+            ray_address=jobs.address,
+            ray_runtime_env={"env_vars": {"PANELFORGE_TEST": "1"}},
+        )
+        _check_resume(tmp_path / "runs", launcher, instance)
+    first, second = jobs.submissions
+    assert first["entrypoint"].startswith(f"{sys.executable} -m {MODULE} --config ")
+    assert first["entrypoint_num_gpus"] == 1
+    env_vars = second["runtime_env"]["env_vars"]
+    assert env_vars["PANELFORGE_TEST"] == "1" and "DAGSTER_PIPES_CONTEXT" in env_vars
+    assert second["metadata"]["dagster_run_id"]
 
 
 def test_kubernetes_without_dagster_k8s_says_what_to_install(tmp_path):
