@@ -12,6 +12,7 @@ models                 tiny random (synthetic)      DINOv2 by id or path    DINO
 ray                    in-process, CPU              in-process, CPU         PANELFORGE_RAY_ADDRESS, 1 GPU/actor
 hub                    dry runs only (no repo)      PANELFORGE_HF_REPO      PANELFORGE_HF_REPO
 quality                max error rate 5%            5%                      5%
+launcher               subprocess, CPU              subprocess              Ray (PANELFORGE_RAY_ADDRESS)
 =====================  ===========================  ======================  ======================
 
 Secrets are passed as ``EnvVar`` when set, so Dagster resolves them in the run's process and
@@ -28,6 +29,7 @@ from resources.compute import ModelsResource, RayResource
 from resources.eutils import EutilsResource
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
+from resources.launcher import JobLauncherResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource
 from resources.settings import Settings
@@ -64,4 +66,7 @@ def build_resources(settings: Settings | None = None) -> dict:
             outage_retry_delay_s=settings.outage_retry_delay_s,
         ),
         "quality": QualityResource(max_error_rate=settings.max_error_rate, taxonomy=settings.taxonomy),
+        "launcher": JobLauncherResource(
+            backend=settings.launcher, gpus=settings.job_gpus, ray_address=settings.ray_address
+        ),
     }

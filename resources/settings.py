@@ -35,7 +35,9 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "PANELFORGE_CONCURRENCY": {"demo": 4, "local": 4, "cluster": 8},
     "PANELFORGE_SYNTHETIC": {"demo": True, "local": False, "cluster": False},
     "PANELFORGE_GPUS_PER_ACTOR": {"demo": 0.0, "local": 0.0, "cluster": 1.0},
+    "PANELFORGE_LAUNCHER": {"demo": "subprocess", "local": "subprocess", "cluster": "ray"},
 }
+LAUNCHERS = ("subprocess", "ray", "kubernetes")  # where training and evaluation jobs run (resources/launcher.py)
 
 
 class SettingsError(ValueError):
@@ -69,6 +71,9 @@ class Settings:
     outage_retry_delay_s: float = 300.0
     automation_interval_s: int = 30
 
+    launcher: str = "subprocess"
+    job_gpus: int = 0
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = _Env(os.environ if environ is None else environ)
@@ -99,6 +104,8 @@ class Settings:
             outage_retries=env.integer("PANELFORGE_OUTAGE_RETRIES", minimum=0, default=3),
             outage_retry_delay_s=env.number("PANELFORGE_OUTAGE_RETRY_DELAY", 300.0, minimum=0.0),
             automation_interval_s=env.integer("PANELFORGE_AUTOMATION_INTERVAL", minimum=1, default=30),
+            launcher=_one_of("PANELFORGE_LAUNCHER", env.text("PANELFORGE_LAUNCHER"), LAUNCHERS),
+            job_gpus=env.integer("PANELFORGE_JOB_GPUS", minimum=0, default=0),
         )
 
 
@@ -192,3 +199,9 @@ def _existing_file(name: str, path: str | None) -> str | None:
     if path is not None and not Path(path).is_file():
         raise SettingsError(f"{name} names no file: {path!r}")
     return path
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {choices}, got {value!r}")
+    return value

@@ -1,0 +1,228 @@
+"""The job side of launched work: what a training or evaluation module uses to report back.
+
+A training asset never trains in the Dagster process: ``resources/launcher.py`` launches
+``python -m <module> --config <url>`` as an external job (a subprocess, a Ray job, a Kubernetes
+job) through Dagster Pipes. The module calls the helpers here:
+
+* :func:`load_config` reads the job's JSON config (a local path or any fsspec URL); the launcher
+  adds a ``launch`` section (``run_id``, ``run_dir``, ``gpus``, ``dagster_run_id``).
+* :func:`session` opens Dagster Pipes when the process was launched by Pipes (its
+  ``DAGSTER_PIPES_*`` variables are set) and does nothing otherwise, so the same module runs by
+  hand; under torchrun only rank 0 reports.
+* :func:`log`, :func:`report_progress`, :func:`report_final` stream a log line, a step's metrics
+  and the final report into the Dagster run (or print them when there is no Pipes session).
+* :func:`checkpoint_dir`, :func:`save_checkpoint`, :func:`latest_checkpoint` keep checkpoints in
+  the lake under the run id; every file appears atomically, so a preempted job leaves either the
+  whole checkpoint or none, and the next launch resumes from the last whole one.
+
+Pipes messages travel the way the launcher's message reader asks: a local file (subprocess), an
+fsspec directory of numbered chunks (Ray: ``fsspec_url``), or stdout (Kubernetes pod logs).
+This module is plain Python (no Dagster; ``dagster-pipes`` is the dependency-free job-side
+library), and it reads only the launch protocol's variables (Pipes' and torchrun's ``RANK``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
+
+import fsspec
+from dagster_pipes import (
+    PipesBlobStoreMessageWriter,
+    PipesBlobStoreMessageWriterChannel,
+    PipesContext,
+    PipesDefaultMessageWriter,
+    PipesEnvVarParamsLoader,
+    PipesMessageWriter,
+    PipesParams,
+    open_dagster_pipes,
+)
+from fsspec.implementations.local import LocalFileSystem
+
+FSSPEC_URL_KEY = "fsspec_url"  # message params key: write numbered chunks under this fsspec URL
+CHECKPOINT_RE = re.compile(r"^ckpt-(\d{8})\.[A-Za-z0-9]+$")
+REPORT_FILE = "report.json"
+CONFIG_FILE = "config.json"
+
+
+# ----------------------------------------------------------------------------------- the run dir
+
+
+def checkpoint_dir(workdir_url: str, run_id: str) -> str:
+    """Where the checkpoints of run ``run_id`` live: ``<workdir_url>/<run_id>/checkpoints``."""
+    return f"{run_dir(workdir_url, run_id)}/checkpoints"
+
+
+def run_dir(workdir_url: str, run_id: str) -> str:
+    """The run's folder in the lake: its config, checkpoints, report and Pipes messages."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise ValueError(f"run id must be a single path segment, got {run_id!r}")
+    return f"{workdir_url.rstrip('/')}/{run_id}"
+
+
+def atomic_write(url: str, data: bytes) -> None:
+    """Write ``data`` to ``url`` so that a reader sees the whole file or none: a local file is
+    written beside its target and renamed (``os.replace``, same folder so same file system); an
+    object store gets one PUT of the complete bytes, which appears whole."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if isinstance(fs, LocalFileSystem):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    else:
+        fs.pipe_file(path, data)
+
+
+def read_bytes(url: str) -> bytes:
+    with fsspec.open(url, "rb") as f:
+        return f.read()
+
+
+def save_checkpoint(directory: str, step: int, data: bytes, suffix: str = "pt") -> str:
+    """Write the checkpoint of ``step`` (after the step finished) atomically; returns its URL."""
+    if step < 0:
+        raise ValueError(f"step must be at least 0, got {step}")
+    url = f"{directory.rstrip('/')}/ckpt-{step:08d}.{suffix}"
+    atomic_write(url, data)
+    return url
+
+
+def checkpoint_step(url: str) -> int:
+    """The step a checkpoint was written after (from its name ``ckpt-00000012.pt``)."""
+    match = CHECKPOINT_RE.match(url.rstrip("/").rsplit("/", 1)[-1])
+    if match is None:
+        raise ValueError(f"not a checkpoint name: {url!r}")
+    return int(match.group(1))
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The URL of the newest whole checkpoint in ``directory``, or None when there is none (a
+    first launch). Partial files of a killed writer are hidden temporaries and never match."""
+    fs, path = fsspec.core.url_to_fs(directory)
+    try:
+        names = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return None
+    found = [(int(m.group(1)), n) for n in names if (m := CHECKPOINT_RE.match(n.rstrip("/").rsplit("/", 1)[-1]))]
+    if not found:
+        return None
+    _, name = max(found)
+    base = directory.rstrip("/")
+    return f"{base}/{name.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+def load_config(url: str) -> dict:
+    """The job's JSON config (a path or fsspec URL), as the launcher wrote it."""
+    return json.loads(read_bytes(url))
+
+
+# ----------------------------------------------------------------------------------- reporting
+
+
+def job_rank() -> int:
+    """This process's rank when launched by torchrun (torch.distributed joins the process group
+    from torchrun's launch protocol), 0 when not distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_torchelastic_launched()):
+        return 0
+    if not dist.is_initialized():
+        import torch
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank()
+
+
+class FsspecMessageWriterChannel(PipesBlobStoreMessageWriterChannel):
+    """Uploads Pipes message chunks as ``<url>/<index>.json`` (each chunk written atomically)."""
+
+    def __init__(self, url: str, *, interval: float = 1.0):
+        super().__init__(interval=interval)
+        self.url = url.rstrip("/")
+
+    def upload_messages_chunk(self, payload: IO, index: int) -> None:
+        atomic_write(f"{self.url}/{index}.json", payload.read().encode())
+
+
+class FsspecMessageWriter(PipesBlobStoreMessageWriter):
+    def __init__(self, *, interval: float = 1.0):
+        super().__init__(interval=interval)
+
+    def make_channel(self, params: PipesParams) -> FsspecMessageWriterChannel:
+        return FsspecMessageWriterChannel(params[FSSPEC_URL_KEY], interval=self.interval)
+
+
+class LaunchMessageWriter(PipesMessageWriter):
+    """Writes where the launcher's reader reads: fsspec chunks (Ray) or Pipes' default (a file
+    for subprocesses, stdout for Kubernetes pod logs)."""
+
+    @contextlib.contextmanager
+    def open(self, params: PipesParams) -> Iterator[Any]:
+        writer = FsspecMessageWriter() if FSSPEC_URL_KEY in params else PipesDefaultMessageWriter()
+        with writer.open(params) as channel:
+            yield channel
+
+
+def _pipes() -> PipesContext | None:
+    return PipesContext.get() if PipesContext.is_initialized() else None
+
+
+@contextlib.contextmanager
+def session() -> Iterator[PipesContext | None]:
+    """Open Dagster Pipes for the job's lifetime when launched by Pipes and this is rank 0;
+    yields the Pipes context or None. An exception inside is reported to Dagster, then raised."""
+    if job_rank() != 0 or not PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        yield None
+        return
+    with open_dagster_pipes(message_writer=LaunchMessageWriter()) as pipes:
+        yield pipes
+
+
+def log(msg: str, level: str = "info") -> None:
+    """A line for the Dagster run log (printed when not launched by Pipes; rank 0 only)."""
+    if job_rank() != 0:
+        return
+    pipes = _pipes()
+    if pipes is None:
+        print(msg, flush=True)
+    else:
+        getattr(pipes.log, level)(msg)
+
+
+def report_progress(step: int, metrics: Mapping[str, float]) -> None:
+    """One step's metrics: a log line in the run and a custom Pipes message ``{step, metrics}``."""
+    if job_rank() != 0:
+        return
+    line = f"step {step}: " + ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
+    log(line)
+    pipes = _pipes()
+    if pipes is not None:
+        pipes.report_custom_message({"step": step, "metrics": dict(metrics)})
+
+
+def report_final(metadata: Mapping[str, Any], run_dir_url: str | None = None) -> None:
+    """The final report: the asset's materialization metadata; also ``report.json`` in the run
+    dir when ``run_dir_url`` is given."""
+    if job_rank() != 0:
+        return
+    if run_dir_url is not None:
+        atomic_write(f"{run_dir_url.rstrip('/')}/{REPORT_FILE}", json.dumps(dict(metadata), indent=2).encode())
+    pipes = _pipes()
+    if pipes is None:
+        print(json.dumps({"report": dict(metadata)}), flush=True)
+    else:
+        pipes.report_asset_materialization(metadata=dict(metadata))
