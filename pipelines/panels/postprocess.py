@@ -1,0 +1,226 @@
+"""Post-processing shared by every panel method (``xycut``, ``detr``, ``consensus``).
+
+``finalize(panels, width, height)`` applies, in this order:
+
+1. **clamp** every box to the figure (``0 <= x1 < x2 <= width``, same for y);
+2. **drop** boxes with non-positive area (before and after clamping);
+3. **containment-aware suppression** (``suppress``): boxes are visited by score, then area, both
+   descending; a box is dropped when a box already kept is a *near-duplicate* of it, i.e.
+
+   * IoU >= ``DUPLICATE_IOU`` (0.5), or
+   * the intersection covers >= ``DUPLICATE_IOS`` (0.8) of the *smaller* box **and** the smaller
+     box has >= ``DUPLICATE_AREA_RATIO`` (0.5) of the larger one's area.
+
+   So an inset (a box inside a panel but less than half its area) survives; a box nested in a
+   box of about its own size does not;
+4. **single-panel rule** (``single_panel``): when one box covers >= ``SINGLE_PANEL_COVER`` (0.85)
+   of the content area (the bounding box of all boxes), the figure is single-panel and only that
+   box is returned;
+5. **labels** (``attach_labels``): each printed-label box given by a method is attached to the
+   panel whose top-left corner it sits in or next to (see ``attach_labels``);
+6. **reading order** (``reading_order``): rows then columns.
+
+Also: ``iou``, ``match_panels`` (Hungarian matching by IoU) and ``consensus`` (XY-cut and DETR
+agreeing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from pipelines.panels.types import Box, Panel
+
+DUPLICATE_IOU = 0.5
+DUPLICATE_IOS = 0.8
+DUPLICATE_AREA_RATIO = 0.5
+SINGLE_PANEL_COVER = 0.85
+ROW_OVERLAP = 0.5  # share of the shorter height two panels must share to be on one row
+
+LabelBox = tuple[Box, str]
+
+
+def area(box: Box) -> int:
+    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
+
+
+def intersection(a: Box, b: Box) -> int:
+    return max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def iou(a: Box, b: Box) -> float:
+    """Intersection over union of two boxes (x2/y2 exclusive); 0.0 when either is empty."""
+    inter = intersection(a, b)
+    union = area(a) + area(b) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def ios(a: Box, b: Box) -> float:
+    """Intersection over the smaller box's area: 1.0 when one box lies inside the other."""
+    smaller = min(area(a), area(b))
+    return intersection(a, b) / smaller if smaller > 0 else 0.0
+
+
+def clamp(boxes: Iterable[Box], width: int, height: int) -> list[Box]:
+    """Every box cut to the figure ``[0, width) x [0, height)``, coordinates as ints. Order and
+    count are kept; a box entirely outside comes back with zero (or negative) area."""
+    out = []
+    for x1, y1, x2, y2 in boxes:
+        out.append(
+            (
+                int(min(max(x1, 0), width)),
+                int(min(max(y1, 0), height)),
+                int(min(max(x2, 0), width)),
+                int(min(max(y2, 0), height)),
+            )
+        )
+    return out
+
+
+def is_duplicate(a: Box, b: Box) -> bool:
+    """The suppression rule of step 3 of the module doc."""
+    if iou(a, b) >= DUPLICATE_IOU:
+        return True
+    small, large = sorted((area(a), area(b)))
+    return large > 0 and ios(a, b) >= DUPLICATE_IOS and small / large >= DUPLICATE_AREA_RATIO
+
+
+def suppress(panels: Sequence[Panel]) -> list[Panel]:
+    """Containment-aware suppression: keeps the best of each group of near-duplicates, keeps
+    insets. Returns the kept panels in input order."""
+    order = sorted(range(len(panels)), key=lambda i: (-panels[i].score, -panels[i].area, i))
+    kept: list[int] = []
+    for i in order:
+        if not any(is_duplicate(panels[i].box, panels[k].box) for k in kept):
+            kept.append(i)
+    return [panels[i] for i in sorted(kept)]
+
+
+def content_box(boxes: Sequence[Box]) -> Box:
+    return (
+        min(b[0] for b in boxes),
+        min(b[1] for b in boxes),
+        max(b[2] for b in boxes),
+        max(b[3] for b in boxes),
+    )
+
+
+def single_panel(panels: Sequence[Panel], cover: float = SINGLE_PANEL_COVER) -> list[Panel]:
+    """If one panel covers >= ``cover`` of the content area (bounding box of all panels), the
+    figure is single-panel: only that panel (the largest) is returned; else the panels as given."""
+    if len(panels) < 2:
+        return list(panels)
+    content = area(content_box([p.box for p in panels]))
+    biggest = max(panels, key=lambda p: (p.area, p.score))
+    if content > 0 and biggest.area / content >= cover:
+        return [biggest]
+    return list(panels)
+
+
+def reading_order(panels: Sequence[Panel]) -> list[Panel]:
+    """Rows top-down, panels left-right within a row. Panels are taken by their top edge; a
+    panel joins the current row when it shares >= ``ROW_OVERLAP`` of the shorter of its height
+    and the row's height (the row's span grows with its members); otherwise it starts a row."""
+    rows: list[list[Panel]] = []
+    spans: list[list[int]] = []
+    for p in sorted(panels, key=lambda p: (p.box[1], p.box[0])):
+        y1, y2 = p.box[1], p.box[3]
+        for row, span in zip(rows, spans, strict=True):
+            shared = min(y2, span[1]) - max(y1, span[0])
+            if shared >= ROW_OVERLAP * min(y2 - y1, span[1] - span[0]) and shared > 0:
+                row.append(p)
+                span[0], span[1] = min(span[0], y1), max(span[1], y2)
+                break
+        else:
+            rows.append([p])
+            spans.append([y1, y2])
+    order = sorted(range(len(rows)), key=lambda i: spans[i][0])
+    return [p for i in order for p in sorted(rows[i], key=lambda p: (p.box[0], p.box[1]))]
+
+
+def attach_labels(panels: Sequence[Panel], labels: Iterable[LabelBox]) -> list[Panel]:
+    """Give each panel the printed label whose box sits in or next to its top-left corner.
+
+    A label fits a panel when the label box's centre lies inside the panel box grown by
+    ``m = max(8, 0.1 * longest side)`` pixels on its left and top, and within the first 40 % of
+    that grown box's width and height. Among fitting pairs the closest (label centre to the
+    grown box's top-left corner) are taken first; each label and each panel is used once; a
+    panel that already has a label keeps it."""
+    panels = list(panels)
+    pairs = []
+    for li, (lbox, text) in enumerate(labels):
+        if not text:
+            continue
+        cx, cy = (lbox[0] + lbox[2]) / 2, (lbox[1] + lbox[3]) / 2
+        for pi, p in enumerate(panels):
+            if p.label is not None:
+                continue
+            m = max(8.0, 0.1 * max(p.width, p.height))
+            gx, gy = p.box[0] - m, p.box[1] - m
+            gw, gh = p.box[2] - gx, p.box[3] - gy
+            if gx <= cx <= gx + 0.4 * gw and gy <= cy <= gy + 0.4 * gh:
+                pairs.append((float(np.hypot(cx - p.box[0], cy - p.box[1])), li, pi, text))
+    used_labels, used_panels = set(), set()
+    for _, li, pi, text in sorted(pairs):
+        if li in used_labels or pi in used_panels:
+            continue
+        used_labels.add(li)
+        used_panels.add(pi)
+        panels[pi] = replace(panels[pi], label=text)
+    return panels
+
+
+def finalize(panels: Iterable[Panel], width: int, height: int, labels: Iterable[LabelBox] = ()) -> list[Panel]:
+    """Steps 1-6 of the module doc, in order."""
+    kept = [p for p in panels if p.area > 0]
+    boxes = clamp([p.box for p in kept], width, height)
+    kept = [replace(p, box=b) for p, b in zip(kept, boxes, strict=True) if area(b) > 0]
+    kept = suppress(kept)
+    kept = single_panel(kept)
+    kept = attach_labels(kept, labels)
+    return reading_order(kept)
+
+
+def match_panels(a: Sequence[Panel], b: Sequence[Panel]) -> list[tuple[int, int, float]]:
+    """One-to-one matching of ``a`` to ``b`` maximising the total IoU (Hungarian algorithm).
+    Returns ``(index in a, index in b, iou)`` for matched pairs with IoU > 0, sorted by index in
+    ``a``."""
+    if not a or not b:
+        return []
+    from scipy.optimize import linear_sum_assignment
+
+    m = np.array([[iou(p.box, q.box) for q in b] for p in a])
+    rows, cols = linear_sum_assignment(m, maximize=True)
+    return sorted((int(i), int(j), float(m[i, j])) for i, j in zip(rows, cols, strict=True) if m[i, j] > 0)
+
+
+def consensus(
+    xycut: Sequence[Panel], detr: Sequence[Panel], iou_min: float = 0.5, box: str = "mean"
+) -> tuple[list[Panel], float]:
+    """Panels both methods agree on, and the figure's agreement.
+
+    Pairs matched by ``match_panels`` with IoU >= ``iou_min`` become one panel: the mean of the
+    two boxes (``box="mean"``, rounded) or the DETR box (``box="detr"``), with ``score`` = their
+    IoU (the agreement) and the DETR label, else the XY-cut label. Unmatched boxes are left out.
+
+    Figure agreement = sum of the kept pairs' IoU / max(len(xycut), len(detr)): 1.0 when both
+    give the same boxes, lower for every panel one method misses; 1.0 when both find nothing."""
+    if box not in ("mean", "detr"):
+        raise ValueError(f"box must be 'mean' or 'detr', not {box!r}")
+    if not xycut and not detr:
+        return [], 1.0
+    out = []
+    total = 0.0
+    for i, j, overlap in match_panels(xycut, detr):
+        if overlap < iou_min:
+            continue
+        a, d = xycut[i], detr[j]
+        if box == "mean":
+            merged = tuple(int(round((u + v) / 2)) for u, v in zip(a.box, d.box, strict=True))
+        else:
+            merged = d.box
+        out.append(Panel(box=merged, score=overlap, label=d.label or a.label))
+        total += overlap
+    return reading_order(out), total / max(len(xycut), len(detr))

@@ -1,0 +1,84 @@
+"""Figures drawn for the panel tests: grids of textured panels, and huge images made cheaply."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+
+def draw_panel(draw: ImageDraw.ImageDraw, box, fill=70, seed: int = 0) -> None:
+    """A panel: a filled rectangle with a few lighter strokes inside (content, not a gutter)."""
+    x1, y1, x2, y2 = box
+    draw.rectangle([x1, y1, x2 - 1, y2 - 1], fill=fill)
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        a = (int(rng.integers(x1, x2)), int(rng.integers(y1, y2)))
+        b = (int(rng.integers(x1, x2)), int(rng.integers(y1, y2)))
+        draw.line([a, b], fill=200, width=2)
+
+
+def grid(rows: int, cols: int, cell: int, gap: int, margin: int, bg=255, fill=70, mode="L"):
+    """A rows x cols grid of ``cell``-pixel panels ``gap`` apart inside a ``margin``; returns the
+    image and the drawn boxes in reading order."""
+    width = 2 * margin + cols * cell + (cols - 1) * gap
+    height = 2 * margin + rows * cell + (rows - 1) * gap
+    im = Image.new(mode, (width, height), bg)
+    draw = ImageDraw.Draw(im)
+    boxes = []
+    for r in range(rows):
+        for c in range(cols):
+            x1, y1 = margin + c * (cell + gap), margin + r * (cell + gap)
+            box = (x1, y1, x1 + cell, y1 + cell)
+            draw_panel(draw, box, fill, seed=r * cols + c)
+            boxes.append(box)
+    return im, boxes
+
+
+def huge_png(width: int = 20_000, height: int = 20_000) -> bytes:
+    """A white 1-bit PNG, streamed row by row through zlib: about 50 kB, never a full image in
+    memory."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\x00" + b"\xff" * ((width + 7) // 8)
+    comp = zlib.compressobj(9)
+    rows = row * 500
+    idat = b"".join(comp.compress(rows) for _ in range(height // 500))
+    idat += comp.compress(row * (height % 500)) + comp.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def huge_uniform_jpeg(width: int = 20_000, height: int = 20_000) -> bytes:
+    """A baseline greyscale JPEG of one grey (128), written by hand: one-symbol Huffman tables
+    (DC difference 0 and end-of-block, each the 1-bit code ``0``), so every 8x8 block is two zero
+    bits and the scan is zero bytes (1.6 MB for 20,000 x 20,000)."""
+
+    def segment(marker: int, payload: bytes) -> bytes:
+        return struct.pack(">HH", marker, len(payload) + 2) + payload
+
+    one_code = bytes([1] + [0] * 15)
+    blocks = ((width + 7) // 8) * ((height + 7) // 8)
+    return b"".join(
+        [
+            b"\xff\xd8",
+            segment(0xFFDB, b"\x00" + b"\x01" * 64),
+            segment(0xFFC0, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00"),
+            segment(0xFFC4, b"\x00" + one_code + b"\x00"),
+            segment(0xFFC4, b"\x10" + one_code + b"\x00"),
+            segment(0xFFDA, b"\x01\x01\x00\x00\x3f\x00"),
+            bytes((2 * blocks + 7) // 8),
+            b"\xff\xd9",
+        ]
+    )
+
+
+def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kwargs)
+    return buf.getvalue()

@@ -1,0 +1,54 @@
+"""Matching at an IoU threshold and recall/precision, on a 3-figure case worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.panels.evaluate import match_at_iou, recall_precision
+
+
+def test_one_to_one_matching():
+    truth = [(0, 0, 100, 100), (100, 0, 200, 100)]
+    # both predictions overlap the first true box; only one may take it
+    pred = [(0, 0, 100, 100), (10, 0, 110, 100)]  # second: IoU 90/110 with box 1, 10/190 with box 2
+    assert match_at_iou(pred, truth) == (1, 1, 1)
+
+
+def test_matching_maximises_the_number_of_pairs():
+    # p0 overlaps t0 (IoU 0.6) and t1 (IoU 0.9 > p1's 0.6): a greedy best-first would give
+    # p0-t1 and leave p1 and t0 unmatched; the right answer pairs p0-t0 and p1-t1
+    t0, t1 = (0, 0, 100, 10), (40, 0, 140, 10)
+    p0 = (30, 0, 130, 10)  # IoU with t0: 70/130 = 0.54, with t1: 90/110 = 0.82
+    p1 = (60, 0, 160, 10)  # IoU with t1: 80/120 = 0.67, with t0: 40/160 = 0.25
+    assert match_at_iou([p0, p1], [t0, t1]) == (2, 0, 0)
+
+
+def test_threshold_and_empty_lists():
+    assert match_at_iou([(0, 0, 10, 10)], [(5, 0, 15, 10)]) == (0, 1, 1)  # IoU 1/3
+    assert match_at_iou([(0, 0, 10, 10)], [(5, 0, 15, 10)], iou_min=0.3) == (1, 0, 0)
+    assert match_at_iou([], [(0, 0, 1, 1)]) == (0, 0, 1)
+    assert match_at_iou([(0, 0, 1, 1)], []) == (0, 1, 0)
+
+
+def test_recall_precision_three_figures_by_hand():
+    # figure 1: 2 true panels, split perfectly          -> tp 2, fp 0, fn 0
+    f1 = match_at_iou([(0, 0, 50, 100), (50, 0, 100, 100)], [(0, 0, 50, 100), (50, 0, 100, 100)])
+    # figure 2: 3 true panels side by side, found as one box over all -> tp 0, fp 1, fn 3
+    f2 = match_at_iou([(0, 0, 300, 100)], [(0, 0, 100, 100), (100, 0, 200, 100), (200, 0, 300, 100)])
+    # figure 3: 1 true panel, over-split in 2 halves: each half has IoU 0.5 with it; only one
+    # may match -> tp 1, fp 1, fn 0
+    f3 = match_at_iou([(0, 0, 50, 100), (50, 0, 100, 100)], [(0, 0, 100, 100)])
+    assert (f1, f2, f3) == ((2, 0, 0), (0, 1, 3), (1, 1, 0))
+    scores = recall_precision([f1, f2, f3])
+    # tp 3, fp 2, fn 3: recall 3/6, precision 3/5, f1 = 2 * 0.5 * 0.6 / 1.1
+    assert scores["tp"] == 3 and scores["fp"] == 2 and scores["fn"] == 3
+    assert scores["recall"] == 0.5
+    assert scores["precision"] == 0.6
+    assert scores["f1"] == pytest.approx(0.6 / 1.1, abs=1e-4)
+    assert scores["exact"] == pytest.approx(1 / 3, abs=1e-4)
+    assert scores["figures"] == 3
+
+
+def test_recall_precision_nothing_to_count():
+    assert recall_precision([])["recall"] == 1.0
+    assert recall_precision([(0, 0, 0)])["precision"] == 1.0
