@@ -28,9 +28,9 @@ import struct
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 from PIL import Image, JpegImagePlugin
 
+from pipelines.concepts.decode import to_rgb
 from pipelines.panels.types import Box, Panel
 
 MIN_SIDE = 32
@@ -57,31 +57,13 @@ class FigureSplit:
     reason: str | None = None  # None when the figure was split
 
 
-def _on_white(im: Image.Image) -> Image.Image:
-    rgba = im.convert("RGBA")
-    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    return Image.alpha_composite(white, rgba).convert("RGB")
-
-
 def normalize_mode(im: Image.Image) -> Image.Image:
-    """The image as ``L`` or ``RGB`` (rules in the module doc)."""
-    mode = im.mode
-    if mode in ("L", "RGB") and "transparency" not in im.info:
+    """The image as ``L`` or ``RGB``: grey and colour images as they are, anything else by the
+    decoding rules every stage shares (:func:`pipelines.concepts.decode.to_rgb`: transparency on
+    white, 16-bit stretched, CMYK and palettes converted, first frame of animations)."""
+    if im.mode in ("L", "RGB") and "transparency" not in im.info:
         return im
-    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in im.info:
-        return _on_white(im)
-    if mode == "P":
-        return im.convert("RGB")
-    if mode == "1":
-        return im.convert("L")
-    if mode.startswith("I") or mode == "F":
-        a = np.asarray(im, dtype=np.float64)
-        if a.ndim == 3:
-            a = a[..., 0]
-        lo, hi = float(a.min()), float(a.max())
-        scaled = (a - lo) * (255.0 / (hi - lo)) if hi > lo else np.zeros_like(a)
-        return Image.fromarray(np.clip(scaled + 0.5, 0, 255).astype(np.uint8), "L")
-    return im.convert("RGB")
+    return to_rgb(im)
 
 
 def _open(data: bytes) -> Image.Image:
