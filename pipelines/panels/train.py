@@ -371,8 +371,8 @@ def train(config: TrainConfig, reporter=None) -> dict:
         last = {
             "kind": "train",
             "step": step,
-            "loss": round(float(loss), 6),
-            **{k: round(float(v), 6) for k, v in output.loss_dict.items()},
+            "loss": round(float(loss.detach()), 6),
+            **{k: round(float(v.detach()), 6) for k, v in output.loss_dict.items()},
             "grad_norm": round(float(grad_norm), 6),
             "lr": optimizer.param_groups[0]["lr"],
             "seconds": round(time.perf_counter() - began, 3),
