@@ -60,17 +60,23 @@ def _unavailable(config: EmbedderConfig, exc: Exception) -> ModelUnavailableErro
     )
 
 
-def _from_pretrained(cls, config: EmbedderConfig):
-    """A local directory or the Hugging Face cache first; the hub only when not offline."""
+def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | None = None):
+    """``cls.from_pretrained(model)`` from a local directory or the Hugging Face cache first; the
+    hub only when not offline. ``unavailable(exc)`` builds the error raised when neither has it."""
+    kwargs = {"revision": revision} if revision else {}
     try:
-        return cls.from_pretrained(config.model, local_files_only=True)
+        return cls.from_pretrained(model, local_files_only=True, **kwargs)
     except OSError as exc:
         if huggingface_hub.constants.is_offline_mode():
-            raise _unavailable(config, exc) from exc
+            raise unavailable(exc) from exc
     try:
-        return cls.from_pretrained(config.model)
+        return cls.from_pretrained(model, **kwargs)
     except OSError as exc:
-        raise _unavailable(config, exc) from exc
+        raise unavailable(exc) from exc
+
+
+def _from_pretrained(cls, config: EmbedderConfig):
+    return from_pretrained_offline_first(cls, config.model, lambda exc: _unavailable(config, exc))
 
 
 def load_processor(config: EmbedderConfig):
