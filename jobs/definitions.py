@@ -16,6 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
+from assets.panels import panel_crops, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from assets.release import (
     dataset_card,
@@ -54,6 +55,8 @@ ASSETS = [
     release_parquet,
     dataset_card,
     hf_upload,
+    panels,
+    panel_crops,
 ]
 
 

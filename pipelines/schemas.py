@@ -254,6 +254,7 @@ PANEL_FIGURES = pa.schema(
         pa.field("model_revision", pa.string()),
         pa.field("threshold", pa.float32()),
         pa.field("synthetic", pa.bool_()),
+        pa.field("settings", pa.string()),  # the stage's settings, JSON: results are reused only under the same
     ]
 )
 
@@ -290,6 +291,22 @@ PANEL_CAPTIONS = pa.schema(
         pa.field("scheme", pa.string()),
         pa.field("confidence", pa.float32()),
         pa.field("count_mismatch", pa.bool_()),  # panels and caption labels differ in number
+    ]
+)
+
+PANEL_CROPS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("panel_index", pa.int32(), nullable=False),
+        pa.field("method", pa.string()),
+        pa.field("tar_path", pa.string(), nullable=False),  # panels/release=R/shard=S/crops.tar
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("sha256", pa.string(), nullable=False),
+        pa.field("width", pa.int32()),
+        pa.field("height", pa.int32()),
     ]
 )
 
@@ -383,6 +400,7 @@ class Table(StrEnum):
     PANEL_FIGURES = "panel_figures"
     PANELS = "panels"
     PANEL_CAPTIONS = "panel_captions"
+    PANEL_CROPS = "panel_crops"
 
 
 TABLES: dict[str, pa.Schema] = {
@@ -404,6 +422,7 @@ TABLES: dict[str, pa.Schema] = {
     Table.PANEL_FIGURES: PANEL_FIGURES,
     Table.PANELS: PANELS,
     Table.PANEL_CAPTIONS: PANEL_CAPTIONS,
+    Table.PANEL_CROPS: PANEL_CROPS,
 }
 
 

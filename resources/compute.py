@@ -7,6 +7,8 @@ import os
 from dagster import ConfigurableResource, InitResourceContext
 
 from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
+from pipelines.panels.detector import DEFAULT_MODEL as DEFAULT_DETECTOR
+from pipelines.panels.detector import DetectorConfig
 
 
 class RayResource(ConfigurableResource):
@@ -36,8 +38,24 @@ class ModelsResource(ConfigurableResource):
     dinov2_pooling: str = "cls"
     dinov2_pad: bool = False
     synthetic: bool = False
+    panel_detector: str | None = DEFAULT_DETECTOR  # None: the weight-free layout splitter alone
+    panel_detector_revision: str | None = None
+    panel_threshold: float = 0.5
+    panel_input_size: int = 800
 
     def dinov2_config(self) -> EmbedderConfig:
         return EmbedderConfig(
             model=self.dinov2, synthetic=self.synthetic, pooling=self.dinov2_pooling, pad=self.dinov2_pad
+        )
+
+    def detector_config(self) -> DetectorConfig | None:
+        """The panel detector, or None when no weights are configured (layout splitter only)."""
+        if not self.panel_detector:
+            return None
+        return DetectorConfig(
+            model=self.panel_detector,
+            revision=self.panel_detector_revision,
+            synthetic=self.synthetic,
+            threshold=self.panel_threshold,
+            input_size=self.panel_input_size,
         )

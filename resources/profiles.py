@@ -43,7 +43,9 @@ def build_resources(settings: Settings | None = None) -> dict:
     settings = settings or Settings.from_env()
     return {
         "lake": LakeResource(home=settings.home, shards=settings.shards),
-        "models": ModelsResource(dinov2=settings.dinov2_model, synthetic=settings.synthetic),
+        "models": ModelsResource(
+            dinov2=settings.dinov2_model, synthetic=settings.synthetic, panel_detector=settings.panel_detector
+        ),
         "ray": RayResource(
             address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor
         ),

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / ".demo"
 DEFAULT_EUTILS_URL = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
 DEFAULT_DINOV2 = "facebook/dinov2-large"
+DEFAULT_PANEL_DETECTOR = "vector-institute/pmc-18m-dab-detr"
 SOURCE_SCHEMES = ("s3", "http", "https", "ftp", "file")
 
 # What a profile changes; everything else has one default. Columns: demo, local, cluster.
@@ -59,6 +60,7 @@ class Settings:
     eutils_url: str = DEFAULT_EUTILS_URL
     ncbi_email: str | None = None
     dinov2_model: str = DEFAULT_DINOV2
+    panel_detector: str | None = DEFAULT_PANEL_DETECTOR
     synthetic: bool = False
     ray_address: str | None = None
     ray_actors: int = 1
@@ -93,6 +95,7 @@ class Settings:
             eutils_url=_http_url("NCBI_EUTILS_URL", env.get("NCBI_EUTILS_URL") or DEFAULT_EUTILS_URL),
             ncbi_email=env.get("NCBI_EMAIL") or None,
             dinov2_model=env.get("PANELFORGE_DINOV2_MODEL") or DEFAULT_DINOV2,
+            panel_detector=_detector(env.get("PANELFORGE_PANEL_DETECTOR")),
             synthetic=env.flag("PANELFORGE_SYNTHETIC"),
             ray_address=env.get("PANELFORGE_RAY_ADDRESS") or None,
             ray_actors=env.integer("PANELFORGE_RAY_ACTORS", minimum=1, default=1),
@@ -193,6 +196,13 @@ def _http_url(name: str, url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SettingsError(f"{name} must be an http(s):// URL, got {url!r}")
     return url
+
+
+def _detector(value: str | None) -> str | None:
+    """``none`` (or ``off``) runs the weight-free layout splitter alone."""
+    if value is None:
+        return DEFAULT_PANEL_DETECTOR
+    return None if value.lower() in ("none", "off") else value
 
 
 def _existing_file(name: str, path: str | None) -> str | None:

@@ -1,0 +1,472 @@
+"""Panel stages: every figure image of a (release, shard) split into panels, with its caption
+split by panel label; and the panels' crops for the release.
+
+Which figures go through the detector: every figure image is split by the weight-free layout
+splitter (milliseconds on a CPU). DAB-DETR then runs on the images that may be compound: not
+labelled ``single panel`` by the concept stage, and either labelled as multi-panel, or split
+into two or more panels by the layout, or with two or more panel labels in the caption. The
+rest keep the layout's answer (one panel, or a recorded reason such as ``uniform image``).
+Images unchanged since the previous release (same sha256, same settings) keep their panels.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+from pipelines.acquire.rawstore import RawReader, add_member
+from pipelines.concepts.decode import decode_image
+from pipelines.lake import Lake
+from pipelines.panels.captions import assign_captions, split_caption
+from pipelines.panels.detector import DetectorConfig, detect_images
+from pipelines.panels.inputs import split_figure
+from pipelines.panels.postprocess import consensus, finalize, iou
+from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
+from pipelines.release.samples import JPEG_QUALITY, caption_of
+from pipelines.schemas import Table
+from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult
+
+GPU_POOL = "gpu"
+SINGLE_PANEL = "single panel"
+CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge into consensus panels
+
+
+@dataclass(frozen=True)
+class PanelSettings:
+    """``detector`` None: the layout splitter alone (no weights configured). ``prefer``: the
+    method whose panels are kept when the two disagree (``detr`` for trained weights; a random
+    synthetic detector should never be preferred)."""
+
+    detector: DetectorConfig | None = None
+    prefer: str = DETR
+    consensus_min: float = CONSENSUS_MIN
+    batch_size: int = 8
+    actors: int = 1
+    gpus_per_actor: float = 0.0
+    address: str | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """What a carried-over result must have been made with."""
+        detector = self.detector
+        return json.dumps(
+            {
+                "detector": detector.model_label if detector else None,
+                "threshold": detector.threshold if detector else None,
+                "input_size": detector.input_size if detector else None,
+                "prefer": self.prefer,
+                "consensus_min": self.consensus_min,
+            },
+            sort_keys=True,
+        )
+
+
+def _figure_images(lake: Lake, release: str, shard: str) -> Iterator[dict]:
+    """One item per resolved figure image: its figure, raw location and concept label."""
+    figures = lake.read_table(Table.FIGURES, release, shard)
+    files = lake.read_table(Table.RAW_FILES, release, shard)
+    if figures is None or files is None:
+        raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
+    where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
+    concepts_table = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
+    concepts = {
+        (c["pmcid"], c["image_file"]): c["panel_type"]
+        for c in (concepts_table.to_pylist() if concepts_table is not None else [])
+    }
+    for fig in figures.to_pylist():
+        for index, name in enumerate(fig["image_files"] or []):
+            raw = where.get((fig["pmcid"], name))
+            if raw is None:
+                continue
+            yield {
+                "pmcid": fig["pmcid"],
+                "fig_id": fig["fig_id"],
+                "image_file": name,
+                "sha256": raw["sha256"],
+                "tar_path": raw["tar_path"],
+                "offset": raw["offset"],
+                "size": raw["size"],
+                "caption": caption_of(fig),
+                "panel_type": concepts.get((fig["pmcid"], name)),
+                "index": index,
+            }
+
+
+def needs_detector(panel_type: str | None, layout_panels: int, caption_labels: int) -> bool:
+    """The cheap pre-filter in front of the detector (see the module docstring)."""
+    if panel_type == SINGLE_PANEL:
+        return False
+    if panel_type and panel_type.startswith("multiple panels"):
+        return True
+    return layout_panels >= 2 or caption_labels >= 2
+
+
+def best_overlaps(panels: list[Panel], others: list[Panel]) -> list[float | None]:
+    """Each panel's best IoU with the other method's panels (None when the other did not run)."""
+    return [max((iou(p.box, o.box) for o in others), default=0.0) for p in panels]
+
+
+def choose(
+    xycut: list[Panel], detr: list[Panel] | None, settings: PanelSettings
+) -> tuple[str, list[Panel], float | None]:
+    """The panels kept for a figure, their method and the two methods' agreement."""
+    if detr is None:
+        return XYCUT, xycut, None
+    merged, agreement = consensus(xycut, detr)
+    if agreement >= settings.consensus_min and merged:
+        return CONSENSUS, merged, agreement
+    if settings.prefer == DETR:
+        return DETR, detr, agreement
+    return XYCUT, xycut, agreement
+
+
+@dataclass
+class PanelStage(Stage):
+    """Every figure image split into panels (layout splitter, DAB-DETR, their consensus), with
+    boxes in original pixels and provenance, and its caption split by panel label."""
+
+    settings: PanelSettings = field(default_factory=PanelSettings)
+
+    name = "panels"
+    reads = (Table.FIGURES, Table.RAW_FILES, Table.FIGURE_CONCEPTS, Table.PANEL_FIGURES, Table.PANELS)
+    writes = (Table.PANEL_FIGURES, Table.PANELS, Table.PANEL_CAPTIONS)
+
+    @property
+    def compute(self) -> Compute:  # type: ignore[override]
+        if self.settings.detector is None:
+            return Compute()
+        return Compute(ray_actors=self.settings.actors, gpus_per_actor=self.settings.gpus_per_actor, pool=GPU_POOL)
+
+    def _previous(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
+        """Results of the previous release made with the same settings, by image sha256."""
+        previous = lake.previous_release(Table.PANEL_FIGURES, partition.release)
+        if previous is None:
+            return {}
+        figures = lake.read_table(Table.PANEL_FIGURES, previous, partition.shard)
+        panels = lake.read_table(Table.PANELS, previous, partition.shard)
+        if figures is None or panels is None:
+            return {}
+        by_image: dict[tuple[str, str], list[dict]] = {}
+        for row in panels.to_pylist():
+            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
+        return {
+            f["sha256"]: (f, by_image.get((f["pmcid"], f["image_file"]), []))
+            for f in figures.to_pylist()
+            if f["sha256"] and f["settings"] == self.settings.fingerprint
+        }
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release, shard = partition.release, partition.shard
+        settings, detector = self.settings, self.settings.detector
+        known = self._previous(lake, partition)
+        items = list(_figure_images(lake, release, shard))
+        splits, layouts, carried = {}, {}, {}
+        with RawReader(lake) as reader:
+            for item in items:
+                key = (item["pmcid"], item["image_file"])
+                splits[key] = split_caption(item["caption"])
+                if item["sha256"] in known:
+                    carried[key] = known[item["sha256"]]
+                    continue
+                layouts[key] = split_figure(reader.read(item["tar_path"], item["offset"], item["size"]))
+        todo = [
+            item
+            for item in items
+            if (item["pmcid"], item["image_file"]) in layouts
+            and detector is not None
+            and layouts[(item["pmcid"], item["image_file"])].reason is None
+            and needs_detector(
+                item["panel_type"],
+                len(layouts[(item["pmcid"], item["image_file"])].panels),
+                len(splits[(item["pmcid"], item["image_file"])].panels),
+            )
+        ]
+        detected = {}
+        if todo:
+            refs = [{k: it[k] for k in ("pmcid", "image_file", "tar_path", "offset", "size")} for it in todo]
+            for row in detect_images(
+                lake, refs, detector, settings.batch_size, settings.actors, settings.gpus_per_actor, settings.address
+            ):
+                detected[(row["pmcid"], row["image_file"])] = row
+        figure_rows, panel_rows, caption_rows = [], [], []
+        for item in items:
+            key = (item["pmcid"], item["image_file"])
+            if key in carried:
+                figure, panels = carried[key]
+                figure_rows.append({**figure, "fig_id": item["fig_id"]})
+                panel_rows.extend({**p, "fig_id": item["fig_id"]} for p in panels)
+                kept = [Panel(box=(p["x1"], p["y1"], p["x2"], p["y2"]), label=p["label"]) for p in panels]
+                caption_rows.extend(_caption_rows(item, kept, splits[key]))
+                continue
+            figure, panels = self._figure(item, layouts[key], detected.get(key), splits[key])
+            figure_rows.append(figure)
+            panel_rows.extend(panels)
+            kept = [Panel(box=(p["x1"], p["y1"], p["x2"], p["y2"]), label=p["label"]) for p in panels]
+            caption_rows.extend(_caption_rows(item, kept, splits[key]))
+        for table, rows in (
+            (Table.PANEL_FIGURES, figure_rows),
+            (Table.PANELS, panel_rows),
+            (Table.PANEL_CAPTIONS, caption_rows),
+        ):
+            lake.write_table(table, release, shard, rows)
+        return self._result(partition, figure_rows, panel_rows, caption_rows, len(carried), len(todo))
+
+    def _figure(self, item: dict, layout, detection: dict | None, split) -> tuple[dict, list[dict]]:
+        detector = self.settings.detector
+        figure = {
+            "pmcid": item["pmcid"],
+            "fig_id": item["fig_id"],
+            "image_file": item["image_file"],
+            "sha256": item["sha256"],
+            "width": layout.width or None,
+            "height": layout.height or None,
+            "status": "skipped",
+            "reason": layout.reason,
+            "method": None,
+            "n_panels": 0,
+            "n_xycut": len(layout.panels),
+            "n_detr": None,
+            "agreement": None,
+            "caption_labels": len(split.panels),
+            "model": detector.model_label if detector else None,
+            "model_revision": detector.revision if detector else None,
+            "threshold": detector.threshold if detector else None,
+            "synthetic": bool(detector and detector.synthetic),
+            "settings": self.settings.fingerprint,
+        }
+        if layout.reason is not None:
+            unreadable = layout.reason.startswith(("unreadable", "too large"))
+            figure["status"] = "error" if unreadable else "skipped"
+            return figure, []
+        detr = None
+        if detection is not None:
+            if detection["error"]:
+                figure.update(status="error", reason=f"detector: {detection['error']}")
+                return figure, []
+            labels = [(b.box, b.label) for b in detection["label_boxes"] if b.label]
+            detr = finalize(detection["panels"], layout.width, layout.height, labels)
+            figure["n_detr"] = len(detr)
+        method, panels, agreement = choose(layout.panels, detr, self.settings)
+        other = detr if method == XYCUT else layout.panels
+        overlaps = best_overlaps(panels, other) if detr is not None else [None] * len(panels)
+        figure.update(
+            status="split" if len(panels) > 1 else "single",
+            reason=None if detr is not None or len(panels) > 1 else "one panel by layout, not sent to the detector",
+            method=method,
+            n_panels=len(panels),
+            agreement=agreement,
+        )
+        rows = [
+            {
+                "pmcid": item["pmcid"],
+                "fig_id": item["fig_id"],
+                "image_file": item["image_file"],
+                "panel_index": index,
+                "x1": panel.box[0],
+                "y1": panel.box[1],
+                "x2": panel.box[2],
+                "y2": panel.box[3],
+                "score": panel.score,
+                "method": method,
+                "label": panel.label,
+                "agreement": overlap,
+                "model": figure["model"] if method != XYCUT else None,
+                "model_revision": figure["model_revision"] if method != XYCUT else None,
+                "threshold": figure["threshold"] if method != XYCUT else None,
+            }
+            for index, (panel, overlap) in enumerate(zip(panels, overlaps, strict=True))
+        ]
+        return figure, rows
+
+    def _result(self, partition, figures, panels, captions, carried: int, detected: int) -> StageResult:
+        statuses = Counter(f["status"] for f in figures)
+        methods = Counter(f["method"] for f in figures if f["method"])
+        errors = [f for f in figures if f["status"] == "error"]
+        split = [f for f in figures if f["status"] == "split"]
+        with_labels = [f for f in split if f["caption_labels"]]
+        matching = sum(1 for f in with_labels if f["caption_labels"] == f["n_panels"])
+        result = self.result(
+            partition,
+            ok=len(figures) - len(errors) - carried,
+            error=len(errors),
+            skipped=carried,
+            counts={
+                "images": len(figures),
+                **{f"status_{k}": v for k, v in sorted(statuses.items())},
+                **{f"method_{k}": v for k, v in sorted(methods.items())},
+                "panels": len(panels),
+                "carried": carried,
+                "sent_to_detector": detected,
+                "detector": self.settings.detector.model_label if self.settings.detector else "none (layout only)",
+                "caption_panels": len(captions),
+            },
+            previews={"preview": Preview(panels, ["pmcid", "fig_id", "panel_index", "x1", "y1", "x2", "y2", "method"])},
+            checks=[
+                boxes_inside(figures, panels),
+                count_agreement(len(with_labels), matching),
+                zero_panel_share(figures),
+            ],
+        )
+        result.errors = [(f"{f['pmcid']} {f['image_file']}", f["reason"]) for f in errors]
+        return result
+
+
+def _caption_rows(item: dict, panels: list[Panel], split) -> list[dict]:
+    assigned = assign_captions([(i, p.label) for i, p in enumerate(panels)], split)
+    return [
+        {
+            "pmcid": item["pmcid"],
+            "fig_id": item["fig_id"],
+            "image_file": item["image_file"],
+            "panel_index": index,
+            **row,
+        }
+        for index, row in enumerate(assigned)
+    ]
+
+
+BOXES_INSIDE, COUNT_AGREEMENT, ZERO_PANELS = (
+    "panel_boxes_inside_image",
+    "panel_count_matches_caption",
+    "zero_panel_share",
+)
+MIN_COUNT_AGREEMENT = 0.5  # of split figures whose caption has labels
+MAX_ZERO_PANEL_SHARE = 0.2
+
+
+def boxes_inside(figures: list[dict], panels: list[dict]) -> Check:
+    size = {(f["pmcid"], f["image_file"]): (f["width"], f["height"]) for f in figures}
+    bad = [
+        f"{p['pmcid']} {p['image_file']} #{p['panel_index']}"
+        for p in panels
+        if not (
+            0 <= p["x1"] < p["x2"] <= (size[(p["pmcid"], p["image_file"])][0] or 0)
+            and 0 <= p["y1"] < p["y2"] <= (size[(p["pmcid"], p["image_file"])][1] or 0)
+        )
+    ]
+    return Check(
+        BOXES_INSIDE,
+        passed=not bad,
+        description=f"{len(bad)} of {len(panels)} panel boxes outside their image or empty",
+        metadata={"bad": bad[:50]},
+    )
+
+
+def count_agreement(with_labels: int, matching: int) -> Check:
+    share = matching / with_labels if with_labels else 1.0
+    return Check(
+        COUNT_AGREEMENT,
+        passed=share >= MIN_COUNT_AGREEMENT,
+        description=f"{matching} of {with_labels} split figures with caption labels have as many panels as labels "
+        f"({share:.0%}; expected at least {MIN_COUNT_AGREEMENT:.0%})",
+        blocking=False,
+        metadata={"share": share, "figures": with_labels},
+    )
+
+
+def zero_panel_share(figures: list[dict]) -> Check:
+    zero = sum(1 for f in figures if f["n_panels"] == 0)
+    share = zero / len(figures) if figures else 0.0
+    reasons = Counter(f["reason"] for f in figures if f["n_panels"] == 0)
+    return Check(
+        ZERO_PANELS,
+        passed=share <= MAX_ZERO_PANEL_SHARE,
+        description=f"{zero} of {len(figures)} figure images have no panel ({share:.0%}; at most "
+        f"{MAX_ZERO_PANEL_SHARE:.0%} expected)",
+        blocking=False,
+        metadata={"share": share, "reasons": dict(reasons.most_common(10))},
+    )
+
+
+# ---- crops --------------------------------------------------------------------------------
+
+
+def crop_panel(image: Image.Image, box: Box) -> Image.Image:
+    """The panel's pixels, cut from the original image (boxes are original pixels)."""
+    return image.crop(box)
+
+
+def crop_jpeg(image: Image.Image, box: Box) -> bytes:
+    """A panel crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
+    out = io.BytesIO()
+    crop_panel(image, box).save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
+    return out.getvalue()
+
+
+def crops_tar(lake: Lake, release: str, shard: str) -> str:
+    return lake.path("panels", f"release={release}", f"shard={shard}", "crops.tar")
+
+
+@dataclass
+class PanelCropsStage(Stage):
+    """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
+    4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files."""
+
+    name = "panel_crops"
+    reads = (Table.PANELS, Table.RAW_FILES)
+    writes = (Table.PANEL_CROPS,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        import hashlib
+        import tarfile
+
+        release, shard = partition.release, partition.shard
+        panels = lake.read_table(Table.PANELS, release, shard)
+        files = lake.read_table(Table.RAW_FILES, release, shard)
+        if panels is None or files is None:
+            raise FileNotFoundError(f"release {release} shard {shard} has no panels yet")
+        where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
+        by_image: dict[tuple[str, str], list[dict]] = {}
+        for row in panels.to_pylist():
+            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
+        dest = crops_tar(lake, release, shard)
+        relative = dest[len(lake.root) + 1 :]
+        rows, errors, written = [], [], 0
+        with (
+            lake.atomic_local_file(dest, suffix=".tar") as tmp,
+            tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            with RawReader(lake) as reader:
+                for (pmcid, image_file), image_panels in sorted(by_image.items()):
+                    raw = where[(pmcid, image_file)]
+                    image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
+                    if image is None:
+                        errors.append((f"{pmcid} {image_file}", reason))
+                        continue
+                    for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
+                        box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
+                        data = crop_jpeg(image, box)
+                        name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
+                        offset = add_member(tar, name, io.BytesIO(data), len(data))
+                        written += len(data)
+                        rows.append(
+                            {
+                                "pmcid": pmcid,
+                                "fig_id": panel["fig_id"],
+                                "image_file": image_file,
+                                "panel_index": panel["panel_index"],
+                                "method": panel["method"],
+                                "tar_path": relative,
+                                "offset": offset,
+                                "size": len(data),
+                                "sha256": hashlib.sha256(data).hexdigest(),
+                                "width": box[2] - box[0],
+                                "height": box[3] - box[1],
+                            }
+                        )
+        lake.write_table(Table.PANEL_CROPS, release, shard, rows)
+        result = self.result(
+            partition,
+            ok=len(rows),
+            error=len(errors),
+            bytes=written,
+            counts={"crops": len(rows), "images_unreadable": len(errors)},
+            paths={"tar": dest},
+        )
+        result.errors = errors
+        return result
