@@ -1,7 +1,7 @@
 """Panel splitting: speed (figures per second per core, decode included) and recall/precision at
 IoU >= 0.5 on the hand-boxed real evaluation set, one entry per method.
 
-Figures: the 20 hand-boxed figures of ``tests/data/panels/boxes.json`` (10 from PMC7003341,
+Figures: the 20 hand-boxed figures of ``sample/panels/boxes.json`` (10 from PMC7003341,
 10 from the bundled sample) for quality; for speed those plus every figure image of the sample
 (``sample/articles/FIGURES.csv`` rows in a ``fig`` context, and ``sample/images``), each file
 once. Speed is CPU time of this process (``time.process_time``) for reading the bytes,
@@ -35,7 +35,7 @@ from pipelines.panels.types import XYCUT, Panel
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
-BOXES = ROOT / "tests" / "data" / "panels" / "boxes.json"
+BOXES = ROOT / "sample" / "panels" / "boxes.json"
 
 METHODS: dict[str, Callable[[Image.Image], list[Panel]]] = {XYCUT: split_panels}
 

@@ -1,5 +1,5 @@
 """The XY-cut splitter on drawn figures (boxes known from the drawing) and on the hand-boxed
-real evaluation set (tests/data/panels)."""
+real evaluation set (sample/panels)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipelines.panels.postprocess import iou
 from tests.panel_figures import draw_panel, grid
 
 ROOT = Path(__file__).resolve().parents[1]
-BOXES = ROOT / "tests" / "data" / "panels" / "boxes.json"
+BOXES = ROOT / "sample" / "panels" / "boxes.json"
 
 
 def close(found, truth, tol=2):

@@ -1,5 +1,5 @@
 """Panel boxes against hand-drawn truth: one-to-one matching at an IoU threshold, recall and
-precision over many figures, and the hand-boxed evaluation set (``tests/data/panels``)."""
+precision over many figures, and the hand-boxed evaluation set (``sample/panels``)."""
 
 from __future__ import annotations
 
