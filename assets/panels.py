@@ -1,19 +1,25 @@
 """Panel assets: figures split into panels with their captions split by label, the panels' crops,
 synthetic compound figures for the detector, and the detector's training as a launched job."""
 
+from dataclasses import asdict
+
 from dagster import (
     AssetCheckSpec,
+    AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
     Config,
+    Failure,
     MaterializeResult,
+    MultiToSingleDimensionPartitionMapping,
     asset,
 )
 
 from assets.concepts import figure_concepts
 from assets.parsing import parsed_articles
-from assets.partitions import release_shard_partitions
+from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, run_stage
+from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
     COUNT_AGREEMENT,
@@ -23,10 +29,16 @@ from pipelines.panels.stages import (
     PanelSettings,
     PanelStage,
 )
+from pipelines.panels.training import SyntheticSetStage, latest_training_set
 from pipelines.panels.types import DETR, XYCUT
+from pipelines.stage import StageInputError
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
+from resources.launcher import JobLauncherResource
 from resources.quality import QualityResource
+from resources.settings import REPO
+
+_whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
 class PanelRunSettings(Config):
@@ -104,3 +116,77 @@ def panels(
 )
 def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: QualityResource) -> MaterializeResult:
     return run_stage(context, PanelCropsStage(), lake.lake(), quality.max_error_rate)
+
+
+class TrainingSetSettings(Config):
+    figures: int = 2000
+    seed: int = 0
+    val_share: float = 0.1
+    commercial_only: bool = False
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
+    group_name="panels",
+    kinds={"coco"},
+    description=SyntheticSetStage.__doc__,
+)
+def panel_training_set(
+    context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource
+) -> MaterializeResult:
+    stage = SyntheticSetStage(config.figures, config.seed, config.val_share, config.commercial_only)
+    return run_stage(context, stage, lake.lake())
+
+
+class DetectorTrainingSettings(Config):
+    """Training of DAB-DETR on the release's synthetic set, launched as an external job (the
+    ``launcher`` resource: a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
+
+    steps: int = 20_000
+    batch_size: int = 16
+    lr: float = 1e-4
+    checkpoint_every: int = 500
+    training_set_version: str = ""  # empty: the newest set of the release
+    real_eval: str = "sample/panels/boxes.json"  # hand-boxed real figures, evaluated after training
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[panel_training_set],
+    group_name="panels",
+    kinds={"pytorch"},
+    pool=GPU_POOL,
+    description="DAB-DETR trained on the release's synthetic compound figures, as a launched GPU job: "
+    "checkpoints and the exported model in the lake (resumed after a failure), COCO mAP on the synthetic "
+    "val split and panel recall/precision on the hand-boxed real figures as metadata.",
+)
+def panel_detector(
+    context: AssetExecutionContext,
+    config: DetectorTrainingSettings,
+    lake: LakeResource,
+    models: ModelsResource,
+    launcher: JobLauncherResource,
+) -> MaterializeResult:
+    lk = lake.lake()
+    release = context.partition_key
+    try:
+        dataset = latest_training_set(lk, release, config.training_set_version)
+    except StageInputError as exc:
+        raise Failure(str(exc), allow_retries=False) from exc
+    detector = models.detector_config() or DetectorConfig(synthetic=models.synthetic)
+    real_eval = REPO / config.real_eval if config.real_eval else None
+    job = {
+        "train_dir": f"{dataset}/train",
+        "val_dir": f"{dataset}/val",
+        "steps": config.steps,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "checkpoint_every": config.checkpoint_every,
+        "real_eval": str(real_eval) if real_eval and real_eval.exists() else None,
+        "detector": asdict(detector),
+    }
+    if detector.synthetic:
+        context.log.info("training a tiny RANDOMLY initialised DAB-DETR (synthetic): its numbers are no quality claim")
+    result = launcher.run(context, "pipelines.panels.train", job, lk.path("models", "panels", "runs"))
+    return result.get_materialize_result()

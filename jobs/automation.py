@@ -25,6 +25,8 @@ from dagster import (
 
 STARTED_BY_THE_SENSOR = "pmc_inventory"
 UPLOAD = "hf_upload"
+# GPU training is a decision (weeks of GPU time, a new model version): started by a person
+STARTED_BY_A_PERSON = {"panel_training_set", "panel_detector"}
 AUTOMATION_SENSOR = "panelforge_automation"
 
 
@@ -60,7 +62,7 @@ def with_automation(assets: list[AssetsDefinition], publish: bool) -> list[Asset
 
     def attach(spec):
         name = spec.key.path[-1]
-        if name == STARTED_BY_THE_SENSOR or (name == UPLOAD and not publish):
+        if name == STARTED_BY_THE_SENSOR or name in STARTED_BY_A_PERSON or (name == UPLOAD and not publish):
             return spec
         return spec.replace_attributes(automation_condition=condition)
 

@@ -16,7 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
-from assets.panels import panel_crops, panels
+from assets.panels import panel_crops, panel_detector, panel_training_set, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from assets.release import (
     dataset_card,
@@ -57,6 +57,8 @@ ASSETS = [
     hf_upload,
     panels,
     panel_crops,
+    panel_training_set,
+    panel_detector,
 ]
 
 

@@ -53,6 +53,7 @@ def main() -> int:
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
         from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+        from assets.panels import panel_crops, panels
         from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
         from assets.release import (
             dataset_card,
@@ -125,7 +126,7 @@ def main() -> int:
             print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
             if not result.success:
                 return 1
-        for asset_def in (figure_concepts, dataset_samples):
+        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops):
             for shard in shards:
                 key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
                 result = materialize(
@@ -168,6 +169,10 @@ def print_summary(lake, seconds: float) -> None:
         "embeddings",
         "figure_concepts",
         "samples",
+        "panel_figures",
+        "panels",
+        "panel_captions",
+        "panel_crops",
     )
     for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
@@ -180,6 +185,10 @@ def print_summary(lake, seconds: float) -> None:
         "SELECT coalesce(reason, status), count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC"
     ).fetchall()
     print("  samples:           ", dict(samples))
+    figures = con.execute("SELECT status, count(*) FROM panel_figures GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    (n_panels,) = con.execute("SELECT count(*) FROM panels").fetchone()
+    methods = dict(con.execute("SELECT method, count(*) FROM panels GROUP BY 1 ORDER BY 2 DESC").fetchall())
+    print("  panel figures:     ", dict(figures), f"-> {n_panels} panels {methods} (detector: tiny random, not kept)")
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")

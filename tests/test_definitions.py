@@ -40,6 +40,10 @@ def test_every_job_schedule_and_sensor_resolves():
         "release_parquet",
         "dataset_card",
         "hf_upload",
+        "panels",
+        "panel_crops",
+        "panel_training_set",
+        "panel_detector",
     }
 
 

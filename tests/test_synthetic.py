@@ -224,7 +224,7 @@ def test_writes_coco_that_pycocotools_loads(tmp_path, sources):
         }  # fmt: skip
         listed = {s["key"]: s for s in json.loads((folder / "sources.json").read_text())}
         for image in coco.loadImgs(coco.getImgIds()):
-            with Image.open(folder / image["file_name"]) as on_disk:
+            with Image.open(folder / "images" / image["file_name"]) as on_disk:
                 assert on_disk.size == (image["width"], image["height"]) and on_disk.format == "JPEG"
             assert image["seed"] == sample_seed(21, split, image["id"] - 1)
             for ann in coco.loadAnns(coco.getAnnIds(imgIds=[image["id"]])):
@@ -237,7 +237,7 @@ def test_writes_coco_that_pycocotools_loads(tmp_path, sources):
         image = coco.loadImgs([2])[0]
         pool = [s for s in sources if s.key in listed]
         pool.sort(key=lambda s: [x.key for x in sources].index(s.key))
-        assert generate_sample(pool, 21, 1, split).jpeg == (folder / image["file_name"]).read_bytes()
+        assert generate_sample(pool, 21, 1, split).jpeg == (folder / "images" / image["file_name"]).read_bytes()
     everything = json.loads((tmp_path / "ds" / "sources.json").read_text())
     assert len(everything) == len(sources) and all(s["license_code"] for s in everything)
 

@@ -66,6 +66,7 @@ class TrainConfig:
     num_workers: int = 0  # DataLoader processes decoding images
     resume: bool = True
     eval_batch_size: int = 8
+    real_eval: str | None = None  # boxes.json of hand-boxed real figures (paths relative to its repository root)
     detector: DetectorConfig = field(default_factory=lambda: DetectorConfig(synthetic=True))
 
     @classmethod
@@ -404,9 +405,33 @@ def train(config: TrainConfig, reporter=None) -> dict:
         metric_lines.append(json.dumps({"kind": "eval", "step": step, **report["eval"]}))
         out.write_bytes("metrics.jsonl", ("\n".join(metric_lines) + "\n").encode())
         reporter.metrics({"kind": "eval", "step": step, **report["eval"]})
+    if config.real_eval:
+        report["real"] = evaluate_on_real_figures(Detector(det, model=model), config.real_eval)
+        reporter.metrics({"kind": "real", "step": step, **report["real"]})
     out.write_bytes("report.json", (json.dumps(report, indent=2) + "\n").encode())
     reporter.final(report)
     return report
+
+
+def evaluate_on_real_figures(detector, boxes_json: str) -> dict:
+    """Panel recall/precision at IoU >= 0.5 on hand-boxed real figures, with the panels as the
+    pipeline keeps them (``postprocess.finalize``)."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
+    from pipelines.panels.postprocess import finalize
+
+    root = Path(boxes_json).resolve().parents[2]  # <repo>/sample/panels/boxes.json
+    figures = load_eval_set(boxes_json, root)
+    images = [Image.open(f["path"]).convert("RGB") for f in figures]
+    found = detector.detect(images)
+    results = [
+        match_at_iou([p.box for p in finalize(d.panels, f["width"], f["height"])], f["boxes"])
+        for f, d in zip(figures, found, strict=True)
+    ]
+    return {"figures": len(figures), **recall_precision(results)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -417,7 +442,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     with fsspec.open(args.config, "rb") as fh:
-        config = TrainConfig.from_dict(json.load(fh))
+        data = json.load(fh)
+    # launched by the job launcher: its ``launch`` section names the run's folder in the lake
+    launch = data.pop("launch", None)
+    if launch and not data.get("output_dir"):
+        data["output_dir"] = launch["run_dir"]
+    config = TrainConfig.from_dict(data)
     with open_reporter() as reporter:
         report = train(config, reporter)
     print(json.dumps(report))
