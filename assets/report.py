@@ -101,9 +101,10 @@ def report(
     checks = list(result.checks)
     if max_error_rate is not None:
         checks.append(error_rate(result, max_error_rate))
-    for check in checks:
+    for check in checks:  # a failed warning check shows as WARN on the asset; only blocking ones are log warnings
         if not check.passed:
-            context.log.warning(f"check {check.name} failed: {check.description}")
+            log = context.log.warning if check.blocking else context.log.info
+            log(f"check {check.name} failed: {check.description}")
     return MaterializeResult(metadata=metadata, check_results=[check_result(c) for c in checks])
 
 
