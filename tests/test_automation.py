@@ -37,6 +37,8 @@ SHARD_LEVEL = {
     "figure_embeddings",
     "figure_concepts",
     "dataset_samples",
+    "panels",
+    "panel_crops",
 }
 RELEASE_LEVEL = {
     "image_duplicates",

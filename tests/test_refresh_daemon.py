@@ -36,6 +36,7 @@ from dagster._core.instance.ref import InstanceRef
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+from assets.panels import panel_crops, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from assets.partitions import open_release
 from assets.release import (
@@ -66,7 +67,16 @@ N_SHARDS = 2
 SHARDS = shard_keys(N_SHARDS)
 CHANGED, RETRACTED, ADDED = "PMC3441633", "PMC6398430", "PMC900000009"
 MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}  # the demo's small model
-SHARD_ASSETS = (pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings, figure_concepts, dataset_samples)
+SHARD_ASSETS = (
+    pmc_raw_articles,
+    parsed_articles,
+    pubmed_metadata,
+    figure_embeddings,
+    figure_concepts,
+    dataset_samples,
+    panels,
+    panel_crops,
+)
 RELEASE_ASSETS = (
     image_duplicates,
     concept_model,
@@ -150,7 +160,7 @@ def _build_first_release(instance, env: dict) -> str:
     _annotate(Lake(env["PANELFORGE_HOME"]), version)
     labels = run(cluster_labels, FIRST).get_asset_materialization_events()[0].materialization.metadata
     assert labels["annotated_clusters"].value == labels["clusters"].value > 0
-    for asset in (figure_concepts, dataset_samples):
+    for asset in (figure_concepts, dataset_samples, panels, panel_crops):
         for key in keys:
             run(asset, key)
     for asset in RELEASE_ASSETS[4:]:
@@ -252,6 +262,7 @@ def refreshed(tmp_path_factory, rows):
         "PANELFORGE_RATE_LIMIT": "200",
         "PANELFORGE_RATE_DIR": str(tmp / "ratelimit"),
         "PANELFORGE_AUTOMATION_INTERVAL": "5",
+        "PANELFORGE_PANEL_DETECTOR": "none",  # the layout splitter alone: the daemon test is about the flow
         "PANELFORGE_OUTAGE_RETRIES": "0",
         "HF_HUB_OFFLINE": "1",
     }
