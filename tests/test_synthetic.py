@@ -224,7 +224,7 @@ def test_writes_coco_that_pycocotools_loads(tmp_path, sources):
         }  # fmt: skip
         listed = {s["key"]: s for s in json.loads((folder / "sources.json").read_text())}
         for image in coco.loadImgs(coco.getImgIds()):
-            with Image.open(folder / image["file_name"]) as on_disk:
+            with Image.open(folder / "images" / image["file_name"]) as on_disk:
                 assert on_disk.size == (image["width"], image["height"]) and on_disk.format == "JPEG"
             assert image["seed"] == sample_seed(21, split, image["id"] - 1)
             for ann in coco.loadAnns(coco.getAnnIds(imgIds=[image["id"]])):
@@ -237,9 +237,24 @@ def test_writes_coco_that_pycocotools_loads(tmp_path, sources):
         image = coco.loadImgs([2])[0]
         pool = [s for s in sources if s.key in listed]
         pool.sort(key=lambda s: [x.key for x in sources].index(s.key))
-        assert generate_sample(pool, 21, 1, split).jpeg == (folder / image["file_name"]).read_bytes()
+        assert generate_sample(pool, 21, 1, split).jpeg == (folder / "images" / image["file_name"]).read_bytes()
     everything = json.loads((tmp_path / "ds" / "sources.json").read_text())
     assert len(everything) == len(sources) and all(s["license_code"] for s in everything)
+
+
+def test_written_coco_is_what_training_and_evaluation_read(tmp_path, sources):
+    """``file_name`` is relative to ``images/`` (COCO), as ``train.CocoDataset`` and
+    ``coco_eval.evaluate_detector`` open it."""
+    from pipelines.panels.coco_eval import evaluate_detector
+    from pipelines.panels.detector import DetectorConfig
+    from pipelines.panels.train import CocoDataset
+
+    write_coco_dataset(tmp_path / "ds", sources, n=4, seed=3, split=0.25)
+    train = CocoDataset(str(tmp_path / "ds" / "train"), 64, 2)
+    pixels, frame, classes, boxes = train[0]
+    assert pixels.shape == (64, 64, 3) and len(classes) == len(boxes) > 0
+    metrics = evaluate_detector(DetectorConfig(synthetic=True, input_size=64), str(tmp_path / "ds" / "val"))
+    assert metrics["images"] == 1
 
 
 def test_near_duplicate_sources_end_in_one_split_only(tmp_path):

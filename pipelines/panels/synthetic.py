@@ -994,8 +994,8 @@ def _write_split(folder: Path, split: str, pool: list[_Checked], count: int, see
         for index in range(count):
             sample = generate_sample(sources, seed, index, split, config, cache)
             image_id = index + 1
-            file_name = f"images/{image_id:08d}.jpg"
-            (folder / file_name).write_bytes(sample.jpeg)
+            file_name = f"{image_id:08d}.jpg"  # COCO: relative to images/, as train.py and coco_eval read it
+            (folder / "images" / file_name).write_bytes(sample.jpeg)
             record = {
                 "id": image_id,
                 "index": index,
