@@ -8,11 +8,32 @@ once. Speed is CPU time of this process (``time.process_time``) for reading the 
 ``prepare_image`` (decode, mode conversion) and the method, so figures/s per core =
 figures / CPU seconds; wall time is reported too. One warm-up pass is not timed.
 
-    python -m benchmarks.panels [--methods xycut] [--repeat 3]
+    python -m benchmarks.panels [--methods xycut detr consensus trained_detr] [--repeat 3]
+        [--detector-repeat 1] [--steps 150] [--synthetic 240]
 
-Methods are entries of ``METHODS`` (name -> function taking a PIL image, returning panels);
-another method (``detr``) adds itself there. Results go to ``benchmarks/results/panels.json``
-under ``methods.<name>``; entries of methods not run this time are kept.
+Methods (``methods.<name>`` in ``benchmarks/results/panels.json``; entries of methods not run
+this time are kept), the named speed baseline being ``xycut`` (``speed_vs_xycut`` = a method's
+figures/s per core over xycut's, same run):
+
+* ``xycut``: the weight-free layout splitter (``METHODS``).
+* ``detr``: the tiny synthetic DAB-DETR (``DetectorConfig(synthetic=True)``: **random weights**,
+  seed 0), pipeline defaults (800 px, threshold 0.5), its boxes through ``finalize`` as in the
+  stage. ``detr@0.0``: the same at threshold 0.0, run when 0.5 finds no panel at all.
+* ``consensus`` (and ``consensus@0.0``): what the panels stage keeps per figure: xycut, then
+  the detector when ``stages.needs_detector`` says so (no concept label, no caption here: when
+  xycut finds two panels or more), then ``stages.choose`` with
+  ``PanelSettings(detector=..., prefer="xycut")`` (a random detector is never preferred).
+* ``trained_detr`` (and ``trained_detr@0.0``, ``trained_consensus``): the tiny DAB-DETR trained
+  in this run (``train.train``, ``--steps`` steps on the CPU, 480 px) on a synthetic COCO set
+  written by ``synthetic.write_coco_dataset`` from the sample's figures marked ``single`` in
+  ``FIGURES.csv`` (none of them in the evaluation set). Tiny model, few steps: not a quality
+  claim; the published Open-PMC-18M weights cannot be downloaded here.
+
+Detector speed is measured once over the speed figures (``--detector-repeat``) after a warm-up
+on 8 of them. mAP on the synthetic val split: ``coco_eval.evaluate_detector`` (raw detections,
+threshold 0.0) for detector methods; for xycut and consensus their final panels (score 1.0 for
+xycut, the pair IoU for consensus panels) through ``coco_eval.coco_map``. Caption splitting:
+``captions.caption_agreement`` on ``tests/data/caption_splits.json`` (hand-split captions).
 """
 
 from __future__ import annotations
@@ -22,12 +43,15 @@ import csv
 import json
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from PIL import Image
 
+from pipelines.panels.captions import caption_agreement
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 from pipelines.panels.inputs import prepare_image, scale_boxes
 from pipelines.panels.layout import split_panels
@@ -36,13 +60,18 @@ from pipelines.panels.types import XYCUT, Panel
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
 BOXES = ROOT / "sample" / "panels" / "boxes.json"
+FIGURES_CSV = ROOT / "sample" / "articles" / "FIGURES.csv"
+CAPTIONS = ROOT / "tests" / "data" / "caption_splits.json"
+DETECTOR_WARMUP = 8
+TRAIN_INPUT_SIZE = 480
 
 METHODS: dict[str, Callable[[Image.Image], list[Panel]]] = {XYCUT: split_panels}
+DETECTOR_METHODS = ("detr", "consensus", "trained_detr")
 
 
 def speed_files() -> list[Path]:
     files = [Path(f["path"]) for f in load_eval_set(BOXES, ROOT)]
-    with open(ROOT / "sample" / "articles" / "FIGURES.csv", newline="") as fh:
+    with open(FIGURES_CSV, newline="") as fh:
         for row in csv.DictReader(fh):
             if row["context"] == "fig" and row["local_file"]:
                 files.append(ROOT / "sample" / "articles" / row["id"] / row["local_file"])
@@ -63,8 +92,8 @@ def run_one(method, data: bytes) -> list[Panel]:
     return panels
 
 
-def speed(method, blobs: list[bytes], repeat: int) -> dict:
-    for data in blobs:  # warm-up
+def speed(method, blobs: list[bytes], repeat: int, warmup: int | None = None) -> dict:
+    for data in blobs[:warmup]:  # warm-up (every figure unless ``warmup`` says how many)
         run_one(method, data)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     panels = 0
@@ -94,28 +123,273 @@ def quality(method) -> dict:
     return {name: recall_precision(results) for name, results in per_subset.items()}
 
 
+# ---- detector-based methods ----------------------------------------------------------------
+
+
+class DetrMethod:
+    """The detector on one figure, its boxes through ``finalize`` as the panels stage does."""
+
+    def __init__(self, detector):
+        self.detector = detector
+
+    def __call__(self, image: Image.Image) -> list[Panel]:
+        from pipelines.panels.postprocess import finalize
+
+        found = self.detector.detect([image], 1)[0]
+        labels = [(b.box, b.label) for b in found.label_boxes if b.label]
+        return finalize(found.panels, image.width, image.height, labels)
+
+
+class ConsensusMethod:
+    """What the panels stage keeps for a figure: xycut; the detector when ``needs_detector``
+    says so (no concept label and no caption in this benchmark); then ``choose``."""
+
+    def __init__(self, detector, prefer: str = XYCUT):
+        from pipelines.panels.stages import PanelSettings
+
+        self.detr = DetrMethod(detector)
+        self.settings = PanelSettings(detector=detector.config, prefer=prefer)
+        self.sent = self.figures = 0
+        self.kept: dict[str, int] = {}
+
+    def __call__(self, image: Image.Image) -> list[Panel]:
+        from pipelines.panels.stages import choose, needs_detector
+
+        xycut = split_panels(image)
+        detr = self.detr(image) if needs_detector(None, len(xycut), 0) else None
+        method, panels, _ = choose(xycut, detr, self.settings)
+        self.figures += 1
+        self.sent += detr is not None
+        self.kept[method] = self.kept.get(method, 0) + 1
+        return panels
+
+    def counts(self) -> dict:
+        """Over the quality pass only (reset before it)."""
+        return {"figures": self.figures, "sent_to_detector": self.sent, "method_kept": dict(sorted(self.kept.items()))}
+
+
+def synthetic_map(method, val_dir: Path) -> dict:
+    """COCO mAP of a method's final panels (category panel) on a COCO folder."""
+    from pipelines.panels.coco_eval import coco_map
+
+    gt = json.loads((val_dir / "annotations.json").read_text())
+    detections = []
+    for info in gt["images"]:
+        for p in run_one(method, (val_dir / "images" / info["file_name"]).read_bytes()):
+            x1, y1, x2, y2 = p.box
+            detections.append(
+                {"image_id": info["id"], "category_id": 1, "bbox": [x1, y1, x2 - x1, y2 - y1], "score": p.score}
+            )
+    return {k: round(v, 6) for k, v in coco_map(gt, detections, [1]).items()}
+
+
+def synthetic_sources() -> list:
+    """The sample's figure images marked ``single`` in FIGURES.csv (figure contexts), none of
+    them in the evaluation set, as ``SourcePanel``s."""
+    from pipelines.panels.synthetic import SourcePanel
+
+    evaluated = {Path(f["path"]).resolve() for f in load_eval_set(BOXES, ROOT)}
+    out = []
+    with open(FIGURES_CSV, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if not (row["context"].startswith("fig") and row["layout_observed"] == "single" and row["local_file"]):
+                continue
+            path = ROOT / "sample" / "articles" / row["id"] / row["local_file"]
+            if path.exists() and path.resolve() not in evaluated:
+                out.append(SourcePanel(key=f"{row['id']}/{row['local_file']}", image=path.read_bytes()))
+    return out
+
+
+def synthetic_set(workdir: Path, n: int) -> tuple[dict, Path]:
+    """(summary, val folder) of ``n`` synthetic figures (20% val) written under ``workdir/coco``."""
+    from pipelines.panels.synthetic import write_coco_dataset
+
+    sources = synthetic_sources()
+    summary = write_coco_dataset(workdir / "coco", sources, n=n, seed=0, split=0.2)
+    return {
+        "sources": "sample/articles figure images marked 'single' in FIGURES.csv (figure contexts), "
+        "none in the evaluation set",
+        "source_images": len(sources),
+        "seed": 0,
+        "images": {k: v["images"] for k, v in summary["splits"].items()},
+        "panels": {k: v["panels"] for k, v in summary["splits"].items()},
+        "sources_per_split": {k: v["sources"] for k, v in summary["splits"].items()},
+        "dedup": summary["dedup"],
+        "seconds": summary["seconds"],
+    }, workdir / "coco" / "val"
+
+
+def train_tiny(workdir: Path, steps: int, batch_size: int) -> dict:
+    """The training report: the tiny DAB-DETR from its seed-0 random weights (the ``detr``
+    method's), ``steps`` steps on the CPU on ``workdir/coco/train``."""
+    from pipelines.panels.detector import DetectorConfig
+    from pipelines.panels.train import TrainConfig, train
+
+    config = TrainConfig(
+        train_dir=str(workdir / "coco" / "train"),
+        val_dir=str(workdir / "coco" / "val"),
+        output_dir=str(workdir / "run"),
+        steps=steps,
+        batch_size=batch_size,
+        lr=2e-4,
+        warmup_steps=10,
+        log_every=10,
+        checkpoint_every=steps,
+        keep_checkpoints=1,
+        seed=0,
+        device="cpu",
+        detector=DetectorConfig(synthetic=True, input_size=TRAIN_INPUT_SIZE),
+    )
+    report = train(config)
+    metrics = [json.loads(line) for line in (workdir / "run" / "metrics.jsonl").read_text().splitlines()]
+    report["loss_curve"] = [(m["step"], m["loss"]) for m in metrics if m.get("kind") == "train"]
+    report["config"] = {k: v for k, v in config.to_dict().items() if k not in ("train_dir", "val_dir", "output_dir")}
+    return report
+
+
+def captions() -> dict:
+    cases = json.loads(CAPTIONS.read_text("utf-8"))["cases"]
+    out = {"file": str(CAPTIONS.relative_to(ROOT)), "all": caption_agreement(cases)}
+    for source in sorted({c.get("source", "?") for c in cases}):
+        out[source] = caption_agreement([c for c in cases if c.get("source", "?") == source])
+    for result in out.values():
+        if isinstance(result, dict):
+            for key in ("exact_label", "text"):
+                if isinstance(result.get(key), float):
+                    result[key] = round(result[key], 4)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=[*METHODS, *DETECTOR_METHODS])
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes for weight-free methods")
+    parser.add_argument("--detector-repeat", type=int, default=1, help="timed passes for detector methods")
+    parser.add_argument("--steps", type=int, default=150, help="training steps of trained_detr")
+    parser.add_argument("--batch-size", type=int, default=4, help="training batch of trained_detr")
+    parser.add_argument("--synthetic", type=int, default=240, help="synthetic figures (train + val, 20%% val)")
     args = parser.parse_args()
+    import torch
+
+    from pipelines.panels.coco_eval import evaluate_detector
+    from pipelines.panels.detector import Detector, DetectorConfig
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    began = time.perf_counter()
     files = speed_files()
     blobs = [f.read_bytes() for f in files]
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     result = {
         "benchmark": "panel splitting: figures/s per core (CPU time, decode included) and "
-        "recall/precision at IoU >= 0.5 on the hand-boxed eval set",
+        "recall/precision at IoU >= 0.5 on the hand-boxed eval set; mAP on synthetic val; caption agreement",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "pillow": Image.__version__,
+        "torch": torch.__version__,
         "speed_figures": len(files),
         "speed_megapixels": round(sum(Image.open(f).size[0] * Image.open(f).size[1] for f in files) / 1e6, 1),
         "eval_set": str(BOXES.relative_to(ROOT)),
+        "speed_baseline": XYCUT,
         "methods": dict(previous.get("methods", {})),
     }
-    for name in args.methods:
-        method = METHODS[name]
-        result["methods"][name] = {"speed": speed(method, blobs, args.repeat), "iou_0.5": quality(method)}
+    for key in ("synthetic_val", "trained_detector", "captions"):
+        if key in previous:
+            result[key] = previous[key]
+
+    def record(name: str, method, repeat: int, warmup: int | None, **meta) -> dict:
+        entry = {**meta, "speed": speed(method, blobs, repeat, warmup)}
+        if isinstance(method, ConsensusMethod):
+            method.sent = method.figures = 0
+            method.kept = {}
+        entry["iou_0.5"] = quality(method)
+        if isinstance(method, ConsensusMethod):
+            entry["eval_set_routing"] = method.counts()
+        result["methods"][name] = entry
+        print(name, json.dumps({k: v for k, v in entry.items() if k != "speed"})[:300], flush=True)
+        return entry
+
+    def detector_entries(prefix: str, config: DetectorConfig, **meta) -> list[tuple[str, Detector]]:
+        """``prefix`` (threshold as configured) and, when that finds no panel on the eval set,
+        ``prefix@0.0``, with their detectors."""
+        detector = Detector(config)
+        common = {"model": meta.pop("label", config.model_label), "input_size": config.input_size, **meta}
+        entry = record(
+            prefix, DetrMethod(detector), args.detector_repeat, DETECTOR_WARMUP, threshold=config.threshold, **common
+        )
+        out = [(prefix, detector)]
+        if entry["iou_0.5"]["all"]["tp"] + entry["iou_0.5"]["all"]["fp"] == 0 and config.threshold > 0:
+            zero = Detector(replace(config, threshold=0.0), model=detector.model)
+            why = f"{prefix} at threshold {config.threshold} found no panel on the eval set"
+            zero_meta = {**common, "note": f"{common['note']}; {why}" if common.get("note") else why}
+            record(f"{prefix}@0.0", DetrMethod(zero), args.detector_repeat, DETECTOR_WARMUP, threshold=0.0, **zero_meta)
+            out.append((f"{prefix}@0.0", zero))
+        return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        val_dir = None
+        if any(m in args.methods for m in DETECTOR_METHODS):
+            result["synthetic_val"], val_dir = synthetic_set(Path(tmp), args.synthetic)
+        maps: dict[str, dict] = {}
+        if XYCUT in args.methods:
+            record(XYCUT, METHODS[XYCUT], args.repeat, None)
+        if val_dir is not None:
+            maps[XYCUT] = synthetic_map(METHODS[XYCUT], val_dir)
+        random_note = "tiny synthetic DAB-DETR, random weights (seed 0): not a quality claim"
+        random_cfg = DetectorConfig(synthetic=True)
+        zero_run = False
+        if "detr" in args.methods:
+            for name, detector in detector_entries("detr", random_cfg, random_weights=True, note=random_note):
+                maps[name] = evaluate_detector(detector, str(val_dir))
+                zero_run |= name.endswith("@0.0")
+        if "consensus" in args.methods:
+            for threshold in (random_cfg.threshold, 0.0) if zero_run else (random_cfg.threshold,):
+                name = "consensus" if threshold == random_cfg.threshold else f"consensus@{threshold}"
+                method = ConsensusMethod(Detector(replace(random_cfg, threshold=threshold)))
+                meta = {
+                    "random_weights": True,
+                    "threshold": threshold,
+                    "prefer": XYCUT,
+                    "note": "xycut + " + random_note,
+                }
+                record(name, method, args.detector_repeat, DETECTOR_WARMUP, **meta)
+                if val_dir is not None:
+                    maps[name] = synthetic_map(method, val_dir)
+        if "trained_detr" in args.methods:
+            report = train_tiny(Path(tmp), args.steps, args.batch_size)
+            trained_cfg = DetectorConfig(model=report["model_dir"], input_size=TRAIN_INPUT_SIZE)
+            note = f"tiny model, {report['steps']} steps on CPU: not a quality claim"
+            untrained = Detector(replace(random_cfg, input_size=TRAIN_INPUT_SIZE))
+            report["untrained_map_synthetic_val"] = evaluate_detector(untrained, str(val_dir))
+            for name, detector in detector_entries(
+                "trained_detr",
+                trained_cfg,
+                label=f"synthetic-tiny-dab-detr trained {report['steps']} steps (this run)",
+                random_weights=False,
+                trained_steps=report["steps"],
+                note=note,
+            ):
+                maps[name] = evaluate_detector(detector, str(val_dir))
+            method = ConsensusMethod(Detector(trained_cfg), prefer="detr")
+            meta = {
+                "random_weights": False,
+                "threshold": trained_cfg.threshold,
+                "prefer": "detr",
+                "trained_steps": report["steps"],
+                "note": note + "; xycut + the trained detector, detr preferred on disagreement",
+            }
+            record("trained_consensus", method, args.detector_repeat, DETECTOR_WARMUP, **meta)
+            maps["trained_consensus"] = synthetic_map(method, val_dir)
+            report.pop("checkpoint", None)
+            report.pop("model_dir", None)
+            result["trained_detector"] = report
+        for name, value in maps.items():
+            result["methods"][name]["map_synthetic_val"] = value
+    base = result["methods"].get(XYCUT, {}).get("speed", {}).get("figures_per_second_per_core")
+    for entry in result["methods"].values():
+        if base:
+            entry["speed_vs_xycut"] = round(entry["speed"]["figures_per_second_per_core"] / base, 4)
+    result["captions"] = captions()
+    result["seconds_total"] = round(time.perf_counter() - began, 1)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

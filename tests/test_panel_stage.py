@@ -49,6 +49,8 @@ def test_choosing_between_the_methods():
     method, panels, agreement = choose(a, other, settings)
     assert (method, panels) == (DETR, other) and agreement < 0.7
     assert choose(a, other, PanelSettings(detector=TINY, prefer=XYCUT))[:2] == (XYCUT, a)
+    assert choose(a, [], settings)[:2] == (XYCUT, a)  # the detector found nothing: the layout's panels stay
+    assert choose([], [], settings)[:2] == (DETR, [])
 
 
 def test_layout_only_run_on_the_sample(lake):

@@ -120,8 +120,9 @@ def choose(
     merged, agreement = consensus(xycut, detr)
     if agreement >= settings.consensus_min and merged:
         return CONSENSUS, merged, agreement
-    if settings.prefer == DETR:
+    if settings.prefer == DETR and (detr or not xycut):
         return DETR, detr, agreement
+    # a detector that finds nothing where the layout found panels is no evidence of no panel
     return XYCUT, xycut, agreement
 
 
