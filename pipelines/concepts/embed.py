@@ -11,6 +11,7 @@ CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors o
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import numpy as np
@@ -39,6 +40,43 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             log_to_driver=False,
             configure_logging=False,
         )
+
+
+def actor_pool_batches(
+    rows: list[dict],
+    prepare,
+    prepare_kwargs: dict,
+    actor,
+    actor_kwargs: dict,
+    batch_size: int,
+    actors: int = 1,
+    gpus_per_actor: float = 0,
+    address: str | None = None,
+) -> Iterator[dict]:
+    """``rows`` through Ray Data: ``prepare`` (CPU tasks: read and decode) then a pool of
+    ``actors`` instances of ``actor`` (each holding its model once, ``gpus_per_actor`` GPUs);
+    yields the output as numpy batches. Every model stage (embeddings, panel detection) runs
+    through here, so they pack GPUs and fail the same way."""
+    import ray
+
+    ensure_ray(address)
+    ds = ray.data.from_items(rows)
+    ds = ds.map_batches(prepare, fn_kwargs=prepare_kwargs, batch_size=batch_size)
+    with warnings.catch_warnings():
+        # Ray Data would restart a dead actor forever, but its constructor arguments live in the
+        # object store, where a restart cannot rely on them (ray-project/ray#53727; Ray logs an
+        # error for every pool): a lost actor fails this partition's run, which is rerun on its own.
+        # Ray 2.60 has no named parameter for max_restarts yet, only the deprecated **ray_remote_args.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(
+            actor,
+            fn_constructor_kwargs=actor_kwargs,
+            batch_size=batch_size,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_gpus=gpus_per_actor or None,
+            max_restarts=0,
+        )
+    yield from ds.iter_batches(batch_size=batch_size, batch_format="numpy")
 
 
 def _prepare_batch(batch: dict, lake_root: str, config: dict) -> dict:
@@ -89,28 +127,20 @@ def embed_images(
     """
     if not refs:
         return []
-    import ray
-
-    ensure_ray(address)
     cfg = asdict(config)
-    ds = ray.data.from_items(refs)
-    ds = ds.map_batches(_prepare_batch, fn_kwargs={"lake_root": lake.url, "config": cfg}, batch_size=batch_size)
-    with warnings.catch_warnings():
-        # Ray Data would restart a dead actor forever, but its constructor arguments live in the
-        # object store, where a restart cannot rely on them (ray-project/ray#53727; Ray logs an
-        # error for every pool): a lost actor fails this partition's run, which is rerun on its own.
-        # Ray 2.60 has no named parameter for max_restarts yet, only the deprecated **ray_remote_args.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(
-            _EmbedActor,
-            fn_constructor_kwargs={"config": cfg},
-            batch_size=batch_size,
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_gpus=gpus_per_actor or None,
-            max_restarts=0,
-        )
+    batches = actor_pool_batches(
+        refs,
+        _prepare_batch,
+        {"lake_root": lake.url, "config": cfg},
+        _EmbedActor,
+        {"config": cfg},
+        batch_size,
+        actors,
+        gpus_per_actor,
+        address,
+    )
     rows = []
-    for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
+    for batch in batches:
         for i in range(len(batch["sha256"])):
             rows.append(
                 {

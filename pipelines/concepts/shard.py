@@ -28,14 +28,17 @@ def raw_locations(lake: Lake, release: str, shard: str) -> dict[tuple[str, str],
     return {(f["pmcid"], f["name"]): f for f in (files.to_pylist() if files is not None else [])}
 
 
-def image_refs(lake: Lake, release: str, shard: str) -> list[dict]:
-    """One reference per resolved figure image of the partition (where it lies in the raw tars)."""
-    figures = lake.read_table("figures", release, shard)
+def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None = None) -> list[dict]:
+    """One reference per resolved figure image of the partition (where it lies in the raw tars);
+    ``figures``: the partition's figure rows when the caller has them already."""
     if figures is None:
-        raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
+        table = lake.read_table("figures", release, shard)
+        if table is None:
+            raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
+        figures = table.to_pylist()
     by_name = raw_locations(lake, release, shard)
     refs = []
-    for fig in figures.to_pylist():
+    for fig in figures:
         for name in fig["image_files"] or []:
             raw = by_name[(fig["pmcid"], name)]
             refs.append(

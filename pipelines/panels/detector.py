@@ -24,7 +24,6 @@ the model runs under bf16 (or fp16) autocast unless ``dtype`` says otherwise.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -396,29 +395,22 @@ def detect_images(
     """
     if not refs:
         return []
-    import ray
+    from pipelines.concepts.embed import actor_pool_batches
 
-    from pipelines.concepts.embed import ensure_ray
-
-    ensure_ray(address)
     cfg = asdict(config)
-    ds = ray.data.from_items([{**ref, "_index": i} for i, ref in enumerate(refs)])
-    ds = ds.map_batches(
-        _prepare_batch, fn_kwargs={"lake_root": lake.url, "input_size": config.input_size}, batch_size=batch_size
+    batches = actor_pool_batches(
+        [{**ref, "_index": i} for i, ref in enumerate(refs)],
+        _prepare_batch,
+        {"lake_root": lake.url, "input_size": config.input_size},
+        _DetectActor,
+        {"config": cfg},
+        batch_size,
+        actors,
+        gpus_per_actor,
+        address,
     )
-    with warnings.catch_warnings():
-        # As in embed_images: a lost actor fails the run instead of restarting without its arguments.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(
-            _DetectActor,
-            fn_constructor_kwargs={"config": cfg},
-            batch_size=batch_size,
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_gpus=gpus_per_actor or None,
-            max_restarts=0,
-        )
     rows: list[dict | None] = [None] * len(refs)
-    for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy"):
+    for batch in batches:
         for j in range(len(batch["_index"])):
             i = int(batch["_index"][j])
             error = batch["error"][j] or None

@@ -21,6 +21,7 @@ from PIL import Image
 
 from pipelines.acquire.rawstore import RawReader, add_member
 from pipelines.concepts.decode import decode_image
+from pipelines.concepts.shard import image_refs
 from pipelines.lake import Lake
 from pipelines.panels.captions import assign_captions, split_caption
 from pipelines.panels.detector import DetectorConfig, detect_images
@@ -67,34 +68,21 @@ class PanelSettings:
 
 
 def _figure_images(lake: Lake, release: str, shard: str) -> Iterator[dict]:
-    """One item per resolved figure image: its figure, raw location and concept label."""
+    """One item per resolved figure image: its raw location, its figure's caption and its
+    concept label."""
     figures = lake.read_table(Table.FIGURES, release, shard)
-    files = lake.read_table(Table.RAW_FILES, release, shard)
-    if figures is None or files is None:
+    if figures is None:
         raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-    where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
+    figures = figures.to_pylist()
+    captions = {(f["pmcid"], f["fig_id"]): caption_of(f) for f in figures}
     concepts_table = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
     concepts = {
         (c["pmcid"], c["image_file"]): c["panel_type"]
         for c in (concepts_table.to_pylist() if concepts_table is not None else [])
     }
-    for fig in figures.to_pylist():
-        for index, name in enumerate(fig["image_files"] or []):
-            raw = where.get((fig["pmcid"], name))
-            if raw is None:
-                continue
-            yield {
-                "pmcid": fig["pmcid"],
-                "fig_id": fig["fig_id"],
-                "image_file": name,
-                "sha256": raw["sha256"],
-                "tar_path": raw["tar_path"],
-                "offset": raw["offset"],
-                "size": raw["size"],
-                "caption": caption_of(fig),
-                "panel_type": concepts.get((fig["pmcid"], name)),
-                "index": index,
-            }
+    for ref in image_refs(lake, release, shard, figures):
+        key = (ref["pmcid"], ref["image_file"])
+        yield {**ref, "caption": captions[(ref["pmcid"], ref["fig_id"])], "panel_type": concepts.get(key)}
 
 
 def needs_detector(panel_type: str | None, layout_panels: int, caption_labels: int) -> bool:
