@@ -1,17 +1,15 @@
 """The path a user takes in the UI: `dagster dev` (web server + daemon), GraphQL launches, the lake."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from pipelines.lake import Lake
+from testing.dagster_dev import DagsterDev
 from testing.loopback.s3_server import S3LoopbackServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,40 +19,22 @@ SHARDS = ["000", "001", "002", "003"]
 pytestmark = pytest.mark.e2e
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Graphql:
-    def __init__(self, base: str):
-        self.url = f"{base}/graphql"
-
-    def __call__(self, query: str, **variables) -> dict:
-        response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
-        response.raise_for_status()
-        body = response.json()
-        assert "errors" not in body, body
-        return body["data"]
-
-    def wait_run(self, run_id: str, timeout: float = 300) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            status = self("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)[
-                "runOrError"
-            ]["status"]
-            if status in ("SUCCESS", "FAILURE", "CANCELED"):
-                return status
-            time.sleep(1)
-        raise TimeoutError(f"run {run_id} did not finish")
+def wait_run(gql, run_id: str, timeout: float = 300) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = gql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)["runOrError"][
+            "status"
+        ]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            return status
+        time.sleep(1)
+    raise TimeoutError(f"run {run_id} did not finish")
 
 
 @pytest.fixture
 def dagster_dev(tmp_path, cloud_mirror):
     home = tmp_path / "dagster_home"
     home.mkdir()
-    port = _free_port()
     with S3LoopbackServer(cloud_mirror) as server:
         env = {
             **os.environ,
@@ -70,36 +50,12 @@ def dagster_dev(tmp_path, cloud_mirror):
         )
         assert setup.returncode == 0, setup.stderr
         assert "pool pmc_source: 1" in setup.stdout and (home / "dagster.yaml").exists()
-        dagster = Path(sys.executable).with_name("dagster")
-        log = open(tmp_path / "dagster_dev.log", "wb")
-        proc = subprocess.Popen(
-            [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        base = f"http://127.0.0.1:{port}"
+        dev = DagsterDev(env, tmp_path / "dagster_dev.log")
         try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    if requests.get(f"{base}/server_info", timeout=5).ok:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
-                assert time.time() < deadline, "dagster dev did not start"
-                time.sleep(1)
-            yield Graphql(base), Lake(tmp_path / "lake")
+            dev.wait_ready()
+            yield dev.gql, Lake(tmp_path / "lake")
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            log.close()
+            dev.stop()
 
 
 def test_sample_release_through_the_web_server(dagster_dev):
@@ -122,7 +78,7 @@ def test_sample_release_through_the_web_server(dagster_dev):
         },
     )["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
-    assert gql.wait_run(launched["run"]["runId"]) == "SUCCESS"
+    assert wait_run(gql, launched["run"]["runId"]) == "SUCCESS"
 
     backfill = gql(
         """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {

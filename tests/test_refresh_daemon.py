@@ -13,15 +13,12 @@ import csv
 import io
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
 from dagster import (
     AssetKey,
     DagsterEventType,
@@ -53,6 +50,7 @@ from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
 from resources.profiles import build_resources
 from resources.settings import Settings
+from testing.dagster_dev import DagsterDev
 from testing.loopback.eutils_server import EutilsLoopbackServer
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
@@ -90,12 +88,6 @@ RELEASE_ASSETS = (
 )
 WAIT_S = 480
 LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _mirrors(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
@@ -166,55 +158,6 @@ def _build_first_release(instance, env: dict) -> str:
     for asset in RELEASE_ASSETS[4:]:
         run(asset, FIRST)
     return version
-
-
-class DagsterDev:
-    """``dagster dev`` (web server + daemon) on a free port, loading this checkout's code."""
-
-    def __init__(self, env: dict, log: Path):
-        self.port = _free_port()
-        self.log_path = log
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.url = f"http://127.0.0.1:{self.port}/graphql"
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/server_info", timeout=5).ok:
-                    return
-            except requests.ConnectionError:
-                pass
-            assert self.proc.poll() is None, self.tail()
-            assert time.time() < deadline, "dagster dev did not start\n" + self.tail()
-            time.sleep(1)
-
-    def gql(self, query: str, **variables) -> dict:
-        response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
-        response.raise_for_status()
-        body = response.json()
-        assert "errors" not in body, body
-        return body["data"]
-
-    def tail(self, n: int = 4000) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.log.close()
 
 
 def _expected_partitions() -> dict[AssetKey, set[str]]:
