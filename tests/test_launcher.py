@@ -108,10 +108,17 @@ def local_ray():
     ray = pytest.importorskip("ray")
     import os
 
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
+    if ray.is_initialized():  # an earlier test's Ray in this process: its workers lack that PYTHONPATH
+        ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+    if saved is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = saved
 
 
 def test_ray_task_streams_reports_and_resumes(tmp_path, local_ray):
