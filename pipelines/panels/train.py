@@ -172,11 +172,11 @@ class Output:
         return "/".join([self.root, *parts])
 
     def write_bytes(self, relative: str, data: bytes) -> str:
+        """Atomically, as every launched job writes (``pipelines.launch.atomic_write``)."""
+        from pipelines.launch import atomic_write
+
         dest = self.path(relative)
-        tmp = f"{dest}.tmp"
-        with self.fs.open(tmp, "wb") as fh:
-            fh.write(data)
-        self.fs.mv(tmp, dest)
+        atomic_write(self.fs.unstrip_protocol(dest), data)
         return dest
 
     def read_text(self, relative: str) -> str | None:
