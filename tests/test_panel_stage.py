@@ -2,6 +2,7 @@
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from tests.test_parse import FOLDER_TO_PMCID
 
 RELEASE = "2026"
 TINY = DetectorConfig(synthetic=True, threshold=0.0)  # a random model: every query above 0 is a panel
-BOXES = "sample/panels/boxes.json"
+BOXES = Path(__file__).resolve().parents[1] / "sample" / "panels" / "boxes.json"
 
 
 @pytest.fixture(scope="module")
