@@ -1,0 +1,1 @@
+"""Panel2Patch mining: figure → panel → region image–text pairs from a vision-language model."""

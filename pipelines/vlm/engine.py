@@ -1,0 +1,148 @@
+"""The engine interface every backend implements, and what a request and a response are.
+
+A request is one chat turn: a user prompt with zero or more images (shown before the text),
+an optional system prompt and an optional JSON schema the answer must follow (structured
+outputs). A response carries the text, the token counts and the size of every image in the
+model's frame (after the processor's resize), so boxes can be mapped back to original pixels.
+
+Two kinds of failure are kept apart on purpose: a request the backend rejects or cannot read
+(a corrupt image, a 400 from the server) is that request's ``error``, recorded for its item,
+and the rest of the batch goes on; an engine that cannot be reached (connection refused,
+timeouts after the retries, a crashed worker) raises :class:`VlmOutage`, which fails the run so
+that Dagster retries it, and marks no item failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from PIL import Image
+
+QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
+FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
+
+# Qwen2.5-VL's processor defaults: 256 to 1280 visual tokens of 28x28 pixels per image
+DEFAULT_MIN_PIXELS = 256 * 28 * 28
+DEFAULT_MAX_PIXELS = 1280 * 28 * 28
+
+
+class VlmOutage(RuntimeError):
+    """The engine cannot be reached or died: the run fails and is retried; no item is failed."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters, the same for every backend (greedy by default: mining is extraction,
+    not creative writing, and greedy answers are reproducible)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int = 0
+    repetition_penalty: float = 1.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What every backend needs to know about the model.
+
+    ``model`` is a hub id or a local directory; ``family`` decides how grounded boxes are read
+    (``qwen2_5_vl``: absolute pixels of the resized image; ``qwen2_vl``/``qwen3_vl``: a 0–1000
+    grid). ``min_pixels``/``max_pixels`` is the pixel band of the processor's resize.
+    ``synthetic`` marks a tiny randomly initialised model: everything it produces is marked."""
+
+    model: str = "Qwen/Qwen2.5-VL-7B-Instruct"
+    revision: str | None = None
+    family: str = QWEN2_5_VL
+    dtype: str = "bfloat16"
+    min_pixels: int = DEFAULT_MIN_PIXELS
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    sampling: Sampling = field(default_factory=Sampling)
+    synthetic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"model family must be one of {FAMILIES}, not {self.family!r}")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(f"need 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}")
+
+    @property
+    def patch_factor(self) -> int:
+        """The side a resized image must be a multiple of: patch size x spatial merge size."""
+        return 32 if self.family == QWEN3_VL else 28
+
+
+@dataclass
+class VlmRequest:
+    """One chat turn. ``id`` is the caller's key, echoed in the response."""
+
+    id: str
+    prompt: str
+    images: list[Image.Image] = field(default_factory=list)
+    system: str | None = None
+    schema: dict | None = None
+    max_tokens: int | None = None  # overrides the engine's sampling.max_tokens
+
+
+@dataclass
+class VlmResponse:
+    """``text`` None with ``error`` set: the request failed on its own (recorded for its item).
+    ``image_sizes``: each image's (width, height) in the model's frame, after the resize."""
+
+    id: str
+    text: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    image_sizes: list[tuple[int, int]] = field(default_factory=list)
+    error: str | None = None
+
+
+class VlmEngine:
+    """The interface of every backend. ``generate`` returns one response per request, in the
+    request order; ``info`` is the provenance stored with every pair."""
+
+    config: EngineConfig
+    backend: str = "none"
+
+    def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
+        raise NotImplementedError
+
+    def backend_version(self) -> str:
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        """Provenance: model, revision, backend and its version, sampling, pixel band."""
+        c = self.config
+        return {
+            "model": c.model,
+            "revision": c.revision,
+            "family": c.family,
+            "dtype": c.dtype,
+            "min_pixels": c.min_pixels,
+            "max_pixels": c.max_pixels,
+            "sampling": c.sampling.as_dict(),
+            "backend": self.backend,
+            "backend_version": self.backend_version(),
+            "synthetic": c.synthetic,
+        }
+
+    def close(self) -> None:
+        """Release what the engine holds (GPU memory, HTTP sessions, Ray actors)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fingerprint(value: object) -> str:
+    """A short stable hash of a JSON-able value (prompts, schemas, settings)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]

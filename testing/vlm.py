@@ -1,0 +1,45 @@
+"""A scripted engine for the logic around the model (NMS over proposals, fusion, text
+association): the real models cannot run here, so tests write what a model would answer, by
+hand, and check what the pipeline makes of it. End-to-end tests use the tiny real model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm.grounding import model_frame
+
+
+class ScriptedEngine(VlmEngine):
+    """Answers each request with ``answer(request)`` (a string, or an Exception to record as the
+    request's error). Image sizes in the model frame are computed like the real processor's."""
+
+    backend = "scripted"
+
+    def __init__(self, answer: Callable[[VlmRequest], str | Exception], config: EngineConfig | None = None):
+        self.answer = answer
+        self.config = config or EngineConfig(model="scripted", synthetic=True)
+        self.requests: list[VlmRequest] = []
+
+    def backend_version(self) -> str:
+        return "0"
+
+    def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
+        out = []
+        for request in requests:
+            self.requests.append(request)
+            sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
+            answer = self.answer(request)
+            if isinstance(answer, Exception):
+                out.append(VlmResponse(request.id, None, image_sizes=sizes, error=str(answer)))
+            else:
+                out.append(
+                    VlmResponse(
+                        request.id,
+                        answer,
+                        prompt_tokens=len(request.prompt.split()),
+                        completion_tokens=len(answer.split()),
+                        image_sizes=sizes,
+                    )
+                )
+        return out
