@@ -9,6 +9,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
+    DataVersion,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -23,6 +24,7 @@ from pipelines.entrez.client import EntrezUnavailableError
 from pipelines.lake import Lake, LakeLayoutError
 from pipelines.release.hub import HubLimitError
 from pipelines.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
+from pipelines.vlm.engine import VlmOutage
 
 ERROR_RATE = "error_rate"
 MAX_LOGGED_ERRORS = 50
@@ -105,7 +107,11 @@ def report(
         if not check.passed:
             log = context.log.warning if check.blocking else context.log.info
             log(f"check {check.name} failed: {check.description}")
-    return MaterializeResult(metadata=metadata, check_results=[check_result(c) for c in checks])
+    return MaterializeResult(
+        metadata=metadata,
+        check_results=[check_result(c) for c in checks],
+        data_version=DataVersion(result.version) if result.version else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -127,14 +133,14 @@ def run_stage(
 
     Problems a person must fix (an upstream asset not materialized, annotations for another
     model, a setting missing) fail the run with their message and are not retried. An outage of
-    the PMC source or NCBI is retried ``outage.retries`` times, ``outage.delay_s`` apart, then
+    the PMC source, NCBI or the VLM engine is retried ``outage.retries`` times, ``outage.delay_s`` apart, then
     fails the run; nothing was written as the items' final state. Anything else fails the run
     with its traceback."""
     try:
         result = stage.run(lake, partition_of(context))
     except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
         raise Failure(str(exc), allow_retries=False) from exc
-    except (SourceUnavailableError, EntrezUnavailableError) as exc:
+    except (SourceUnavailableError, EntrezUnavailableError, VlmOutage) as exc:
         context.log.warning(f"{stage.name}[{partition_of(context)}]: service unavailable: {exc}")
         raise RetryRequested(max_retries=outage.retries, seconds_to_wait=outage.delay_s) from exc
     return report(context, result, max_error_rate)

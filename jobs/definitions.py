@@ -16,6 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
+from assets.mining import pairs
 from assets.panels import panel_crops, panel_detector, panel_training_set, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from assets.release import (
@@ -59,6 +60,7 @@ ASSETS = [
     panel_crops,
     panel_training_set,
     panel_detector,
+    pairs,
 ]
 
 

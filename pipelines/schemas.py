@@ -310,6 +310,65 @@ PANEL_CROPS = pa.schema(
     ]
 )
 
+# Panel2Patch mining: one row per image-text pair at each level (global, panel, region).
+PAIRS = pa.schema(
+    [
+        pa.field("pair_id", pa.string(), nullable=False),  # PMCID/image_file[/pNNN[/rNN]]: traces to the figure
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("level", pa.string(), nullable=False),  # global, panel, region
+        pa.field("panel_index", pa.int32()),  # null for global pairs
+        pa.field("region_index", pa.int32()),  # null unless region
+        pa.field("x1", pa.int32(), nullable=False),  # original pixels of the figure image, x2/y2 exclusive
+        pa.field("y1", pa.int32(), nullable=False),
+        pa.field("x2", pa.int32(), nullable=False),
+        pa.field("y2", pa.int32(), nullable=False),
+        # the box as the model answered it, in its frame (resized pixels or a 0-1000 grid); null when no model box
+        pa.field("frame_box", pa.list_(pa.float32())),
+        pa.field("frame_width", pa.int32()),  # the model frame of the image the box was asked on
+        pa.field("frame_height", pa.int32()),
+        pa.field("text", pa.string()),  # caption-derived text (the caption, the panel's split, the anchored clause)
+        pa.field("text_source", pa.string()),  # caption, caption_split, vlm, none
+        pa.field("extractive", pa.bool_()),  # text occurs verbatim in the caption
+        pa.field("description", pa.string()),  # the VLM's short description of the crop (second text path)
+        pa.field("marker", pa.string()),  # region pairs: arrow, arrowhead, asterisk, box, circle
+        pa.field("region_source", pa.string()),  # caption+marker, marker
+        pa.field("score", pa.float32()),
+        pa.field("distance", pa.float32()),  # region: normalised distance of caption box to marker
+        pa.field("panel_source", pa.string()),  # panel pairs: detector/layout method, or vlm
+        pa.field("model", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("prompt_version", pa.string()),
+        pa.field("sampling", pa.string()),  # JSON
+        pa.field("backend", pa.string()),
+        pa.field("backend_version", pa.string()),
+        pa.field("synthetic", pa.bool_()),
+    ]
+)
+
+# Per figure image: what mining did, what it cost, why it stopped.
+MINING_FIGURES = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("sha256", pa.string()),
+        pa.field("status", pa.string(), nullable=False),  # mined, carried, error
+        pa.field("reasons", _strings),  # recorded model failures (unparseable answers), pre-filter decisions
+        pa.field("prefilter", pa.string()),  # which costly prompts ran: som, regions, both, none
+        pa.field("n_panels", pa.int32()),
+        pa.field("n_regions", pa.int32()),
+        pa.field("vlm_requests", pa.int32()),
+        pa.field("parse_failures", pa.int32()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("seconds", pa.float32()),  # model time attributed to this figure
+        pa.field("disagreement", pa.string()),  # JSON: VLM vs detector panels
+        pa.field("fingerprint", pa.string()),  # engine + prompts + settings + inputs: reused only when equal
+    ]
+)
+
 CLUSTER_LABELS = pa.schema(
     [
         pa.field("model_version", pa.string(), nullable=False),
@@ -401,6 +460,8 @@ class Table(StrEnum):
     PANELS = "panels"
     PANEL_CAPTIONS = "panel_captions"
     PANEL_CROPS = "panel_crops"
+    PAIRS = "pairs"
+    MINING_FIGURES = "mining_figures"
 
 
 TABLES: dict[str, pa.Schema] = {
@@ -423,6 +484,8 @@ TABLES: dict[str, pa.Schema] = {
     Table.PANELS: PANELS,
     Table.PANEL_CAPTIONS: PANEL_CAPTIONS,
     Table.PANEL_CROPS: PANEL_CROPS,
+    Table.PAIRS: PAIRS,
+    Table.MINING_FIGURES: MINING_FIGURES,
 }
 
 

@@ -94,6 +94,9 @@ class StageResult:
     previews: dict[str, Preview] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
+    # a hash of what the stage produced, when it can say: Dagster's data version, so downstream
+    # assets are marked stale only when it changes
+    version: str | None = None
 
     @property
     def items(self) -> int:

@@ -13,6 +13,7 @@ ray                    in-process, CPU              in-process, CPU         PANE
 hub                    dry runs only (no repo)      PANELFORGE_HF_REPO      PANELFORGE_HF_REPO
 quality                max error rate 5%            5%                      5%
 launcher               subprocess, CPU              subprocess              Ray (PANELFORGE_RAY_ADDRESS)
+vlm                    tiny random Qwen2.5-VL, CPU  transformers (one GPU)  vLLM on Ray Data (Qwen2.5-VL-7B)
 =====================  ===========================  ======================  ======================
 
 Secrets are passed as ``EnvVar`` when set, so Dagster resolves them in the run's process and
@@ -33,10 +34,15 @@ from resources.launcher import JobLauncherResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource
 from resources.settings import Settings
+from resources.vlm import VlmEngineResource
 
 
 def _secret(name: str) -> EnvVar | None:
     return EnvVar(name) if os.environ.get(name) else None
+
+
+# The tiny random model answers nonsense at any length: short answers, a small pixel band
+SYNTHETIC_VLM = {"max_tokens": 48, "min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28, "dtype": "float32"}
 
 
 def build_resources(settings: Settings | None = None) -> dict:
@@ -70,5 +76,17 @@ def build_resources(settings: Settings | None = None) -> dict:
         "quality": QualityResource(max_error_rate=settings.max_error_rate, taxonomy=settings.taxonomy),
         "launcher": JobLauncherResource(
             backend=settings.launcher, gpus=settings.job_gpus, ray_address=settings.ray_address
+        ),
+        "vlm": VlmEngineResource(
+            backend=settings.vlm_backend,
+            model=settings.vlm_model,
+            revision=settings.vlm_revision,
+            synthetic=settings.synthetic,
+            base_url=settings.vlm_url,
+            api_key=_secret("PANELFORGE_VLM_API_KEY"),
+            ray_address=settings.ray_address,
+            replicas=settings.vlm_replicas,
+            tensor_parallel_size=settings.vlm_tensor_parallel,
+            **SYNTHETIC_VLM if settings.synthetic else {},
         ),
     }

@@ -37,8 +37,11 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "PANELFORGE_SYNTHETIC": {"demo": True, "local": False, "cluster": False},
     "PANELFORGE_GPUS_PER_ACTOR": {"demo": 0.0, "local": 0.0, "cluster": 1.0},
     "PANELFORGE_LAUNCHER": {"demo": "subprocess", "local": "subprocess", "cluster": "ray"},
+    "PANELFORGE_VLM_BACKEND": {"demo": "transformers", "local": "transformers", "cluster": "ray"},
 }
-LAUNCHERS = ("subprocess", "ray", "kubernetes")  # where training and evaluation jobs run (resources/launcher.py)
+LAUNCHERS = ("subprocess", "ray", "kubernetes")
+VLM_BACKENDS = ("transformers", "openai", "ray")  # where the mining model runs (resources/vlm.py)
+DEFAULT_VLM = "Qwen/Qwen2.5-VL-7B-Instruct"  # where training and evaluation jobs run (resources/launcher.py)
 
 
 class SettingsError(ValueError):
@@ -75,6 +78,12 @@ class Settings:
 
     launcher: str = "subprocess"
     job_gpus: int = 0
+    vlm_backend: str = "transformers"
+    vlm_model: str = DEFAULT_VLM
+    vlm_revision: str | None = None
+    vlm_url: str | None = None
+    vlm_replicas: int = 1
+    vlm_tensor_parallel: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -109,6 +118,12 @@ class Settings:
             automation_interval_s=env.integer("PANELFORGE_AUTOMATION_INTERVAL", minimum=1, default=30),
             launcher=_one_of("PANELFORGE_LAUNCHER", env.text("PANELFORGE_LAUNCHER"), LAUNCHERS),
             job_gpus=env.integer("PANELFORGE_JOB_GPUS", minimum=0, default=0),
+            vlm_backend=_one_of("PANELFORGE_VLM_BACKEND", env.text("PANELFORGE_VLM_BACKEND"), VLM_BACKENDS),
+            vlm_model=env.get("PANELFORGE_VLM_MODEL") or DEFAULT_VLM,
+            vlm_revision=env.get("PANELFORGE_VLM_REVISION") or None,
+            vlm_url=_vlm_url(env),
+            vlm_replicas=env.integer("PANELFORGE_VLM_REPLICAS", minimum=1, default=1),
+            vlm_tensor_parallel=env.integer("PANELFORGE_VLM_TENSOR_PARALLEL", minimum=1, default=1),
         )
 
 
@@ -195,6 +210,18 @@ def _http_url(name: str, url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise SettingsError(f"{name} must be an http(s):// URL, got {url!r}")
+    return url
+
+
+def _vlm_url(env: _Env) -> str | None:
+    """The OpenAI-compatible server of the ``openai`` backend (``.../v1`` or its root)."""
+    url = env.get("PANELFORGE_VLM_URL")
+    if url is not None:
+        url = _http_url("PANELFORGE_VLM_URL", url)
+    elif env.text("PANELFORGE_VLM_BACKEND") == "openai":
+        raise SettingsError(
+            "PANELFORGE_VLM_BACKEND=openai needs PANELFORGE_VLM_URL (the server, e.g. http://host:8000)"
+        )
     return url
 
 

@@ -101,7 +101,7 @@ DESCRIBE_PANEL = Prompt(
 
 LOCATE_REGION = Prompt(
     "locate_region",
-    "This is one panel of a scientific figure. Its caption says: \"{phrase}\". Give the bounding "
+    'This is one panel of a scientific figure. Its caption says: "{phrase}". Give the bounding '
     "box of every region this refers to (the area the {marker} points at or encloses). Answer as "
     'JSON: {{"regions": [{{"bbox_2d": [x1, y1, x2, y2]}}]}}.',
     {

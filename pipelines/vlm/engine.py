@@ -29,7 +29,7 @@ DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
 
-class VlmOutage(RuntimeError):
+class VlmOutage(RuntimeError):  # noqa: N818 (an outage, not an error of the item)
     """The engine cannot be reached or died: the run fails and is retried; no item is failed."""
 
 

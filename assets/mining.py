@@ -1,0 +1,94 @@
+"""Panel2Patch mining: figure, panel and region image–text pairs from a vision-language model.
+
+The asset's code version is the prompts' version: a changed prompt shows the asset as changed
+in the UI, and a rerun mines again only the figures a change affects (the stage reuses every
+figure whose engine, prompts, settings and inputs are unchanged). Its data version is a hash
+of those fingerprints, so downstream assets go stale only when the pairs can have changed.
+"""
+
+from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
+from pipelines.mining.regions import TAU_DEFAULT
+
+from assets.panels import panels
+from assets.partitions import release_shard_partitions
+from assets.report import error_rate_check, run_stage
+from pipelines.mining.prompts import PROMPT_VERSION
+from pipelines.mining.stages import (
+    BOXES_INSIDE,
+    CANARY,
+    EXTRACTIVE,
+    GPU_POOL,
+    PARSE_FAILURES,
+    PHOTOGRAPHIC_SKIP,
+    MiningSettings,
+    MiningStage,
+)
+from resources.compute import RayResource
+from resources.lake import LakeResource
+from resources.quality import QualityResource
+from resources.vlm import VlmEngineResource
+
+
+class MiningRunSettings(Config):
+    """``som_views`` 0 turns Set-of-Mark panel proposals off; ``region_gate`` lists the concept
+    panel types that get no region mining (empty: every panel)."""
+
+    som_views: int = 3
+    describe_panels: bool = True
+    describe_regions: bool = True
+    regions: bool = True
+    region_gate: list[str] = list(PHOTOGRAPHIC_SKIP)
+    tau: float = TAU_DEFAULT
+    max_region_panels: int = 8
+    figures_per_batch: int = 16
+    seed: int = 0
+
+
+def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpec:
+    return AssetCheckSpec(
+        name, asset="pairs", partitions_def=release_shard_partitions, blocking=blocking, description=description
+    )
+
+
+@asset(
+    partitions_def=release_shard_partitions,
+    deps=[panels],
+    group_name="mining",
+    kinds={"parquet", "ray", "vllm"},
+    pool=GPU_POOL,
+    code_version=PROMPT_VERSION,
+    backfill_policy=BackfillPolicy.multi_run(1),
+    description=MiningStage.__doc__,
+    check_specs=[
+        _check(BOXES_INSIDE, "Panel boxes lie inside their figure, region boxes inside their panel.", blocking=True),
+        _check(EXTRACTIVE, "Texts said to come from the caption occur in it verbatim.", blocking=True),
+        _check(PARSE_FAILURES, "Few model answers are unusable (garbage, truncated, no box)."),
+        _check(CANARY, "The engine applies structured outputs (a canary request checked at the start).", True),
+        error_rate_check("pairs", release_shard_partitions),
+    ],
+)
+def pairs(
+    context: AssetExecutionContext,
+    config: MiningRunSettings,
+    lake: LakeResource,
+    vlm: VlmEngineResource,
+    ray: RayResource,
+    quality: QualityResource,
+) -> MaterializeResult:
+    lk = lake.lake()
+    settings = MiningSettings(
+        som_views=config.som_views,
+        describe_panels=config.describe_panels,
+        describe_regions=config.describe_regions,
+        regions=config.regions,
+        region_gate=tuple(config.region_gate),
+        tau=config.tau,
+        max_region_panels=config.max_region_panels,
+        figures_per_batch=config.figures_per_batch,
+        seed=config.seed,
+    )
+    if vlm.synthetic:
+        context.log.info("VLM: a tiny RANDOM Qwen2.5-VL (synthetic): its pairs are marked synthetic, no quality claim")
+    with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
+        stage = MiningStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
+        return run_stage(context, stage, lk, quality.max_error_rate)

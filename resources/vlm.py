@@ -1,0 +1,129 @@
+"""The vision-language model engine as a resource: one interface, the backend chosen per profile.
+
+==============  =======================================  ==========================================
+backend         where the model runs                     when
+==============  =======================================  ==========================================
+transformers    in the run's process (one GPU, or CPU)   demo and tests (a tiny random model), one GPU
+openai          any OpenAI-compatible server             ``vllm serve`` / SGLang you run yourself
+ray             vLLM in Ray Data actors on the cluster   production backfills (``PANELFORGE_RAY_ADDRESS``)
+==============  =======================================  ==========================================
+
+``synthetic`` builds a tiny randomly initialised Qwen2.5-VL (tokenizer and processor made in
+code, no download) into the lake once and uses it; everything mined with it is marked
+``synthetic``. The server's API key is a secret: it comes from ``PANELFORGE_VLM_API_KEY`` as an
+``EnvVar`` and never appears in configuration or logs.
+"""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+
+from pipelines.vlm.engine import QWEN2_5_VL, QWEN2_VL, QWEN3_VL, EngineConfig, Sampling, VlmEngine
+from resources.settings import DEFAULT_VLM, VLM_BACKENDS
+
+BACKENDS = VLM_BACKENDS  # DEFAULT_VLM is the 7B model; Qwen/Qwen2.5-VL-72B-Instruct for the paper's quality
+
+
+def family_of(model: str) -> str:
+    """The grounding convention of a model, from its name (Qwen2.5-VL: resized pixels;
+    Qwen2-VL and Qwen3-VL: a 0–1000 grid)."""
+    name = model.lower().replace("_", "").replace("-", "").replace(".", "")
+    if "qwen3vl" in name:
+        return QWEN3_VL
+    if "qwen25vl" in name:
+        return QWEN2_5_VL
+    if "qwen2vl" in name:
+        return QWEN2_VL
+    return QWEN2_5_VL
+
+
+class VlmEngineResource(ConfigurableResource):
+    """Model, revision, dtype, pixel band and sampling are configuration; ``family`` empty means
+    inferred from the model's name."""
+
+    backend: str = "transformers"
+    model: str = DEFAULT_VLM
+    revision: str | None = None
+    family: str = ""
+    dtype: str = "bfloat16"
+    min_pixels: int = 256 * 28 * 28
+    max_pixels: int = 1280 * 28 * 28
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int = 0
+    synthetic: bool = False
+    # transformers
+    device: str = "auto"
+    batch_size: int = 8
+    # openai
+    base_url: str | None = None
+    api_key: str | None = None
+    concurrency: int = 8
+    timeout_s: float = 120.0
+    retries: int = 4
+    structured: str = "structured_outputs"
+    # ray
+    ray_address: str | None = None
+    replicas: int = 1
+    tensor_parallel_size: int = 1
+    accelerator_type: str | None = None
+
+    def engine_config(self, model: str | None = None) -> EngineConfig:
+        model = model or self.model
+        return EngineConfig(
+            model=model,
+            revision=self.revision,
+            family=self.family or family_of(model),
+            dtype=self.dtype,
+            min_pixels=self.min_pixels,
+            max_pixels=self.max_pixels,
+            sampling=Sampling(
+                temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, seed=self.seed
+            ),
+            synthetic=self.synthetic,
+        )
+
+    def engine(self, cache_dir: str | None = None) -> VlmEngine:
+        """A started engine (close it, or use it as a context manager). ``cache_dir``: where the
+        tiny synthetic model is built once (a local directory)."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"VLM backend must be one of {BACKENDS}, not {self.backend!r}")
+        if self.synthetic:
+            if self.backend != "transformers":
+                raise ValueError("the synthetic tiny model runs only on the transformers backend")
+            if cache_dir is None:
+                raise ValueError("a synthetic engine needs a cache directory for its tiny model")
+            from pipelines.vlm.tiny import tiny_model_dir
+
+            config = self.engine_config(str(tiny_model_dir(cache_dir)))
+        else:
+            config = self.engine_config()
+        if self.backend == "transformers":
+            from pipelines.vlm.hf import TransformersEngine
+
+            return TransformersEngine(config, device=self.device, batch_size=self.batch_size)
+        if self.backend == "openai":
+            if not self.base_url:
+                raise ValueError("the openai backend needs base_url (PANELFORGE_VLM_URL)")
+            from pipelines.vlm.openai_http import OpenAIEngine
+
+            return OpenAIEngine(
+                config,
+                self.base_url,
+                api_key=self.api_key,
+                concurrency=self.concurrency,
+                timeout_s=self.timeout_s,
+                retries=self.retries,
+                structured=self.structured,
+            )
+        from pipelines.vlm.ray_llm import RayVllmEngine, RayVllmSettings
+
+        settings = RayVllmSettings(
+            address=self.ray_address,
+            concurrency=self.replicas,
+            tensor_parallel_size=self.tensor_parallel_size,
+            accelerator_type=self.accelerator_type,
+            batch_size=self.batch_size,
+        )
+        return RayVllmEngine(config, settings)
