@@ -14,6 +14,7 @@ B = (200, 0, 400, 300). The engine's pixel band is min 56*56, so smart_resize (f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -324,3 +325,33 @@ def test_request_fields_are_the_prompt_module_s():
     (request,) = engine.requests
     assert isinstance(request, VlmRequest)
     assert request.prompt == prompts.PANELS.render()
+
+
+# --- the tiny real model, end to end ---------------------------------------------------------
+
+SAMPLE_FIGURE = (
+    Path(__file__).resolve().parents[1] / "sample" / "images" / "PMC7003341" / "40779_2020_233_Fig1_HTML.jpg"
+)
+
+
+def test_propose_panels_with_the_tiny_real_model(tmp_path):
+    """A random model answers noise: whatever it says must end as panels inside the image or as
+    recorded reasons, never as an exception."""
+    from pipelines.vlm.hf import TransformersEngine
+    from pipelines.vlm.tiny import build_tiny_model
+
+    directory = build_tiny_model(tmp_path / "tiny")
+    config = EngineConfig(model=str(directory), synthetic=True, min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    image = Image.open(SAMPLE_FIGURE)
+    image.load()
+    views = panel_views(image, 3, seed=0)
+    with TransformersEngine(config, device="cpu", batch_size=3) as engine:
+        proposals = propose_panels(engine, image, views)
+    assert proposals.views == 3 and len(proposals.reasons) == 3 and len(proposals.counts) == 3
+    for reason, count in zip(proposals.reasons, proposals.counts, strict=True):
+        assert count is not None or (isinstance(reason, str) and reason)  # nothing read is explained
+    for panel in proposals.panels:
+        x1, y1, x2, y2 = panel.box
+        assert 0 <= x1 < x2 <= image.width and 0 <= y1 < y2 <= image.height
+        assert 0 < panel.score <= 1
+    assert proposals.prompt_tokens > 0
