@@ -19,7 +19,6 @@ from pipelines.mining.stages import (
     EXTRACTIVE,
     GPU_POOL,
     PARSE_FAILURES,
-    PHOTOGRAPHIC_SKIP,
     MiningSettings,
     MiningStage,
 )
@@ -30,14 +29,15 @@ from resources.vlm import VlmEngineResource
 
 
 class MiningRunSettings(Config):
-    """``som_views`` 0 turns Set-of-Mark panel proposals off; ``region_gate`` lists the concept
-    panel types that get no region mining (empty: every panel)."""
+    """``som_views`` 0 turns Set-of-Mark panel proposals off; ``region_concepts`` lists the global
+    concepts whose panels get region mining (empty: the paper's gate, no charts, tables,
+    diagrams, graphs or formulae)."""
 
     som_views: int = 3
     describe_panels: bool = True
     describe_regions: bool = True
     regions: bool = True
-    region_gate: list[str] = list(PHOTOGRAPHIC_SKIP)
+    region_concepts: list[str] = []
     tau: float = TAU_DEFAULT
     max_region_panels: int = 8
     figures_per_batch: int = 16
@@ -81,7 +81,7 @@ def pairs(
         describe_panels=config.describe_panels,
         describe_regions=config.describe_regions,
         regions=config.regions,
-        region_gate=tuple(config.region_gate),
+        region_concepts=tuple(config.region_concepts) or None,
         tau=config.tau,
         max_region_panels=config.max_region_panels,
         figures_per_batch=config.figures_per_batch,

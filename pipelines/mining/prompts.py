@@ -21,7 +21,9 @@ SYSTEM = (
     "caption verbatim when asked to, and never invent content that is not in the image or the caption."
 )
 
-_BOX = {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 4}
+# Bounded so that constrained decoding cannot run on with endless digits (a model frame side
+# is at most a few thousand pixels; the 0–1000 grid is below that)
+_BOX = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9999}, "minItems": 4, "maxItems": 4}
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ PANELS = Prompt(
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "properties": {"label": {"type": ["string", "null"]}, "bbox_2d": _BOX},
+                    "properties": {"label": {"type": ["string", "null"], "maxLength": 12}, "bbox_2d": _BOX},
                     "required": ["label", "bbox_2d"],
                     "additionalProperties": False,
                 },
@@ -145,6 +147,14 @@ CANARY = Prompt(
     },
     max_tokens=32,
 )
+
+def name_of(prompt: str) -> str:
+    """Which prompt a rendered prompt text came from ("other" when none): costs per prompt."""
+    for p in PROMPTS.values():
+        if prompt.startswith(p.template.split("{", 1)[0]):
+            return p.name
+    return "other"
+
 
 PROMPTS = {p.name: p for p in (PANELS, ASSOCIATE, DESCRIBE_PANEL, LOCATE_REGION, DESCRIBE_REGION, CANARY)}
 PROMPT_VERSION = fingerprint(

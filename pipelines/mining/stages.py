@@ -49,22 +49,22 @@ from pipelines.vlm.grounding import parse_boxes, parse_json
 GPU_POOL = "gpu"
 GLOBAL, PANEL, REGION = "global", "panel", "region"
 LEVELS = (GLOBAL, PANEL, REGION)
-PHOTOGRAPHIC_SKIP = ("chart", "plot", "graph", "diagram", "table", "schematic", "text")
 
 
 @dataclass(frozen=True)
 class MiningSettings:
     """``som_views``: Set-of-Mark proposals per figure (the full image plus random rescaled
-    crops; 0 turns SoM off). ``region_gate``: concept panel types whose panels get no region
-    mining (non-photographic, as in the paper); empty mines every panel. ``tau``: the fusion
-    distance (normalised by the panel diagonal) within which a model box must lie of a marker.
+    crops; 0 turns SoM off). ``region_concepts``: the global concepts whose panels get region
+    mining; None keeps the paper's gate (no region mining on charts, tables, diagrams, graphs
+    and formulae: see ``text.gate``). ``tau``: the fusion distance (normalised by the panel
+    diagonal) within which a model box must lie of a marker.
     ``figures_per_batch`` bounds memory: decoded images of one batch at a time."""
 
     som_views: int = 3
     describe_panels: bool = True
     describe_regions: bool = True
     regions: bool = True
-    region_gate: tuple[str, ...] = PHOTOGRAPHIC_SKIP
+    region_concepts: tuple[str, ...] | None = None
     tau: float = TAU_DEFAULT
     max_region_panels: int = 8
     figures_per_batch: int = 16
@@ -106,7 +106,7 @@ class MeteredEngine(VlmEngine):
         m = self.meter
         for request, response in zip(requests, responses, strict=True):
             owner = m.owner or request.id.split("|", 1)[0]
-            kind = request.id.rsplit("|", 2)[-2] if request.id.count("|") >= 2 else "other"
+            kind = prompts.name_of(request.prompt)
             m.requests[owner] += 1
             m.prompt_tokens[owner] += response.prompt_tokens
             m.completion_tokens[owner] += response.completion_tokens
@@ -137,7 +137,7 @@ def _items(lake: Lake, release: str, shard: str) -> list[dict]:
         )
     figures = figures.to_pylist()
     concepts = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
-    panel_type = {(c["pmcid"], c["image_file"]): c["panel_type"] for c in (concepts.to_pylist() if concepts else [])}
+    concept = {(c["pmcid"], c["image_file"]): c["global_concept"] for c in (concepts.to_pylist() if concepts else [])}
     by_image: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in panels.to_pylist():
         by_image[(row["pmcid"], row["image_file"])].append(row)
@@ -153,7 +153,7 @@ def _items(lake: Lake, release: str, shard: str) -> list[dict]:
             {
                 **ref,
                 "caption": normalize_caption(captions[(ref["pmcid"], ref["fig_id"])]),
-                "panel_type": panel_type.get(key),
+                "concept": concept.get(key),
                 "panels": image_panels,
                 "panel_captions": texts.get(key, {}),
             }
@@ -400,17 +400,28 @@ class MiningStage(Stage):
         printed = sum(1 for p in table if p.label) >= 2
         if self.settings.som_views > 0 and (labelled or printed or len(table) >= 2):
             figure.prefilter.add("som")
-            views = panel_views(figure.image, self.settings.som_views, self.settings.seed, item["sha256"])
+            views = panel_views(figure.image, self.settings.som_views, self.settings.seed)
             engine.meter.owner = figure.key
             try:
-                proposals = propose_panels(engine, figure.image, views)
+                proposals = propose_panels(engine, figure.image, views, key=f"{figure.key}|panels")
             finally:
                 engine.meter.owner = None
             figure.parse_failures += len(proposals.failures)
             figure.reasons.extend(f"panels: {r}" for r in proposals.failures)
-            merged = reconcile(proposals.panels, table)
-            figure.disagreement = merged.disagreement
-            figure.panels = list(zip(merged.panels, merged.sources, strict=True))
+            merged = reconcile(proposals.panels, table, size=figure.image.size, split_share=proposals.split_share)
+            figure.disagreement = {
+                "decision": merged.decision,
+                "agreement": round(merged.agreement, 4),
+                "mean_iou": None if merged.mean_iou is None else round(merged.mean_iou, 4),
+                "vlm_panels": len(proposals.panels),
+                "vlm_only": len(merged.vlm_only),
+                "detector_only": len(merged.detector_only),
+                "label_conflicts": [list(c[2:]) for c in merged.label_conflicts],
+            }
+            figure.panels = [
+                (r.panel, sources[r.detector_index] if r.detector_index is not None else r.source)
+                for r in merged.panels
+            ]
         else:
             figure.panels = list(zip(table, sources, strict=True))
 
@@ -485,7 +496,7 @@ class MiningStage(Stage):
 
     def _region_targets(self, figure: _Figure) -> list[tuple[int, Panel, list[MarkerPhrase]]]:
         """(panel index, panel, the marker phrases about it) for the panels worth a region prompt."""
-        if not gate(figure.item["panel_type"], self.settings.region_gate or None):
+        if not gate(figure.item["concept"], self.settings.region_concepts):
             return []
         caption = figure.item["caption"]
         if not caption:
