@@ -30,7 +30,7 @@ from PIL import Image
 
 from pipelines.mining.prompts import CANARY, CANARY_TOKEN, PANELS, SYSTEM
 from pipelines.vlm.canary import run_canary
-from pipelines.vlm.engine import EngineConfig, VlmOutage, VlmRequest
+from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
 from pipelines.vlm.grounding import model_frame
 from pipelines.vlm.hf import TransformersEngine
 from pipelines.vlm.tiny import MARKER, build_tiny_model, is_synthetic, tiny_model_dir
@@ -246,3 +246,15 @@ def test_canary_lets_an_outage_through():
 
     with pytest.raises(VlmOutage):
         run_canary(Down(lambda request: ""))
+
+
+def test_sampling_is_reproducible_by_seed(tiny):
+    def answer(seed: int) -> str:
+        sampling = Sampling(temperature=1.0, top_p=0.9, seed=seed)
+        config = EngineConfig(model=str(tiny), synthetic=True, sampling=sampling, **BAND)
+        [response] = TransformersEngine(config, device="cpu").generate([VlmRequest("s", "Say hello.", max_tokens=12)])
+        return response.text
+
+    first = answer(7)
+    assert answer(7) == first
+    assert answer(8) != first
