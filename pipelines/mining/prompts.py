@@ -50,6 +50,7 @@ PANELS = Prompt(
         "properties": {
             "panels": {
                 "type": "array",
+                "maxItems": 32,
                 "items": {
                     "type": "object",
                     "properties": {"label": {"type": ["string", "null"], "maxLength": 12}, "bbox_2d": _BOX},
@@ -76,7 +77,10 @@ ASSOCIATE = Prompt(
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "properties": {"label": {"type": "string"}, "text": {"type": "string"}},
+                    "properties": {
+                        "label": {"type": "string", "maxLength": 12},
+                        "text": {"type": "string", "maxLength": 2000},
+                    },
                     "required": ["label", "text"],
                     "additionalProperties": False,
                 },
@@ -111,6 +115,7 @@ LOCATE_REGION = Prompt(
         "properties": {
             "regions": {
                 "type": "array",
+                "maxItems": 16,
                 "items": {
                     "type": "object",
                     "properties": {"bbox_2d": _BOX},

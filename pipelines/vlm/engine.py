@@ -72,6 +72,12 @@ class EngineConfig:
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(f"need 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}")
 
+    def max_tokens(self, request: VlmRequest) -> int:
+        """A request's answer budget: its prompt's own, capped by the engine's (a deployment can
+        cap every answer, e.g. a tiny test model that never stops on its own)."""
+        cap = self.sampling.max_tokens
+        return min(request.max_tokens, cap) if request.max_tokens else cap
+
     @property
     def patch_factor(self) -> int:
         """The side a resized image must be a multiple of: patch size x spatial merge size."""
@@ -87,7 +93,7 @@ class VlmRequest:
     images: list[Image.Image] = field(default_factory=list)
     system: str | None = None
     schema: dict | None = None
-    max_tokens: int | None = None  # overrides the engine's sampling.max_tokens
+    max_tokens: int | None = None  # the prompt's budget; the engine's sampling.max_tokens caps it
 
 
 @dataclass

@@ -162,7 +162,7 @@ class TransformersEngine(VlmEngine):
                 grammar = compile_schema(request.schema)
             except SchemaError as exc:
                 return VlmResponse(request.id, None, error=str(exc))
-        max_tokens = request.max_tokens or self.config.sampling.max_tokens
+        max_tokens = self.config.max_tokens(request)
         return _Prepared(index, request, images, grammar, max_tokens)
 
     def _messages(self, item: _Prepared) -> list[dict]:
