@@ -320,6 +320,7 @@ PAIRS = pa.schema(
         pa.field("level", pa.string(), nullable=False),  # global, panel, region
         pa.field("panel_index", pa.int32()),  # null for global pairs
         pa.field("region_index", pa.int32()),  # null unless region
+        pa.field("label", pa.string()),  # panel pairs: the printed panel label, when known
         pa.field("x1", pa.int32(), nullable=False),  # original pixels of the figure image, x2/y2 exclusive
         pa.field("y1", pa.int32(), nullable=False),
         pa.field("x2", pa.int32(), nullable=False),

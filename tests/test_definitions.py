@@ -44,6 +44,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "panel_crops",
         "panel_training_set",
         "panel_detector",
+        "pairs",
     }
 
 

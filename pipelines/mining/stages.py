@@ -33,7 +33,7 @@ from pipelines.concepts.shard import image_refs
 from pipelines.lake import Lake
 from pipelines.mining import prompts
 from pipelines.mining.markers import detect_markers
-from pipelines.mining.phrases import MarkerPhrase, marker_phrases
+from pipelines.mining.phrases import MarkerPhrase, find_marker_phrases
 from pipelines.mining.regions import TAU_DEFAULT, fuse_regions
 from pipelines.mining.som import panel_views, propose_panels, reconcile
 from pipelines.mining.text import gate, panel_texts
@@ -455,6 +455,7 @@ class MiningStage(Stage):
                     PANEL,
                     panel.box,
                     panel_index=index,
+                    label=panel.label,
                     text=text.get("text"),
                     text_source=text.get("source") or "none",
                     extractive=text.get("extractive"),
@@ -503,13 +504,13 @@ class MiningStage(Stage):
             return []
         targets = []
         if len(figure.panels) < 2:
-            phrases = marker_phrases(caption)
+            phrases = find_marker_phrases(caption)
             if phrases and figure.panels:
                 targets.append((0, figure.panels[0][0], phrases))
             return targets
-        preface = marker_phrases(split_caption(caption).preface)
+        preface = find_marker_phrases(split_caption(caption).preface)
         for index, (panel, _) in enumerate(figure.panels[: self.settings.max_region_panels]):
-            own = marker_phrases(figure.texts.get(index, {}).get("text") or "")
+            own = find_marker_phrases(figure.texts.get(index, {}).get("text") or "")
             if own or preface:
                 targets.append((index, panel, own or preface))
         return targets
