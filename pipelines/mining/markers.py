@@ -300,7 +300,11 @@ def _marker(c: _Component, kind: str, tip: tuple[float, float] | None, score: fl
 
 def _ring(c: _Component, filled: np.ndarray, hole_share: float) -> Marker | None:
     """A box or circle: a thin closed outline around one large hole. The filled shape's
-    extent (area over its bounding box) separates rectangles (~1) from ellipses (~pi/4)."""
+    extent (area over its bounding box) separates rectangles (~1) from ellipses (~pi/4).
+    Black outlines on a light page are chart frames, legend boxes and table cells far more often
+    than drawn marks, so black rings are not taken."""
+    if c.colour == "black":
+        return None
     ys, xs = np.nonzero(filled)
     h, w = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
     if min(h, w) < 12 or not 0.25 <= w / h <= 4.0:
@@ -379,16 +383,19 @@ def _arrow(c: _Component, pts: np.ndarray, mean: np.ndarray, axis: np.ndarray) -
     return None
 
 
-def _asterisk(
-    c: _Component, pts: np.ndarray, mean: np.ndarray, solidity: float, elongation: float
-) -> Marker | None:
+def _asterisk(c: _Component, pts: np.ndarray, mean: np.ndarray, solidity: float, elongation: float) -> Marker | None:
     """Five to eight thin spokes radiating from a filled centre, at the same angles on an inner
     and an outer circle (radial, unlike the strokes of ``W`` or ``K``), spread around the full
     turn. ``X`` and ``+`` have four spokes."""
     mask = c.mask
     ys, xs = np.nonzero(mask)
     h, w = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
-    if elongation > 1.5 or solidity > 0.6 or not 0.6 <= w / h <= 1.6 or not 9 <= max(h, w) <= SMALL_SHARE * c.panel_side:
+    if (
+        elongation > 1.5
+        or solidity > 0.6
+        or not 0.6 <= w / h <= 1.6
+        or not 9 <= max(h, w) <= SMALL_SHARE * c.panel_side
+    ):
         return None
     cx, cy = (xs.min() + xs.max() + 1) / 2.0, (ys.min() + ys.max() + 1) / 2.0
     if not mask[int(cy), int(cx)]:
@@ -500,7 +507,9 @@ def _to_image_scale(m: Marker, scale: float, size: tuple[int, int]) -> Marker:
         min(w, int(np.ceil(x2 / scale))),
         min(h, int(np.ceil(y2 / scale))),
     )
-    tip = None if m.tip is None else (min(w - 1, int(round(m.tip[0] / scale))), min(h - 1, int(round(m.tip[1] / scale))))
+    tip = (
+        None if m.tip is None else (min(w - 1, int(round(m.tip[0] / scale))), min(h - 1, int(round(m.tip[1] / scale))))
+    )
     return Marker(m.kind, box, tip, m.colour, m.score)
 
 
