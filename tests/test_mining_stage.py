@@ -89,7 +89,10 @@ def test_pairs_at_three_levels_for_a_figure_read_by_hand(lake):
 
     (whole,) = by_level["global"]
     assert (whole["x1"], whole["y1"], whole["x2"], whole["y2"]) == (0, 0, 1280, 691)
-    assert whole["text"].startswith("a. T1-weighted structural MRI scan") and whole["text_source"] == "caption"
+    assert whole["text"].startswith(
+        "Adjustment of grey matter/white matter interface underlying the hippocampus. a. T1"
+    )
+    assert whole["text_source"] == "caption"
 
     a, b = sorted(by_level["panel"], key=lambda p: p["panel_index"])
     assert (a["x1"], a["y1"], a["x2"], a["y2"]) == (182, 3, 1090, 342)

@@ -40,7 +40,7 @@ from pipelines.mining.text import gate, panel_texts
 from pipelines.panels.captions import normalize_caption, split_caption
 from pipelines.panels.types import Box, Panel
 from pipelines.release.samples import caption_of
-from pipelines.schemas import Table
+from pipelines.schemas import TABLES, Table
 from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
 from pipelines.vlm.canary import run_canary
 from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, fingerprint
@@ -119,6 +119,9 @@ class MeteredEngine(VlmEngine):
             ):
                 m.by_prompt[kind][name] += value
         return responses
+
+
+_EMPTY_PAIR = dict.fromkeys(TABLES[Table.PAIRS].names)
 
 
 def _key(item: dict) -> str:
@@ -362,6 +365,7 @@ class MiningStage(Stage):
         if region_index is not None:
             pair_id += f"/r{region_index:02d}"
         return {
+            **_EMPTY_PAIR,
             "pair_id": pair_id,
             "pmcid": item["pmcid"],
             "fig_id": item["fig_id"],
