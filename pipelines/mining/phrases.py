@@ -27,6 +27,7 @@ missed ones only cost recall, so the rules lean to precision.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MARKERS = ("arrow", "arrowhead", "asterisk", "box", "circle", "other")
@@ -154,7 +155,7 @@ def find_marker_phrases(text: str | None) -> list[MarkerPhrase]:
     found: list[tuple[tuple[int, int], MarkerPhrase]] = []
     for finder in (_active, _passive, _marked_area, _legend, _parenthetical):
         for span, phrase in finder(text):
-            if not any(_overlaps(span, other) for other, _ in found) and not _statistical(phrase, text):
+            if not any(_overlaps(span, other) for other, _ in found) and not _statistical(phrase):
                 found.append((span, phrase))
     found.sort(key=lambda f: f[0])
     return [phrase for _, phrase in found]
@@ -226,7 +227,7 @@ def _legend(text: str) -> Found:
         if _SHAPE.fullmatch(text[span[0] : span[1]]) and not _LINE_STYLE.search(m.group("np")):
             continue
         end = _legend_end(text, m.end())
-        target, t_start = _trim(text, m.end(), end)
+        target, _ = _trim(text, m.end(), end)
         if not target:
             continue
         phrase = MarkerPhrase(kind, colour, text[m.start() : end], m.start(), end, target)
@@ -255,7 +256,7 @@ def _marked_area(text: str) -> Found:
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _markers_in(text: str, start: int, end: int):
+def _markers_in(text: str, start: int, end: int) -> Iterator[tuple[tuple[int, int], str, str | None, bool]]:
     """Each marker in ``text[start:end]`` (a subject may coordinate several): its span, kind,
     colour and whether it is usable as a region marker (not a plot glyph, not a box plot)."""
     pos = start
@@ -419,7 +420,7 @@ def _words_back(text: str, pos: int, limit: int = 5) -> tuple[int, int]:
     return start, end
 
 
-def _statistical(phrase: MarkerPhrase, text: str) -> bool:
+def _statistical(phrase: MarkerPhrase) -> bool:
     """Markers of a statistic, not of a place in the image: asterisks, hashes and daggers that
     mark significance, and the boxes of a box plot."""
     if phrase.marker in ("asterisk", "other"):
