@@ -169,10 +169,10 @@ def test_429_and_a_dropped_answer_are_retried(scripted):
 
 def test_always_503_raises_outage_after_the_retries(scripted):
     plan = FaultPlan(faults=[Fault("/v1/chat/completions", status=503, times=1000)])
-    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, retries=2) as engine:
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, retries=2, concurrency=1) as engine:
         with pytest.raises(VlmOutage, match="HTTP 503"):
-            engine.generate([VlmRequest("a", "hello")])
-    assert plan.count("POST") == 3  # the first attempt and two retries
+            engine.generate([VlmRequest("a", "hello"), VlmRequest("b", "queued"), VlmRequest("c", "queued")])
+    assert plan.count("POST") == 3  # the first attempt and two retries; the queued are never sent
     assert scripted.requests == []
 
 
@@ -180,9 +180,10 @@ def test_stopped_server_raises_outage(scripted):
     server = OpenAICompatibleServer(scripted).start()
     url = server.url
     server.stop()
-    with OpenAIEngine(CONFIG, url, retries=1, retry_delay_s=0.01) as engine:
+    # more requests than workers: the queued ones are never sent, the call raises the cause
+    with OpenAIEngine(CONFIG, url, retries=1, retry_delay_s=0.01, concurrency=2) as engine:
         with pytest.raises(VlmOutage, match="ConnectionError"):
-            engine.generate([VlmRequest("a", "hello"), VlmRequest("b", "again")])
+            engine.generate([VlmRequest(str(i), f"hello {i}") for i in range(5)])
         assert engine.backend_version() == "unknown"
 
 
@@ -246,3 +247,83 @@ def test_backend_version_falls_back_to_the_model_owner(scripted):
 def test_unknown_dialect_is_refused():
     with pytest.raises(ValueError, match="structured"):
         OpenAIEngine(CONFIG, "http://127.0.0.1:9", structured="guided_json")
+
+
+# ---- the tiny real model behind the server ------------------------------------------------------
+# Its pixel band is kept small so the test is fast; client and server use the same band, as a real
+# deployment must (--mm-processor-kwargs).
+TINY_BAND = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 256}
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> EngineConfig:
+    from pipelines.vlm.tiny import build_tiny_model
+
+    directory = build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen25vl")
+    return EngineConfig(model=str(directory), synthetic=True, sampling=Sampling(max_tokens=8), **TINY_BAND)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_config):
+    from pipelines.vlm.hf import TransformersEngine
+
+    engine = TransformersEngine(tiny_config, device="cpu", batch_size=4)
+    yield engine
+    engine.close()
+
+
+def test_tiny_model_answers_a_batch_with_images_over_http(tiny_engine, tiny_config):
+    """Images go through the PNG data URL and the server's processor; the prompt tokens show the
+    server saw each image at the size the client computed: a 400x300 image is 392x308 in the
+    model frame, 11x14 merged patches of 28 pixels = 154 <|image_pad|> tokens, plus
+    <|vision_start|> and <|vision_end|>."""
+    landscape = Image.new("RGB", (400, 300), (30, 120, 200))
+    requests = [
+        VlmRequest("img", "Describe the figure.", [landscape]),
+        VlmRequest("txt", "Describe the figure."),
+        VlmRequest("two", "Describe the figure.", [landscape, landscape]),
+    ]
+    with OpenAICompatibleServer(tiny_engine) as server, client(server, config=tiny_config, concurrency=2) as engine:
+        responses = engine.generate(requests)
+        assert engine.backend_version() == "0.0.0-loopback"
+    assert [r.error for r in responses] == [None, None, None]
+    assert all(isinstance(r.text, str) for r in responses)
+    assert all(1 <= r.completion_tokens <= 8 for r in responses)  # max_tokens=8 reached the model
+    with_image, text_only, two_images = (r.prompt_tokens for r in responses)
+    assert with_image - text_only == 154 + 2
+    assert two_images - text_only == 2 * (154 + 2)
+    assert responses[0].image_sizes == [(392, 308)]
+    assert responses[1].image_sizes == []
+
+    # greedy decoding: the answer over HTTP is the one the engine gives when called directly
+    (direct,) = tiny_engine.generate([VlmRequest("img", "Describe the figure.", [landscape])])
+    assert (responses[0].text, responses[0].prompt_tokens) == (direct.text, direct.prompt_tokens)
+
+
+@pytest.mark.parametrize("dialect", ["structured_outputs", "response_format"])
+def test_canary_passes_when_the_server_honours_structured_outputs(tiny_engine, tiny_config, dialect):
+    from pipelines.vlm.canary import run_canary
+
+    with (
+        OpenAICompatibleServer(tiny_engine) as server,
+        client(server, config=tiny_config, structured=dialect) as engine,
+    ):
+        result = run_canary(engine)
+    assert canary_passed(result)
+
+
+def test_canary_fails_when_the_server_ignores_structured_outputs(tiny_engine, tiny_config):
+    """An older server that drops the unknown parameter answers unconstrained; the random tiny
+    model then does not produce the canary JSON, and the canary must say so."""
+    from pipelines.vlm.canary import run_canary
+
+    with (
+        OpenAICompatibleServer(tiny_engine, honour_structured=False) as server,
+        client(server, config=tiny_config) as engine,
+    ):
+        result = run_canary(engine)
+    assert not canary_passed(result)
+
+
+def canary_passed(result) -> bool:
+    return bool(result.ok)

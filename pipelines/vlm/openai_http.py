@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import requests
 from PIL import Image
@@ -57,6 +57,10 @@ _ERROR_CHARS = 300  # how much of a server's error message is kept in a request'
 
 class _UnusableError(Exception):
     """The server answered, but it cannot be used as configured (401, 404...): no retry."""
+
+
+class _AbandonedError(VlmOutage):
+    """Not sent, or not retried, because another request of the same call found an outage."""
 
 
 def image_data_url(image: Image.Image) -> str:
@@ -186,11 +190,18 @@ class OpenAIEngine(VlmEngine):
             raise _UnusableError(self._scrub(error_message(status, body)) + hint)
         return status, body
 
-    def _post(self, payload: dict) -> tuple[int, bytes]:
-        """POST with retries; an exhausted retry or an unusable server is a :class:`VlmOutage`."""
+    def _post(self, payload: dict, outage: threading.Event) -> tuple[int, bytes]:
+        """POST with retries; an exhausted retry or an unusable server is a :class:`VlmOutage`.
+        Once another request of the call found an outage, this one stops at its next attempt."""
         where = self.base_url
+
+        def attempt() -> tuple[int, bytes]:
+            if outage.is_set():
+                raise _AbandonedError(f"OpenAI-compatible server {where} unavailable (seen by another request)")
+            return self._post_once(payload)
+
         try:
-            return self.retry.call(lambda: self._post_once(payload), f"chat completion at {where}")
+            return self.retry.call(attempt, f"chat completion at {where}")
         except PermanentError as exc:  # the retries ran out on transient failures
             raise VlmOutage(f"OpenAI-compatible server {where} unavailable: {exc}") from None
         except _UnusableError as exc:
@@ -216,8 +227,6 @@ class OpenAIEngine(VlmEngine):
         return body
 
     def _one(self, request: VlmRequest, outage: threading.Event) -> VlmResponse:
-        if outage.is_set():  # another request already found the server down: do not pile on
-            return VlmResponse(request.id, None, error="not sent: server unavailable")
         start = time.perf_counter()
         try:
             sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
@@ -225,7 +234,7 @@ class OpenAIEngine(VlmEngine):
         except (ValueError, OSError) as exc:  # an image the processor would refuse, or cannot encode
             return VlmResponse(request.id, None, error=f"image rejected before sending: {exc}")
         try:
-            status, body = self._post(payload)
+            status, body = self._post(payload, outage)
         except VlmOutage:
             outage.set()
             raise
@@ -244,18 +253,14 @@ class OpenAIEngine(VlmEngine):
         (after the retries), in which case no response is returned at all."""
         outage = threading.Event()
         futures: list[Future[VlmResponse]] = [self._pool.submit(self._one, r, outage) for r in requests]
-        failure: VlmOutage | None = None
-        responses = []
-        for future in futures:
-            try:
-                responses.append(future.result())
-            except VlmOutage as exc:
-                failure = failure or exc
-                for other in futures:
-                    other.cancel()
-        if failure is not None:
-            raise failure
-        return responses
+        wait(futures, return_when=FIRST_EXCEPTION)
+        if outage.is_set():
+            for future in futures:
+                future.cancel()
+            wait(futures)  # the running ones stop at their next attempt: nothing is left in flight
+            failures = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+            raise next((e for e in failures if not isinstance(e, _AbandonedError)), failures[0])
+        return [future.result() for future in futures]
 
     # ---- provenance ------------------------------------------------------------------------
     def _get_json(self, path: str) -> dict | None:
