@@ -16,7 +16,9 @@ from pipelines.vlm.engine import EngineConfig
 MAX_ASPECT = 200  # the processor refuses images more elongated than this
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 14 * 14 * 4 * 1280) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 14 * 14 * 4 * 1280
+) -> tuple[int, int]:
     """The processor's resize (``transformers`` ``qwen2_vl`` ``smart_resize``): returns the
     resized (height, width), both multiples of ``factor``, area within [min_pixels, max_pixels]."""
     if max(height, width) / min(height, width) > MAX_ASPECT:

@@ -1,0 +1,57 @@
+"""The structured-outputs canary: proof, before a run spends GPU hours, that the engine applies
+JSON schemas.
+
+A server that silently ignores ``response_format`` (an old vLLM, a proxy that drops fields, a
+misconfigured backend) still answers, just not in JSON, and every mined item would then fail
+parsing one by one. The canary asks a question whose natural answer is a greeting, under a
+schema whose only valid answer is ``{"canary": CANARY_TOKEN}``: only an engine that constrains
+decoding can answer it. Backend-independent: it only calls ``engine.generate``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pipelines.mining.prompts import CANARY, CANARY_TOKEN, SYSTEM
+from pipelines.vlm.engine import VlmEngine, VlmOutage, VlmRequest
+
+
+@dataclass
+class CanaryResult:
+    passed: bool
+    answer: str | None
+    reason: str
+
+
+def run_canary(engine: VlmEngine) -> CanaryResult:
+    """Send the canary and judge its answer. Only :class:`VlmOutage` propagates (the engine is
+    unreachable: retry later); anything else is a failed canary with the reason."""
+    request = VlmRequest("canary", CANARY.render(), system=SYSTEM, schema=CANARY.schema, max_tokens=CANARY.max_tokens)
+    try:
+        [response] = engine.generate([request])
+    except VlmOutage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a canary reports, it does not crash the caller
+        return CanaryResult(False, None, f"engine raised {type(exc).__name__}: {exc}")
+    if response.error is not None:
+        return CanaryResult(False, None, f"the engine rejected the canary request: {response.error}")
+    return judge(response.text)
+
+
+def judge(answer: str | None) -> CanaryResult:
+    """The verdict on one canary answer."""
+    expected = {"canary": CANARY_TOKEN}
+    if answer is None:
+        return CanaryResult(False, None, "the engine returned no text")
+    try:
+        value = json.loads(answer)
+    except json.JSONDecodeError as exc:
+        return CanaryResult(
+            False, answer, f"the answer is not JSON ({exc.msg}): the engine does not apply JSON schemas"
+        )
+    if value != expected:
+        return CanaryResult(
+            False, answer, f"the answer is JSON but not {json.dumps(expected)}: the schema was not enforced"
+        )
+    return CanaryResult(True, answer, "the answer follows the schema")
