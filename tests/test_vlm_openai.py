@@ -309,7 +309,8 @@ def test_canary_passes_when_the_server_honours_structured_outputs(tiny_engine, t
         client(server, config=tiny_config, structured=dialect) as engine,
     ):
         result = run_canary(engine)
-    assert canary_passed(result)
+    assert result.passed, result.reason
+    assert result.answer == '{"canary": "panelforge-structured-outputs-7f3a"}'
 
 
 def test_canary_fails_when_the_server_ignores_structured_outputs(tiny_engine, tiny_config):
@@ -322,8 +323,6 @@ def test_canary_fails_when_the_server_ignores_structured_outputs(tiny_engine, ti
         client(server, config=tiny_config) as engine,
     ):
         result = run_canary(engine)
-    assert not canary_passed(result)
-
-
-def canary_passed(result) -> bool:
-    return bool(result.ok)
+    assert not result.passed
+    assert result.answer != '{"canary": "panelforge-structured-outputs-7f3a"}'
+    assert server.bodies[0]["structured_outputs"]["json"]["required"] == ["canary"]  # it was asked for
