@@ -1,0 +1,328 @@
+"""The OpenAI-compatible engine against the loopback chat server: first with a scripted engine
+behind it (the wire format, retries, outages, per-request errors, the key), then with the tiny
+real Qwen2.5-VL behind it (images in, text and token counts out, the structured-output canary)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from PIL import Image
+
+from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
+from pipelines.vlm.openai_http import OpenAIEngine
+from testing.loopback.faults import Fault, FaultPlan
+from testing.loopback.openai_server import OpenAICompatibleServer
+from testing.vlm import ScriptedEngine
+
+# The processor's own defaults, so the model frames below are the ones in library-facts §2.
+CONFIG = EngineConfig(model="scripted", min_pixels=56 * 56, max_pixels=14 * 14 * 4 * 1280)
+SCHEMA = {
+    "type": "object",
+    "properties": {"panels": {"type": "array", "items": {"type": "string"}}},
+    "required": ["panels"],
+}
+KEY = "sk-loopback-5ecret-key"
+
+
+def client(server: OpenAICompatibleServer, **kwargs) -> OpenAIEngine:
+    config = kwargs.pop("config", CONFIG)
+    return OpenAIEngine(config, server.url, **({"retry_delay_s": 0.01, "timeout_s": 10.0} | kwargs))
+
+
+def echo(request: VlmRequest) -> str:
+    """Answers the prompt back, so each response can be matched to its request by hand."""
+    return f"answer to {request.prompt}"
+
+
+@pytest.fixture
+def scripted() -> ScriptedEngine:
+    return ScriptedEngine(echo, CONFIG)
+
+
+def test_request_and_response_shape(scripted):
+    """What goes on the wire: the system turn, images as PNG data URLs before the text, the
+    served model name, sampling and max_tokens; what comes back: text, usage, model frames."""
+    red = Image.new("RGB", (400, 300), (200, 10, 10))  # width 400, height 300
+    tall = Image.new("L", (768, 1024), 77)
+    config = EngineConfig(
+        model="Qwen/Qwen2.5-VL-7B-Instruct",
+        min_pixels=56 * 56,
+        max_pixels=14 * 14 * 4 * 1280,
+        sampling=Sampling(temperature=0.2, top_p=0.9, seed=7, repetition_penalty=1.05),
+    )
+    request = VlmRequest("r1", "find the panels", [red, tall], system="be terse", schema=SCHEMA, max_tokens=64)
+    with OpenAICompatibleServer(scripted, served_model="qwen-vl") as server:
+        engine = OpenAIEngine(config, server.url, served_model="qwen-vl", retry_delay_s=0.01)
+        (response,) = engine.generate([request])
+        engine.close()
+
+    (body,) = server.bodies
+    assert body["model"] == "qwen-vl"
+    assert body["messages"][0] == {"role": "system", "content": "be terse"}
+    user = body["messages"][1]
+    assert user["role"] == "user"
+    assert [p["type"] for p in user["content"]] == ["image_url", "image_url", "text"]
+    assert user["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert user["content"][2]["text"] == "find the panels"
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (64, 0.2, 0.9, 7)
+    assert body["repetition_penalty"] == 1.05
+    assert body["structured_outputs"] == {"json": SCHEMA}
+    assert "response_format" not in body
+
+    (seen,) = scripted.requests  # what the engine behind the server got
+    assert (seen.prompt, seen.system, seen.schema, seen.max_tokens) == ("find the panels", "be terse", SCHEMA, 64)
+    assert [im.size for im in seen.images] == [(400, 300), (768, 1024)]
+    assert seen.images[0].getpixel((5, 5)) == (200, 10, 10)  # PNG: the pixels arrive unchanged
+    assert seen.images[1].getpixel((5, 5)) == 77
+
+    assert response.id == "r1"
+    assert response.error is None
+    assert response.text == "answer to find the panels"
+    # the scripted engine counts words: 3 in the prompt, 5 in the answer ("answer to find the panels")
+    assert (response.prompt_tokens, response.completion_tokens) == (3, 5)
+    # library-facts §2: (h, w) 300x400 -> 308x392, 1024x768 -> 1036x756; sizes are (w, h)
+    assert response.image_sizes == [(392, 308), (756, 1036)]
+
+
+def test_neutral_repetition_penalty_is_not_sent(scripted):
+    """repetition_penalty is a vLLM/SGLang extension: at 1.0 it is left out for strict servers."""
+    with OpenAICompatibleServer(scripted) as server, client(server) as engine:
+        engine.generate([VlmRequest("a", "hello")])
+    assert "repetition_penalty" not in server.bodies[0]
+    assert server.bodies[0]["max_tokens"] == 512  # the config's, as the request sets none
+    assert server.bodies[0]["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+
+
+@pytest.mark.parametrize("dialect", ["structured_outputs", "response_format"])
+def test_both_structured_dialects_reach_the_engine_as_the_schema(scripted, dialect):
+    with OpenAICompatibleServer(scripted) as server, client(server, structured=dialect) as engine:
+        engine.generate([VlmRequest("a", "with schema", schema=SCHEMA), VlmRequest("b", "without")])
+    with_schema = next(b for b in server.bodies if b["messages"][0]["content"][0]["text"] == "with schema")
+    if dialect == "structured_outputs":
+        assert with_schema["structured_outputs"] == {"json": SCHEMA}
+    else:
+        assert with_schema["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True},
+        }
+    schemas = {r.prompt: r.schema for r in scripted.requests}
+    assert schemas == {"with schema": SCHEMA, "without": None}
+
+
+def test_a_server_ignoring_the_parameter_drops_the_schema_silently(scripted):
+    """The failure the canary exists for: the request is answered, the schema never applied."""
+    with OpenAICompatibleServer(scripted, honour_structured=False) as server, client(server) as engine:
+        (response,) = engine.generate([VlmRequest("a", "with schema", schema=SCHEMA)])
+    assert response.error is None
+    assert server.bodies[0]["structured_outputs"] == {"json": SCHEMA}
+    assert scripted.requests[0].schema is None
+
+
+def test_api_key_is_sent_as_bearer_and_never_leaks(scripted, caplog):
+    caplog.set_level(logging.DEBUG)
+    echoed = json.dumps({"error": {"message": f"bad image (key was {KEY})"}}).encode()
+    plan = FaultPlan(
+        faults=[
+            Fault("rejected", kind="body", status=400, body=echoed),
+            Fault("flaky", kind="body", status=503, body=echoed, times=1),
+        ]
+    )
+    with OpenAICompatibleServer(scripted, api_key=KEY, plan=plan) as server:
+        with client(server, api_key=KEY) as engine:
+            responses = engine.generate(
+                [VlmRequest("a", "fine"), VlmRequest("b", "rejected"), VlmRequest("c", "flaky")]
+            )
+            assert engine.backend_version() == "0.0.0-loopback"  # GETs carry the key too
+            assert KEY not in repr(engine)
+        assert set(server.authorizations) == {f"Bearer {KEY}"}
+        with client(server, api_key="sk-wrong-key-42") as wrong, pytest.raises(VlmOutage) as outage:
+            wrong.generate([VlmRequest("d", "fine")])
+
+    assert [r.error is None for r in responses] == [True, False, True]
+    assert responses[1].error.startswith("HTTP 400: bad image")
+    assert KEY not in responses[1].error
+    assert "401" in str(outage.value) and "API key" in str(outage.value)
+    assert "sk-wrong-key-42" not in str(outage.value)
+    assert not [r for r in caplog.records if KEY in r.getMessage()]
+
+
+def test_two_503s_then_success_is_retried(scripted):
+    plan = FaultPlan(faults=[Fault("/v1/chat/completions", status=503, times=2)])
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, retries=4) as engine:
+        (response,) = engine.generate([VlmRequest("a", "hello")])
+    assert response.text == "answer to hello"
+    assert plan.count("POST") == 3
+    assert len(scripted.requests) == 1  # the engine behind saw only the one that got through
+
+
+def test_429_and_a_dropped_answer_are_retried(scripted):
+    plan = FaultPlan(
+        faults=[Fault("busy", status=429, times=1), Fault("cut", kind="drop", status=200, fraction=0.3, times=1)]
+    )
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server) as engine:
+        responses = engine.generate([VlmRequest("a", "busy"), VlmRequest("b", "cut")])
+    assert [r.text for r in responses] == ["answer to busy", "answer to cut"]
+    assert plan.count("POST") == 4
+
+
+def test_always_503_raises_outage_after_the_retries(scripted):
+    plan = FaultPlan(faults=[Fault("/v1/chat/completions", status=503, times=1000)])
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, retries=2, concurrency=1) as engine:
+        with pytest.raises(VlmOutage, match="HTTP 503"):
+            engine.generate([VlmRequest("a", "hello"), VlmRequest("b", "queued"), VlmRequest("c", "queued")])
+    assert plan.count("POST") == 3  # the first attempt and two retries; the queued are never sent
+    assert scripted.requests == []
+
+
+def test_stopped_server_raises_outage(scripted):
+    server = OpenAICompatibleServer(scripted).start()
+    url = server.url
+    server.stop()
+    # more requests than workers: the queued ones are never sent, the call raises the cause
+    with OpenAIEngine(CONFIG, url, retries=1, retry_delay_s=0.01, concurrency=2) as engine:
+        with pytest.raises(VlmOutage, match="ConnectionError"):
+            engine.generate([VlmRequest(str(i), f"hello {i}") for i in range(5)])
+        assert engine.backend_version() == "unknown"
+
+
+def test_wrong_served_model_is_an_outage_without_retries(scripted):
+    with OpenAICompatibleServer(scripted, served_model="other-model") as server, client(server) as engine:
+        with pytest.raises(VlmOutage, match="404"):
+            engine.generate([VlmRequest("a", "hello")])
+    assert server.plan.count("POST") == 1
+
+
+def test_rejected_requests_fail_alone(scripted):
+    """A 400 from the server (injected, or the engine behind refusing the request), an
+    unreadable 200 and an image the processor would refuse are each their request's error."""
+    scripted.answer = lambda r: ValueError("image too small to read") if r.prompt == "engine says no" else echo(r)
+    plan = FaultPlan(
+        faults=[
+            Fault("injected 400", status=400),
+            Fault("garbled", kind="body", status=200, body=b'{"choices": []}'),
+        ]
+    )
+    sliver = Image.new("RGB", (1000, 4))  # aspect 250 > 200: refused before sending
+    requests = [
+        VlmRequest("ok1", "first"),
+        VlmRequest("inj", "injected 400"),
+        VlmRequest("eng", "engine says no"),
+        VlmRequest("bad", "garbled"),
+        VlmRequest("thin", "sliver", [sliver]),
+        VlmRequest("ok2", "last"),
+    ]
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server) as engine:
+        responses = engine.generate(requests)
+    assert [r.id for r in responses] == ["ok1", "inj", "eng", "bad", "thin", "ok2"]
+    assert responses[0].text == "answer to first" and responses[5].text == "answer to last"
+    errors = {r.id: r.error for r in responses if r.error is not None}
+    assert set(errors) == {"inj", "eng", "bad", "thin"}
+    assert errors["inj"].startswith("HTTP 400")
+    assert errors["eng"] == "HTTP 400: image too small to read"
+    assert "malformed chat completion" in errors["bad"]
+    assert "aspect ratio" in errors["thin"]
+    assert all(r.text is None for r in responses if r.error)
+    assert not [b for b in server.bodies if b["messages"][0]["content"][-1]["text"] == "sliver"]
+
+
+def test_concurrency_is_bounded_and_order_kept(scripted):
+    plan = FaultPlan(latency=0.05)  # requests overlap at the server while they wait
+    prompts = [f"prompt {i}" for i in range(10)]
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, concurrency=3) as engine:
+        responses = engine.generate([VlmRequest(str(i), p) for i, p in enumerate(prompts)])
+    assert 1 <= server.max_in_flight <= 3
+    assert [r.text for r in responses] == [f"answer to prompt {i}" for i in range(10)]
+    assert [r.id for r in responses] == [str(i) for i in range(10)]
+
+
+def test_backend_version_falls_back_to_the_model_owner(scripted):
+    with OpenAICompatibleServer(scripted, version=None, owned_by="sglang") as server, client(server) as engine:
+        assert engine.backend_version() == "sglang"
+        assert engine.info()["backend"] == "openai"
+        assert engine.info()["backend_version"] == "sglang"
+
+
+def test_unknown_dialect_is_refused():
+    with pytest.raises(ValueError, match="structured"):
+        OpenAIEngine(CONFIG, "http://127.0.0.1:9", structured="guided_json")
+
+
+# ---- the tiny real model behind the server ------------------------------------------------------
+# Its pixel band is kept small so the test is fast; client and server use the same band, as a real
+# deployment must (--mm-processor-kwargs).
+TINY_BAND = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 256}
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> EngineConfig:
+    from pipelines.vlm.tiny import build_tiny_model
+
+    directory = build_tiny_model(tmp_path_factory.mktemp("tiny") / "qwen25vl")
+    return EngineConfig(model=str(directory), synthetic=True, sampling=Sampling(max_tokens=8), **TINY_BAND)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_config):
+    from pipelines.vlm.hf import TransformersEngine
+
+    engine = TransformersEngine(tiny_config, device="cpu", batch_size=4)
+    yield engine
+    engine.close()
+
+
+def test_tiny_model_answers_a_batch_with_images_over_http(tiny_engine, tiny_config):
+    """Images go through the PNG data URL and the server's processor; the prompt tokens show the
+    server saw each image at the size the client computed: a 400x300 image is 392x308 in the
+    model frame, 11x14 merged patches of 28 pixels = 154 <|image_pad|> tokens, plus
+    <|vision_start|> and <|vision_end|>."""
+    landscape = Image.new("RGB", (400, 300), (30, 120, 200))
+    requests = [
+        VlmRequest("img", "Describe the figure.", [landscape]),
+        VlmRequest("txt", "Describe the figure."),
+        VlmRequest("two", "Describe the figure.", [landscape, landscape]),
+    ]
+    with OpenAICompatibleServer(tiny_engine) as server, client(server, config=tiny_config, concurrency=2) as engine:
+        responses = engine.generate(requests)
+        assert engine.backend_version() == "0.0.0-loopback"
+    assert [r.error for r in responses] == [None, None, None]
+    assert all(isinstance(r.text, str) for r in responses)
+    assert all(1 <= r.completion_tokens <= 8 for r in responses)  # max_tokens=8 reached the model
+    with_image, text_only, two_images = (r.prompt_tokens for r in responses)
+    assert with_image - text_only == 154 + 2
+    assert two_images - text_only == 2 * (154 + 2)
+    assert responses[0].image_sizes == [(392, 308)]
+    assert responses[1].image_sizes == []
+
+    # greedy decoding: the answer over HTTP is the one the engine gives when called directly
+    (direct,) = tiny_engine.generate([VlmRequest("img", "Describe the figure.", [landscape])])
+    assert (responses[0].text, responses[0].prompt_tokens) == (direct.text, direct.prompt_tokens)
+
+
+@pytest.mark.parametrize("dialect", ["structured_outputs", "response_format"])
+def test_canary_passes_when_the_server_honours_structured_outputs(tiny_engine, tiny_config, dialect):
+    from pipelines.vlm.canary import run_canary
+
+    with (
+        OpenAICompatibleServer(tiny_engine) as server,
+        client(server, config=tiny_config, structured=dialect) as engine,
+    ):
+        result = run_canary(engine)
+    assert result.passed, result.reason
+    assert result.answer == '{"canary": "panelforge-structured-outputs-7f3a"}'
+
+
+def test_canary_fails_when_the_server_ignores_structured_outputs(tiny_engine, tiny_config):
+    """An older server that drops the unknown parameter answers unconstrained; the random tiny
+    model then does not produce the canary JSON, and the canary must say so."""
+    from pipelines.vlm.canary import run_canary
+
+    with (
+        OpenAICompatibleServer(tiny_engine, honour_structured=False) as server,
+        client(server, config=tiny_config) as engine,
+    ):
+        result = run_canary(engine)
+    assert not result.passed
+    assert result.answer != '{"canary": "panelforge-structured-outputs-7f3a"}'
+    assert server.bodies[0]["structured_outputs"]["json"]["required"] == ["canary"]  # it was asked for
