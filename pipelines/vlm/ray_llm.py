@@ -164,12 +164,17 @@ def _image_part(data: bytes) -> dict:
 def preprocess(row: dict) -> dict:
     """A request row -> ``messages`` (images before the text, as the Qwen-VL models were trained)
     and ``sampling_params``; ``structured_outputs`` only when the request has a schema."""
+    # Text as plain strings, parts only where there are images. Ray Data stores rows as Arrow,
+    # where a list of parts becomes a list of structs that stages get back as numpy arrays of
+    # dicts, each part gaining the other parts' keys as nulls (ChatTemplateStage then renders
+    # "<ndarray>"); a string beside a list cannot share one Arrow type, so such rows stay Python
+    # objects. PrepareMultimodalStage (vLLM's parser) turns the parts into a string in any case.
     messages = []
     if row.get("system"):
-        messages.append({"role": "system", "content": [{"type": "text", "text": row["system"]}]})
-    content = [_image_part(bytes(data)) for data in row.get("images") or []]
-    content.append({"type": "text", "text": row["prompt"]})
-    messages.append({"role": "user", "content": content})
+        messages.append({"role": "system", "content": row["system"]})
+    images = [_image_part(bytes(data)) for data in row.get("images") or []]
+    text = row["prompt"]
+    messages.append({"role": "user", "content": [*images, {"type": "text", "text": text}] if images else text})
     sampling = json.loads(row["sampling"])
     params = {
         "temperature": sampling["temperature"],
@@ -225,22 +230,28 @@ _OUTAGE_NAMES = (
 )
 
 
+def _chain(exc: BaseException | None):
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _init_failed(exc: BaseException) -> bool:
+    import ray.exceptions as rex
+
+    return any(isinstance(e, rex.RayActorError) and e.actor_init_failed for e in _chain(exc))
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) is the cluster failing rather than our code or setup.
 
     An actor that failed in its constructor (vLLM missing from the workers, a model that does
     not load) is a setup error a person must fix: retrying the run would fail the same way."""
-    import ray.exceptions as rex
-
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, rex.RayActorError) and exc.actor_init_failed:
-            return False
-        if isinstance(exc, ConnectionError) or type(exc).__name__ in _OUTAGE_NAMES:
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    if _init_failed(exc):
+        return False
+    return any(isinstance(e, ConnectionError) or type(e).__name__ in _OUTAGE_NAMES for e in _chain(exc))
 
 
 class RayVllmEngine(VlmEngine):
@@ -288,6 +299,11 @@ class RayVllmEngine(VlmEngine):
         except Exception as exc:
             if is_outage(exc):
                 raise VlmOutage(f"Ray vLLM engine unavailable: {type(exc).__name__}: {exc}") from exc
+            if _init_failed(exc):
+                raise RuntimeError(
+                    "a Ray vLLM stage could not start (is vLLM in the workers' environment? see "
+                    f"RayVllmSettings.runtime_env and docs/vlm-backends.md): {exc}"
+                ) from exc
             raise
         refusal = f"more than {limit} image(s) in one request (RayVllmSettings.limit_images)"
         rows += [{"id": i, "text": None, "prompt_tokens": 0, "completion_tokens": 0, "error": refusal} for i in refused]
