@@ -7,12 +7,12 @@ of those fingerprints, so downstream assets go stale only when the pairs can hav
 """
 
 from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
-from pipelines.mining.regions import TAU_DEFAULT
 
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, run_stage
 from pipelines.mining.prompts import PROMPT_VERSION
+from pipelines.mining.regions import TAU_DEFAULT
 from pipelines.mining.stages import (
     BOXES_INSIDE,
     CANARY,

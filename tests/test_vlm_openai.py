@@ -4,6 +4,7 @@ real Qwen2.5-VL behind it (images in, text and token counts out, the structured-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -300,27 +301,38 @@ def test_tiny_model_answers_a_batch_with_images_over_http(tiny_engine, tiny_conf
     assert (responses[0].text, responses[0].prompt_tokens) == (direct.text, direct.prompt_tokens)
 
 
+@pytest.fixture(scope="module")
+def canary_config(tiny_config) -> EngineConfig:
+    """The engine's max_tokens caps every answer: 8 tokens cannot hold the canary's JSON (15
+    tokens with the tiny tokenizer), so the canary runs under a cap that can."""
+    return dataclasses.replace(tiny_config, sampling=Sampling(max_tokens=48))
+
+
 @pytest.mark.parametrize("dialect", ["structured_outputs", "response_format"])
-def test_canary_passes_when_the_server_honours_structured_outputs(tiny_engine, tiny_config, dialect):
+def test_canary_passes_when_the_server_honours_structured_outputs(canary_config, dialect):
     from pipelines.vlm.canary import run_canary
+    from pipelines.vlm.hf import TransformersEngine
 
     with (
-        OpenAICompatibleServer(tiny_engine) as server,
-        client(server, config=tiny_config, structured=dialect) as engine,
+        TransformersEngine(canary_config, device="cpu") as behind,
+        OpenAICompatibleServer(behind) as server,
+        client(server, config=canary_config, structured=dialect) as engine,
     ):
         result = run_canary(engine)
     assert result.passed, result.reason
     assert result.answer == '{"canary": "panelforge-structured-outputs-7f3a"}'
 
 
-def test_canary_fails_when_the_server_ignores_structured_outputs(tiny_engine, tiny_config):
+def test_canary_fails_when_the_server_ignores_structured_outputs(canary_config):
     """An older server that drops the unknown parameter answers unconstrained; the random tiny
     model then does not produce the canary JSON, and the canary must say so."""
     from pipelines.vlm.canary import run_canary
+    from pipelines.vlm.hf import TransformersEngine
 
     with (
-        OpenAICompatibleServer(tiny_engine, honour_structured=False) as server,
-        client(server, config=tiny_config) as engine,
+        TransformersEngine(canary_config, device="cpu") as behind,
+        OpenAICompatibleServer(behind, honour_structured=False) as server,
+        client(server, config=canary_config) as engine,
     ):
         result = run_canary(engine)
     assert not result.passed

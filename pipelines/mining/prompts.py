@@ -153,6 +153,7 @@ CANARY = Prompt(
     max_tokens=32,
 )
 
+
 def name_of(prompt: str) -> str:
     """Which prompt a rendered prompt text came from ("other" when none): costs per prompt."""
     for p in PROMPTS.values():

@@ -215,7 +215,7 @@ class OpenAIEngine(VlmEngine):
         body = {
             "model": self.served_model,
             "messages": chat_messages(request),
-            "max_tokens": request.max_tokens or s.max_tokens,
+            "max_tokens": self.config.max_tokens(request),
             "temperature": s.temperature,
             "top_p": s.top_p,
             "seed": s.seed,

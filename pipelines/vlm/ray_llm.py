@@ -141,9 +141,7 @@ def png_bytes(image: Image.Image) -> bytes:
 
 def request_row(request: VlmRequest, config: EngineConfig) -> dict:
     """A request as a flat Arrow-friendly row: images as PNG bytes, schema and sampling as JSON."""
-    sampling = config.sampling.as_dict()
-    if request.max_tokens is not None:
-        sampling["max_tokens"] = request.max_tokens
+    sampling = {**config.sampling.as_dict(), "max_tokens": config.max_tokens(request)}
     return {
         "id": request.id,
         "system": request.system,
