@@ -252,7 +252,7 @@ def test_the_tiny_real_model_end_to_end(lake, tmp_path_factory):
         sampling=Sampling(max_tokens=24),
     )
     with TransformersEngine(config, device="cpu", batch_size=8) as engine:
-        result = MiningStage(engine, MiningSettings(som_views=2, figures_per_batch=8)).run(
+        result = MiningStage(engine, MiningSettings(som_views=1, figures_per_batch=8)).run(
             lake, Partition(RELEASE, SHARD)
         )
     pairs = _pairs(lake)

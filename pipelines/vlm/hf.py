@@ -12,12 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, LogitsProcessor, LogitsProcessorList
+from transformers.utils import logging as hf_logging
 
+from pipelines.concepts.dinov2 import from_pretrained_offline_first
+from pipelines.stage import StageInputError
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import smart_resize
 from pipelines.vlm.structured import JsonSchemaLogitsProcessor, SchemaError, compile_schema, ll_tokenizer
@@ -76,13 +81,28 @@ class TransformersEngine(VlmEngine):
         # Provenance records the dtype the weights really ran in (float32 on CPU, see _dtype).
         self.config = replace(config, dtype=self._dtype(config.dtype))
         self.batch_size = batch_size
-        self.processor = AutoProcessor.from_pretrained(config.model, revision=config.revision)
+        hf_logging.disable_progress_bar()  # per-shard bars would flood the run's logs
+
+        def unavailable(exc: Exception) -> StageInputError:
+            return StageInputError(
+                f"VLM weights {config.model!r} are neither a local directory nor in the Hugging Face cache, and "
+                f"the hub cannot be reached: download them (huggingface-cli download) or set the model path ({exc})"
+            )
+
+        self.processor = from_pretrained_offline_first(AutoProcessor, config.model, unavailable, config.revision)
         # The pixel band is set on the image processor itself: per-call min/max_pixels are deprecated.
         self.processor.image_processor.size = {"shortest_edge": config.min_pixels, "longest_edge": config.max_pixels}
         self.tokenizer = self.processor.tokenizer
         self.tokenizer.padding_side = "left"  # batched generate appends on the right of every row
-        self.model = AutoModelForImageTextToText.from_pretrained(
-            config.model, revision=config.revision, dtype=getattr(torch, self.config.dtype)
+        self.model = from_pretrained_offline_first(
+            SimpleNamespace(
+                from_pretrained=partial(
+                    AutoModelForImageTextToText.from_pretrained, dtype=getattr(torch, self.config.dtype)
+                )
+            ),
+            config.model,
+            unavailable,
+            config.revision,
         ).to(self.device)
         self.model.eval()
         self._check_family()

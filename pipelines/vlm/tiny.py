@@ -193,6 +193,9 @@ def build_tiny_model(directory: str | Path, family: str = "qwen2_5_vl", seed: in
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model, processor = _build(family, seed)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     model.save_pretrained(directory)
     processor.save_pretrained(directory)
     (directory / MARKER).write_text(json.dumps({"synthetic": True, "family": family, "seed": seed}))
