@@ -53,6 +53,7 @@ def main() -> int:
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
         from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+        from assets.mining import pairs
         from assets.panels import panel_crops, panels
         from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
         from assets.release import (
@@ -126,7 +127,7 @@ def main() -> int:
             print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
             if not result.success:
                 return 1
-        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops):
+        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops, pairs):
             for shard in shards:
                 key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
                 result = materialize(
@@ -173,6 +174,8 @@ def print_summary(lake, seconds: float) -> None:
         "panels",
         "panel_captions",
         "panel_crops",
+        "pairs",
+        "mining_figures",
     )
     for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
@@ -189,6 +192,16 @@ def print_summary(lake, seconds: float) -> None:
     (n_panels,) = con.execute("SELECT count(*) FROM panels").fetchone()
     methods = dict(con.execute("SELECT method, count(*) FROM panels GROUP BY 1 ORDER BY 2 DESC").fetchall())
     print("  panel figures:     ", dict(figures), f"-> {n_panels} panels {methods} (detector: tiny random, not kept)")
+    levels = dict(con.execute("SELECT level, count(*) FROM pairs GROUP BY 1 ORDER BY 2 DESC").fetchall())
+    requests, tokens_in, tokens_out, failures = con.execute(
+        "SELECT sum(vlm_requests), sum(prompt_tokens), sum(completion_tokens), sum(parse_failures) FROM mining_figures"
+    ).fetchone()
+    print(
+        "  pairs:             ",
+        levels,
+        f"from {requests} VLM requests ({tokens_in} tokens in, {tokens_out} out, {failures} unusable answers; "
+        "tiny random Qwen2.5-VL: marked synthetic)",
+    )
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
