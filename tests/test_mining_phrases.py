@@ -78,6 +78,39 @@ HAND = [
     (
         "Scale bar, 50 µm. → marks the needle track.",
         [("arrow", None, "→ marks the needle track", "the needle track")],
+    ),  # parenthetical passive, no subject: the clause before it is what the marker shows
+    (
+        "Dilated vessels are seen (marked by asterisks).",
+        [("asterisk", None, "Dilated vessels are seen (marked by asterisks)", "Dilated vessels are seen")],
+    ),
+    (
+        "The nuclei (shown by arrowheads) are enlarged.",
+        [("arrowhead", None, "The nuclei (shown by arrowheads)", "The nuclei")],
+    ),
+    (
+        "The lesion grew (as indicated by white arrows).",
+        [("arrow", "white", "The lesion grew (as indicated by white arrows)", "The lesion grew")],
+    ),
+    (
+        "Tumour cells infiltrate the dermis (see arrows).",
+        [("arrow", None, "the dermis (see arrows)", "the dermis")],
+    ),
+    (
+        "Tumour cells infiltrate the dermis (arrows).",
+        [("arrow", None, "the dermis (arrows)", "the dermis")],
+    ),
+    (
+        "The lesion (arrows in C) is larger.",
+        [("arrow", None, "The lesion (arrows in C)", "The lesion")],
+    ),
+    # a leading panel label and a closed parenthesis are not the clause start of a passive
+    (
+        "(B) Nuclei are marked by arrows.",
+        [("arrow", None, "Nuclei are marked by arrows", "Nuclei")],
+    ),
+    (
+        "Cells (HeLa) are marked by arrows.",
+        [("arrow", None, "Cells (HeLa) are marked by arrows", "Cells (HeLa)")],
     ),
 ]
 
@@ -231,6 +264,72 @@ def test_real_red_box_elife_46472():
             "The red box indicates the single nucleotide targeted for replacement during the CRISPR-Cas9 process",
             "the single nucleotide targeted for replacement during the CRISPR-Cas9 process",
         )
+    ]
+
+
+def test_real_parenthetical_passive_biorxiv_2021_11_17_469032():
+    # biorxiv 2021.11.17.469032 (sample/articles), Fig. S7 (CC BY): "(indicated by red arrow)" with no
+    # subject; the arrow shows the portions that lie outside the mask, so the clause runs back to "Note: ".
+    text = (
+        "Note: portions of detected gm-wm interface immediately inferior to the hippocampus lie outside of the "
+        "hippocampus mask (indicated by red arrow)."
+    )
+    target = (
+        "portions of detected gm-wm interface immediately inferior to the hippocampus lie outside of the "
+        "hippocampus mask"
+    )
+    (phrase,) = find_marker_phrases(text)
+    assert phrase == MarkerPhrase("arrow", "red", target + " (indicated by red arrow)", 6, len(text) - 1, target)
+
+
+def test_real_passive_inside_a_parenthesis_biorxiv_2021_11_17_469032():
+    # Same article, Fig. S7 panel a (and Fig. S6): the passive inside "(left; ...)" still reads.
+    text = (
+        "T1-weighted structural MRI scan showing the right medial temporal lobe (left; hippocampus indicated by *) "
+        "in the coronal plane for a single participant and the manually segmented hippocampus mask (red) overlaid "
+        "on the T1-weighted image (right)."
+    )
+    assert read(text) == [("asterisk", None, "hippocampus indicated by *", "hippocampus")]
+
+
+def test_real_two_parenthetical_passives_biorxiv_2021_11_17_469032():
+    # Same article, Fig. S6: closed "(a and b)" is inside the clause; the second clause starts after the
+    # first marker's parenthesis and its "and".
+    text = (
+        "Note, in the anterior most slices (a and b) the automated mask does not cover the entire extent of the "
+        "hippocampus (indicated by red arrows) and in more posterior slices (c and d) the automated mask often "
+        "overextends across the lateral ventricle superior to the hippocampus and into the adjacent white matter "
+        "(indicated by black arrows)."
+    )
+    first = (
+        "in the anterior most slices (a and b) the automated mask does not cover the entire extent of the hippocampus"
+    )
+    second = (
+        "in more posterior slices (c and d) the automated mask often overextends across the lateral ventricle "
+        "superior to the hippocampus and into the adjacent white matter"
+    )
+    assert read(text) == [
+        ("arrow", "red", first + " (indicated by red arrows)", first),
+        ("arrow", "black", second + " (indicated by black arrows)", second),
+    ]
+
+
+def test_real_marker_in_panels_biorxiv_2021_11_17_469032():
+    # Same article, Fig. S4: "(blue arrows in panels a-e)"; the noun phrase read back stops at "and".
+    text = (
+        "Note, the spatial distribution of endpoint density within the hippocampus associated with each of these "
+        "temporal brain areas is primarily localised to portions of the lateral hippocampal head and body (blue "
+        "arrows in panels a-e) and a circumscribed region in the anterior medial hippocampus (white arrows in "
+        "panels a-d)."
+    )
+    assert read(text) == [
+        ("arrow", "blue", "body (blue arrows in panels a-e)", "body"),
+        (
+            "arrow",
+            "white",
+            "the anterior medial hippocampus (white arrows in panels a-d)",
+            "the anterior medial hippocampus",
+        ),
     ]
 
 

@@ -107,12 +107,16 @@ def test_pairs_at_three_levels_for_a_figure_read_by_hand(lake):
     # this small black asterisk on grey tissue (a known miss), and a model box is kept only near
     # a detected marker: no region pair, though the region prompt was sent with the clause.
     assert by_level["region"] == []
-    (locate,) = [
-        r
+    # Panel b's "(indicated by red arrow)" note is a second clause, sent for panel b (index 1).
+    locates = {
+        r.id.rsplit("|", 1)[1]: r
         for r in engine.requests
         if prompts.name_of(r.prompt) == "locate_region" and r.id.startswith("PMC900000002/469032v1_figs7|")
-    ]
+    }
+    assert sorted(locates) == ["0.0", "1.0"]
+    locate = locates["0.0"]
     assert 'says: "hippocampus indicated by *"' in locate.prompt and locate.images[0].size == (908, 339)
+    assert "hippocampus mask (indicated by red arrow)" in locates["1.0"].prompt
 
     for pair in pairs:
         assert pair["model"] == "scripted" and pair["prompt_version"] == prompts.PROMPT_VERSION

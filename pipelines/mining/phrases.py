@@ -13,7 +13,8 @@ The forms read, each anchored on a marker noun phrase ("the red arrows", "dashed
 * active: ``Arrowheads point to the nuclei``, ``with a red arrow indicating the T-bar``,
   ``An arrow and an asterisk indicate the probe and the complex, respectively`` (one phrase each);
 * passive: ``Nucleophilic sites are indicated by an arrow``;
-* parenthetical: ``SGs (arrowheads)``, ``the lesion (B, red arrows)``, ``necrosis (*)``;
+* parenthetical: ``SGs (arrowheads)``, ``the lesion (B, red arrows)``, ``necrosis (*)``, ``(see arrows)``,
+  ``the mask misses the hippocampus (indicated by red arrows)`` (the clause before it is the target);
 * legend: ``red arrows: apoptotic cells``, ``* = genes in several categories``;
 * marked area: ``the boxed area is magnified in B``.
 
@@ -94,12 +95,17 @@ _PASSIVE_VERB = (
 )
 _ACTIVE = re.compile(rf"(?P<subject>{_SUBJECT})\s+(?P<verb>{_ACTIVE_VERB})\s*(?::\s*)?", re.IGNORECASE)
 _PASSIVE = re.compile(
-    rf"(?P<be>\s+(?:is|are|was|were|being|as)\s+|\s*,?\s+)(?:(?:also|each|respectively)\s+)?{_PASSIVE_VERB}"
+    rf"(?<!\bas)(?P<be>\s+(?:is|are|was|were|being|as)\s+|\s*,?\s+)(?:(?:also|each|respectively)\s+)?"
+    rf"{_PASSIVE_VERB}"
     rf"\s+(?:by|with)\s+(?P<np>{_NP_PLAIN}|{_SYMBOL})",
     re.IGNORECASE,
 )
+# "(arrow)", "(B, red arrows)", "(see arrows)"; "(indicated by red arrow)" is a reduced passive
+# clause, which may say what the whole clause before it shows, not just the last noun.
 _PAREN = re.compile(
-    rf"\(\s*(?:[A-Za-z]\d?(?:\s*[-,]\s*[A-Za-z]\d?)*\s*[,;:]\s*)?(?P<np>{_NP_PLAIN}|{_SYMBOL})\s*\)", re.IGNORECASE
+    r"\(\s*(?:[A-Za-z]\d?(?:\s*[-,]\s*[A-Za-z]\d?)*\s*[,;:]\s*)?"
+    rf"(?:see\s+|(?P<passive>(?:as\s+)?{_PASSIVE_VERB}\s+(?:by|with)\s+))?(?P<np>{_NP_PLAIN}|{_SYMBOL})\s*\)",
+    re.IGNORECASE,
 )
 _LEGEND = re.compile(rf"(?P<np>{_NP_PLAIN}|{_SYMBOL})\s*(?::|=|,(?=\s))\s*(?=\S)", re.IGNORECASE)
 _MARKED_AREA = re.compile(
@@ -140,7 +146,7 @@ _JOIN = re.compile(r"(?:,\s*(?:and\s+|while\s+|whereas\s+)?|\s+(?:and|while|wher
 _DETERMINERS = frozenset("the a an these those this that each both".split())
 _SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z(\[]|\(|$)|;|\s\((?:[A-Za-z]\d?|[ivx]{1,4})\)\s+(?=[A-Z])")
 _LABEL_END = re.compile(r"\(\s*[A-Za-z]\d?(?:\s*[-,]\s*[A-Za-z]\d?)*\s*\)$")
-_LABEL_PREFIX = re.compile(r"^\s*(?:\(\s*[A-Za-z]\d?(?:\s*[-,]\s*[A-Za-z]\d?)*\s*\)\s*)+")
+_LABEL_PREFIX = re.compile(r"\s*(?:\(\s*[A-Za-z]\d?(?:\s*[-,]\s*[A-Za-z]\d?)*\s*\)\s*)+")
 
 
 # --- public ---------------------------------------------------------------------------------
@@ -201,16 +207,23 @@ def _passive(text: str) -> Found:
 
 
 def _parenthetical(text: str) -> Found:
-    """``the lesion (arrow)``: the target is the few words before the parenthesis."""
+    """``the lesion (arrow)``: the target is the few words before the parenthesis. After
+    ``(indicated by an arrow)`` it is the clause back to its start, as for a passive: "portions
+    lie outside the mask (indicated by red arrow)" marks the portions, not the mask."""
     out: Found = []
+    floor = 0  # a clause does not run back over the previous marker's parenthesis
     for m in _PAREN.finditer(text):
         markers = list(_markers_in(text, m.start("np"), m.end("np")))
         if len(markers) != 1 or not markers[0][3]:
             continue
         span, kind, colour, _ = markers[0]
-        t_start, t_end = _words_back(text, m.start())
+        if m.group("passive"):
+            t_start, t_end = _back_to_clause_start(text, m.start(), floor)
+        else:
+            t_start, t_end = _words_back(text, m.start())
         start = t_start if t_end > t_start else m.start()
         out.append((span, MarkerPhrase(kind, colour, text[start : m.end()], start, m.end(), text[t_start:t_end])))
+        floor = m.end()
     return out
 
 
@@ -261,7 +274,7 @@ def _markers_in(text: str, start: int, end: int) -> Iterator[tuple[tuple[int, in
     colour and whether it is usable as a region marker (not a plot glyph, not a box plot)."""
     pos = start
     while pos < end:
-        m = _NP.match(text, pos) if not _SYMBOL_RE.match(text, pos) else None
+        m = _NP.match(text, pos, end) if not _SYMBOL_RE.match(text, pos) else None
         if m and m.end() <= end:
             mods, word = m.group(1) or "", m.group(2)
             kind = _kind_of_word(word)
@@ -370,17 +383,17 @@ def _paren_depth(text: str, pos: int) -> int:
     return text[:pos].count("(") - text[:pos].count(")")
 
 
-def _back_to_clause_start(text: str, pos: int) -> tuple[int, int]:
+def _back_to_clause_start(text: str, pos: int, floor: int = 0) -> tuple[int, int]:
     """The span from the start of the clause that ends at ``pos`` (a sentence or semicolon,
     or a comma when that leaves some words), without a leading panel label or conjunction."""
     end = pos
     while end > 0 and text[end - 1].isspace():
         end -= 1
-    head = text[max(0, end - _MAX_CLAUSE) : end]
+    head = text[max(floor, end - _MAX_CLAUSE) : end]
     offset = end - len(head)
-    sentence = max(head.rfind(". "), head.rfind("; "), head.rfind("("), head.rfind(": "), head.rfind(".("))
+    sentence = max(head.rfind(". "), head.rfind("; "), _open_paren(head), head.rfind(": "), head.rfind(".("))
     start = sentence + 1 if sentence >= 0 else 0
-    if head[start : start + 1] in (" ", "("):
+    if head[start : start + 1] == " ":
         start += 1
     comma = head.rfind(", ", start)
     if comma >= 0 and re.search(r"\w", head[comma + 2 :]):
@@ -395,6 +408,20 @@ def _back_to_clause_start(text: str, pos: int) -> tuple[int, int]:
     while start < end and text[start].isspace():
         start += 1
     return start, end
+
+
+def _open_paren(text: str) -> int:
+    """The last "(" of ``text`` still open at its end, or -1: a clause inside a parenthesis
+    starts there, but a closed one ("slices (a and b) the mask ...") is part of the clause."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] == ")":
+            depth += 1
+        elif text[i] == "(":
+            if depth == 0:
+                return i
+            depth -= 1
+    return -1
 
 
 def _words_back(text: str, pos: int, limit: int = 5) -> tuple[int, int]:
