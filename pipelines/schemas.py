@@ -370,6 +370,55 @@ MINING_FIGURES = pa.schema(
     ]
 )
 
+# LongCAP: one row per figure image, the caption enriched with its article's context and
+# verified against the image; the original caption is always kept.
+LONG_CAPTIONS = pa.schema(
+    [
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("fig_id", pa.string()),
+        pa.field("image_file", pa.string(), nullable=False),
+        pa.field("caption", pa.string()),  # the original caption (normalised), always kept
+        pa.field("long_caption", pa.string()),  # the refined caption, or the original when rejected
+        pa.field("status", pa.string(), nullable=False),  # refined, fallback, no_context, error
+        pa.field("reason", pa.string()),  # why a refinement fell back (the guard or the model's verdict)
+        pa.field("verdict", pa.string()),  # FEASIBLE, NOT_FEASIBLE (the model's), null when not asked
+        pa.field("features", pa.string()),  # JSON: atomic features with source, visual, status
+        pa.field("acronyms", pa.string()),  # JSON: {short: {long, source: article|model}}
+        pa.field("context_sources", _strings),  # caption, mentions, title, abstract, sections
+        pa.field("context_tokens", pa.int32()),  # the context sent, in the target tokenizer's tokens
+        pa.field("tokens_before", pa.int32()),  # caption tokens (target tokenizer)
+        pa.field("tokens_after", pa.int32()),  # long caption tokens (target tokenizer)
+        pa.field("cut", pa.bool_()),  # cut at a sentence boundary to fit the budget
+        pa.field("gained_context", pa.bool_()),  # the long caption adds verified context to the caption
+        pa.field("guard_failures", _strings),
+        pa.field("tokenizer", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("model_revision", pa.string()),
+        pa.field("prompt_version", pa.string()),
+        pa.field("sampling", pa.string()),
+        pa.field("backend", pa.string()),
+        pa.field("backend_version", pa.string()),
+        pa.field("synthetic", pa.bool_()),
+        pa.field("fingerprint", pa.string()),  # engine + prompts + settings + inputs: reused only when equal
+    ]
+)
+
+# RegionMed-CLIP hard negatives: captions of region pairs with one attribute changed.
+PAIR_NEGATIVES = pa.schema(
+    [
+        pa.field("pair_id", pa.string(), nullable=False),  # the region pair it negates
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("negative_index", pa.int32(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),  # the perturbed caption
+        pa.field(
+            "perturbation", pa.string(), nullable=False
+        ),  # laterality, location, count, colour, stain, modality, size
+        pa.field("original_span", pa.string()),  # what was changed ...
+        pa.field("replacement", pa.string()),  # ... into what
+        pa.field("source", pa.string(), nullable=False),  # rule, vlm
+    ]
+)
+
 CLUSTER_LABELS = pa.schema(
     [
         pa.field("model_version", pa.string(), nullable=False),
@@ -463,6 +512,8 @@ class Table(StrEnum):
     PANEL_CROPS = "panel_crops"
     PAIRS = "pairs"
     MINING_FIGURES = "mining_figures"
+    LONG_CAPTIONS = "long_captions"
+    PAIR_NEGATIVES = "pair_negatives"
 
 
 TABLES: dict[str, pa.Schema] = {
@@ -487,6 +538,8 @@ TABLES: dict[str, pa.Schema] = {
     Table.PANEL_CROPS: PANEL_CROPS,
     Table.PAIRS: PAIRS,
     Table.MINING_FIGURES: MINING_FIGURES,
+    Table.LONG_CAPTIONS: LONG_CAPTIONS,
+    Table.PAIR_NEGATIVES: PAIR_NEGATIVES,
 }
 
 
