@@ -410,9 +410,8 @@ PAIR_NEGATIVES = pa.schema(
         pa.field("pmcid", pa.string(), nullable=False),
         pa.field("negative_index", pa.int32(), nullable=False),
         pa.field("text", pa.string(), nullable=False),  # the perturbed caption
-        pa.field(
-            "perturbation", pa.string(), nullable=False
-        ),  # laterality, location, count, colour, stain, modality, size
+        # laterality, location, count, colour, stain, modality, size
+        pa.field("perturbation", pa.string(), nullable=False),
         pa.field("original_span", pa.string()),  # what was changed ...
         pa.field("replacement", pa.string()),  # ... into what
         pa.field("source", pa.string(), nullable=False),  # rule, vlm
