@@ -1,0 +1,71 @@
+"""The LongCAP prompt and the JSON contract of its answer.
+
+The model sees the figure, its caption, the context PanelForge assembled from the article and
+the acronyms the article itself defines. It answers atomic features (each with where it came
+from, whether it is visual, and whether the image supports it), a feasibility verdict, the
+refined long caption, and the acronyms it used. Nothing it says is taken on trust: the stage's
+guards check the refined caption against the caption and the context (pipelines/longcap/guards.py).
+"""
+
+from __future__ import annotations
+
+from pipelines.mining.prompts import SYSTEM, Prompt
+from pipelines.vlm.engine import fingerprint
+
+SUPPORTED, NOT_VISIBLE, UNVERIFIABLE = "SUPPORTED", "NOT_VISIBLE", "UNVERIFIABLE"
+FEASIBLE, NOT_FEASIBLE = "FEASIBLE", "NOT_FEASIBLE"
+
+LONGCAP = Prompt(
+    "longcap",
+    "Write a long caption for this figure. Its caption:\n{caption}\n\nContext from the article:\n{context}\n\nAcronyms the article "
+    "defines:\n{acronyms}\n\nList the atomic facts the caption and the context state about this figure. "
+    "For each: its text, its source (caption or context), whether it is visual, and its status: "
+    "SUPPORTED if the image shows it, NOT_VISIBLE if it is visual but not shown, UNVERIFIABLE if it "
+    "cannot be seen in an image. Then say whether a longer caption is FEASIBLE (the image supports "
+    "the added facts) or NOT_FEASIBLE, and write the long caption: the original caption's facts, "
+    "plus the SUPPORTED context facts, with acronyms expanded as the article defines them. Copy "
+    "numbers, units and names exactly; add nothing that is not in the caption or the context. "
+    'Answer as JSON: {{"features": [{{"text": "...", "source": "caption", "visual": true, '
+    '"status": "SUPPORTED"}}], "verdict": "FEASIBLE", "long_caption": "...", "acronyms": '
+    '[{{"short": "...", "long": "..."}}]}}.',
+    {
+        "type": "object",
+        "properties": {
+            "features": {
+                "type": "array",
+                "maxItems": 24,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string", "maxLength": 300},
+                        "source": {"type": "string", "enum": ["caption", "context"]},
+                        "visual": {"type": "boolean"},
+                        "status": {"type": "string", "enum": [SUPPORTED, NOT_VISIBLE, UNVERIFIABLE]},
+                    },
+                    "required": ["text", "source", "visual", "status"],
+                    "additionalProperties": False,
+                },
+            },
+            "verdict": {"type": "string", "enum": [FEASIBLE, NOT_FEASIBLE]},
+            "long_caption": {"type": "string", "maxLength": 4000},
+            "acronyms": {
+                "type": "array",
+                "maxItems": 24,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "short": {"type": "string", "maxLength": 16},
+                        "long": {"type": "string", "maxLength": 120},
+                    },
+                    "required": ["short", "long"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["features", "verdict", "long_caption", "acronyms"],
+        "additionalProperties": False,
+    },
+    max_tokens=1536,
+)
+
+PROMPT_VERSION = fingerprint({"system": SYSTEM, "longcap": [LONGCAP.template, LONGCAP.schema, LONGCAP.max_tokens]})
