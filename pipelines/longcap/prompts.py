@@ -17,8 +17,9 @@ FEASIBLE, NOT_FEASIBLE = "FEASIBLE", "NOT_FEASIBLE"
 
 LONGCAP = Prompt(
     "longcap",
-    "Write a long caption for this figure. Its caption:\n{caption}\n\nContext from the article:\n{context}\n\nAcronyms the article "
-    "defines:\n{acronyms}\n\nList the atomic facts the caption and the context state about this figure. "
+    "Write a long caption for this figure. Its caption:\n{caption}\n\nContext from the article:\n"
+    "{context}\n\nAcronyms the article defines:\n{acronyms}\n\n"
+    "List the atomic facts the caption and the context state about this figure. "
     "For each: its text, its source (caption or context), whether it is visual, and its status: "
     "SUPPORTED if the image shows it, NOT_VISIBLE if it is visual but not shown, UNVERIFIABLE if it "
     "cannot be seen in an image. Then say whether a longer caption is FEASIBLE (the image supports "
