@@ -726,7 +726,8 @@ def negative_rows(
     vlm: dict[str, list[Negative]] | None = None,
 ) -> list[dict]:
     """Rows of the ``pair_negatives`` table for region pairs with text: the rule negatives, then
-    the VLM ones (``vlm``, keyed by pair_id) that say something new, numbered per pair."""
+    the VLM ones (``vlm``, keyed by pair_id) that pass the gate and say something new, numbered
+    per pair."""
     rows: list[dict] = []
     for pair in pairs:
         text = pair.get("text")
@@ -735,7 +736,8 @@ def negative_rows(
         negatives = rule_negatives(text, max_per_type=max_per_type, seed=seed)
         seen = {_normal(n.text) for n in negatives}
         for extra in (vlm or {}).get(pair["pair_id"], []):
-            if _normal(extra.text) not in seen:
+            # gated again against this text: the VLM negatives may have been made from another one
+            if _normal(extra.text) not in seen and is_contradiction(text, extra.text, extra.perturbation):
                 seen.add(_normal(extra.text))
                 negatives.append(extra)
         for i, neg in enumerate(negatives):
