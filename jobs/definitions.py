@@ -16,6 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
+from assets.longcap import pair_negatives
 from assets.mining import pairs
 from assets.panels import panel_crops, panel_detector, panel_training_set, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
@@ -61,6 +62,7 @@ ASSETS = [
     panel_training_set,
     panel_detector,
     pairs,
+    pair_negatives,
 ]
 
 

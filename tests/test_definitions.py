@@ -45,6 +45,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "panel_training_set",
         "panel_detector",
         "pairs",
+        "pair_negatives",
     }
 
 
