@@ -1,0 +1,619 @@
+"""Panel2Patch mining cost: tokens and seconds per figure and per prompt, batching, the
+pre-filter, prefix caching and a projection to 24M figures.
+
+**Synthetic tiny random model on the CPU**: the stage runs end to end on the sample release
+(every shard) with the tiny Qwen2.5-VL of ``pipelines.vlm.tiny`` (0.4M parameters, random
+weights) through ``TransformersEngine``. Its seconds are not GPU seconds and its answers are not
+Qwen's (their length is capped at ``--max-tokens``); what carries over to a real model is the
+*shape* of the work: requests per figure and per prompt, which figures the pre-filter spares, the
+image sizes the prompts show, the fixed text of every prompt.
+
+Runs (same lake contents, panels stage first, a fresh lake per run so nothing is reused):
+
+* ``baseline``: engine ``batch_size`` 1 on every shard, the named baseline and the run every
+  other figure comes from; ``batched``: ``batch_size`` 8 (``--batch-size``) on ``--batched-shards``
+  (shard 000: on 2 CPU cores it is the slow one). Throughput ratio = requests per VLM second (and
+  per wall second of the stage) of batched over the baseline's requests on the same shards. Both
+  at the reduced pixel band ``--min-tokens``/``--max-image-tokens`` (64-256 visual tokens) so the
+  benchmark fits in ~5 minutes on 2 cores.
+* Pre-filter: measured per-request costs (per prompt) x the requests that would have been sent
+  without it (``som_views`` PANELS requests for every figure image; one LOCATE_REGION request per
+  panel of every figure that passes the concept gate and has a caption, up to
+  ``max_region_panels``): an **estimate** from measured per-request costs.
+* Prefix caching: computed with the tiny model's tokenizer, not measured (the transformers
+  backend has none). ``strict``: the longest token prefix common to all requests of a prompt,
+  cut at the first image token (what vLLM ``enable_prefix_caching`` can reuse: images come
+  before the text in the chat turn); ``fixed_text``: system turn + chat scaffolding + the
+  template's literal text (image tokens excluded), an upper bound on prefill saved.
+* Projection: requests per figure (measured, with the pre-filter) x tokens per request at the
+  production pixel band (256-1280 visual tokens): image tokens exact from ``model_frame`` on the
+  real sizes of every image sent; text tokens from the tiny tokenizer (an approximation of
+  Qwen's). GPU-hours = prefill tokens / prefill tok/s + decode tokens / decode tok/s, both
+  **assumed** (``--prefill-tps``, ``--decode-tps``), next to Panel2Patch's ~2,900 H100-hours.
+
+    python -m benchmarks.mining [--shards 000 001 002 003] [--baseline-shards ...]
+        [--batch-size 8] [--figures 24000000] [--prefill-tps 20000] [--decode-tps 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pipelines.lake import Lake
+from pipelines.mining import prompts
+from pipelines.mining.stages import MiningSettings, MiningStage
+from pipelines.mining.text import gate
+from pipelines.schemas import Table
+from pipelines.stage import Partition
+from pipelines.vlm.engine import EngineConfig, Sampling, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm.grounding import model_frame
+
+RESULTS = Path(__file__).parent / "results" / "mining.json"
+MARKDOWN = Path(__file__).parent / "results" / "mining.md"
+RELEASE = "2026"
+SHARDS = ("000", "001", "002", "003")
+PATCH = 28  # Qwen2.5-VL: 14 px patches merged 2x2 into one visual token
+PRODUCTION = EngineConfig()  # Qwen2.5-VL's processor band: 256 to 1280 visual tokens per image
+PANEL2PATCH_H100_HOURS = 2900
+NOTE = "synthetic tiny random model; CPU; seconds are not GPU seconds"
+
+
+def image_tokens(width: int, height: int) -> int:
+    """Tokens of one image in the model's frame: one per 28x28 block, plus vision start/end."""
+    return (width // PATCH) * (height // PATCH) + 2
+
+
+@dataclass
+class Record:
+    """One request as the engine saw it, with what the projection and prefix analysis need."""
+
+    figure: str
+    prompt: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    image_sizes: list[tuple[int, int]]  # original pixels of every image sent
+    frames: list[tuple[int, int]]  # the same in the model's frame at the measured band
+    text: str
+    system: str | None
+
+
+@dataclass
+class Recorder(VlmEngine):
+    """Delegates to an engine and keeps one ``Record`` per request (the stage's own counters are
+    per figure and per prompt totals; percentiles per request need each one)."""
+
+    engine: VlmEngine
+    records: list[Record] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.config, self.backend = self.engine.config, self.engine.backend
+
+    def backend_version(self) -> str:
+        return self.engine.backend_version()
+
+    def info(self) -> dict:
+        return self.engine.info()
+
+    def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
+        responses = self.engine.generate(requests)
+        for request, response in zip(requests, responses, strict=True):
+            self.records.append(
+                Record(
+                    figure=request.id.split("|", 1)[0] if "|" in request.id else "?",
+                    prompt=prompts.name_of(request.prompt),
+                    prompt_tokens=response.prompt_tokens,
+                    completion_tokens=response.completion_tokens,
+                    seconds=response.seconds,
+                    image_sizes=[image.size for image in request.images],
+                    frames=list(response.image_sizes),
+                    text=request.prompt,
+                    system=request.system,
+                )
+            )
+        return responses
+
+
+def summary(values: Sequence[float], digits: int = 2) -> dict:
+    """mean, p50, p90 (nearest-rank free: statistics.quantiles' inclusive method), n."""
+    if not values:
+        return {"n": 0}
+    values = sorted(values)
+    deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), digits),
+        "p50": round(statistics.median(values), digits),
+        "p90": round(deciles[8], digits),
+    }
+
+
+def prepare_lake(root: Path, shards: Sequence[str]) -> Lake:
+    from pipelines.panels.stages import PanelSettings, PanelStage
+    from testing.pipeline import sample_lake
+
+    lake = sample_lake(root, RELEASE)
+    for shard in shards:
+        PanelStage(PanelSettings()).run(lake, Partition(RELEASE, shard))
+    return lake
+
+
+def run_mining(
+    root: Path, model: Path, config: EngineConfig, batch_size: int, settings: MiningSettings, shards
+) -> dict:
+    """The stage on every shard with a fresh lake; records, figure rows and counters."""
+    from pipelines.vlm.hf import TransformersEngine
+
+    lake = prepare_lake(root, shards)
+    with TransformersEngine(config, device="cpu", batch_size=batch_size) as engine:
+        recorder = Recorder(engine)
+        stage = MiningStage(recorder, settings)
+        results, walls, spans = [], {}, {}
+        for shard in shards:
+            began, first = time.perf_counter(), len(recorder.records)
+            results.append(stage.run(lake, Partition(RELEASE, shard)))
+            walls[shard], spans[shard] = time.perf_counter() - began, (first, len(recorder.records))
+    figures = [row for shard in shards for row in lake.read_table(Table.MINING_FIGURES, RELEASE, shard).to_pylist()]
+    return {
+        "lake": lake,
+        "records": recorder.records,
+        "figures": figures,
+        "results": results,
+        "wall": sum(walls.values()),
+        "walls": walls,
+        "spans": spans,
+    }
+
+
+def subset(run: dict, shards: Sequence[str]) -> dict:
+    """The part of a run that mined ``shards`` (for a throughput comparison on the same shards)."""
+    records = [r for s in shards for r in run["records"][slice(*run["spans"][s])]]
+    return {**run, "records": records, "wall": sum(run["walls"][s] for s in shards)}
+
+
+def counters(run: dict) -> dict:
+    """The stage's own counters summed over shards (per_prompt merged)."""
+    totals: Counter = Counter()
+    per_prompt: dict[str, Counter] = defaultdict(Counter)
+    for result in run["results"]:
+        for key in ("images", "vlm_requests", "prompt_tokens", "completion_tokens", "vlm_seconds", "prefilter_none"):
+            totals[key] += result.counts[key]
+        for name, values in json.loads(result.counts["per_prompt"]).items():
+            per_prompt[name].update(values)
+    out = {k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}
+    out["per_prompt"] = {
+        name: {k: round(v, 3) if isinstance(v, float) else v for k, v in sorted(values.items())}
+        for name, values in sorted(per_prompt.items())
+    }
+    return out
+
+
+def work(run: dict) -> list[Record]:
+    """The mining requests (the canary is sent once per run, not per figure)."""
+    return [r for r in run["records"] if r.prompt != "canary"]
+
+
+def per_figure(run: dict) -> dict:
+    """Per figure (``mining_figures``): requests, tokens, seconds; and per figure and prompt
+    (from the records) over the figures that sent that prompt."""
+    mined = [f for f in run["figures"] if f["status"] == "mined"]
+    out = {
+        "figures": len(mined),
+        "all_prompts": {
+            key: summary([f[key] for f in mined], 4 if key == "seconds" else 2)
+            for key in ("vlm_requests", "prompt_tokens", "completion_tokens", "seconds")
+        },
+        "per_prompt": {},
+    }
+    by: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for r in work(run):
+        c = by[r.prompt][r.figure]
+        c["requests"] += 1
+        c["prompt_tokens"] += r.prompt_tokens
+        c["completion_tokens"] += r.completion_tokens
+        c["seconds"] += r.seconds
+    for name, figures in sorted(by.items()):
+        entry = {"figures_sending": len(figures), "share_of_figures": round(len(figures) / max(1, len(mined)), 4)}
+        for key in ("requests", "prompt_tokens", "completion_tokens", "seconds"):
+            entry[key] = summary([c[key] for c in figures.values()], 4 if key == "seconds" else 2)
+        out["per_prompt"][name] = entry
+    return out
+
+
+def per_request(run: dict) -> dict:
+    by: dict[str, list[Record]] = defaultdict(list)
+    for r in work(run):
+        by[r.prompt].append(r)
+    return {
+        name: {
+            "requests": len(rs),
+            "prompt_tokens": summary([r.prompt_tokens for r in rs]),
+            "completion_tokens": summary([r.completion_tokens for r in rs]),
+            "seconds": summary([r.seconds for r in rs], 4),
+            "images_per_request": round(sum(len(r.image_sizes) for r in rs) / len(rs), 3),
+        }
+        for name, rs in sorted(by.items())
+    }
+
+
+def throughput(run: dict) -> dict:
+    rs = work(run)
+    seconds = sum(r.seconds for r in rs)
+    tokens = sum(r.prompt_tokens + r.completion_tokens for r in rs)
+    return {
+        "requests": len(rs),
+        "vlm_seconds": round(seconds, 2),
+        "stage_wall_seconds": round(run["wall"], 2),
+        "requests_per_vlm_second": round(len(rs) / seconds, 3),
+        "requests_per_wall_second": round(len(rs) / run["wall"], 3),
+        "tokens_per_vlm_second": round(tokens / seconds, 1),
+    }
+
+
+# ---- pre-filter -----------------------------------------------------------------------------
+
+
+def unfiltered_requests(lake: Lake, shards: Sequence[str], settings: MiningSettings) -> dict[str, int]:
+    """Requests of the pre-filtered prompts with no pre-filter: SoM views for every figure image;
+    one region request per panel (the figure itself when it has fewer than two) of every figure
+    whose concept passes the gate and that has a caption."""
+    from pipelines.mining.stages import _items
+
+    som = regions = 0
+    for shard in shards:
+        for item in _items(lake, RELEASE, shard):
+            som += settings.som_views
+            if item["caption"] and gate(item["concept"], settings.region_concepts):
+                panels = len(item["panels"])
+                regions += min(panels, settings.max_region_panels) if panels >= 2 else 1
+    return {"panels": som, "locate_region": regions}
+
+
+def prefilter(run: dict, settings: MiningSettings, shards: Sequence[str]) -> dict:
+    mined = [f for f in run["figures"] if f["status"] == "mined"]
+    flags = Counter(f["prefilter"] for f in mined)
+    rs = work(run)
+    by: dict[str, list[Record]] = defaultdict(list)
+    for r in rs:
+        by[r.prompt].append(r)
+    would = unfiltered_requests(run["lake"], shards, settings)
+
+    def cost(records: list[Record]) -> dict:
+        return {
+            "requests": len(records),
+            "prompt_tokens": sum(r.prompt_tokens for r in records),
+            "completion_tokens": sum(r.completion_tokens for r in records),
+            "seconds": sum(r.seconds for r in records),
+        }
+
+    measured = cost(rs)
+    without = dict(measured)
+    per_prompt = {}
+    for name, n in would.items():
+        sent = by.get(name, [])
+        if not sent:
+            continue
+        unit = {k: v / len(sent) for k, v in cost(sent).items()}
+        per_prompt[name] = {"sent": len(sent), "without_prefilter": n, "per_request": _round(unit, 4)}
+        for key in without:
+            without[key] += unit[key] * (n - len(sent))
+    return {
+        "note": "cost without the pre-filter is an ESTIMATE: measured mean per-request cost of each prompt x "
+        "the requests it would have sent (SoM: som_views per figure image; regions: one locate_region per "
+        "panel passing the concept gate, figures with a caption); describe_region and describe_panel unchanged",
+        "figures": len(mined),
+        "prefilter_values": dict(sorted(flags.items())),
+        "share_skipping_som": round(sum(1 for f in mined if "som" not in f["prefilter"]) / len(mined), 4),
+        "share_skipping_regions": round(sum(1 for f in mined if "regions" not in f["prefilter"]) / len(mined), 4),
+        "share_skipping_both": round(flags["none"] / len(mined), 4),
+        "per_prompt": per_prompt,
+        "with_prefilter": _round(measured, 2),
+        "without_prefilter_estimate": _round(without, 2),
+        "ratio_without_over_with": {k: round(without[k] / measured[k], 3) for k in measured if measured[k]},
+    }
+
+
+def _round(d: dict, digits: int) -> dict:
+    return {k: round(v, digits) if isinstance(v, float) else v for k, v in d.items()}
+
+
+# ---- prefix caching -------------------------------------------------------------------------
+
+
+def _chat(processor, system: str | None, n_images: int, text: str) -> str:
+    """The engine's chat turn as text (``TransformersEngine._messages``: images before text)."""
+    content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": text}]
+    messages = [{"role": "user", "content": content}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        if any(r[i] != rows[0][i] for r in rows):
+            return i
+    return n
+
+
+def prefix_share(run: dict, processor, production: dict) -> dict:
+    """Prompt tokens an engine with prefix caching would compute once, per prompt: a computation
+    with the tiny tokenizer, not a measurement."""
+    tok = processor.tokenizer
+    image_pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    by: dict[str, list[Record]] = defaultdict(list)
+    for r in work(run):
+        by[r.prompt].append(r)
+    out, totals = {}, Counter()
+    for name, rs in sorted(by.items()):
+        ids = [
+            tok(_chat(processor, r.system, 1 if r.image_sizes else 0, r.text), add_special_tokens=False)["input_ids"]
+            for r in rs
+        ]
+        strict = _common_prefix(ids)
+        if image_pad in ids[0][:strict]:
+            strict = ids[0].index(image_pad)
+        template = prompts.PROMPTS[name]
+        empty = template.template.format(**{f: "" for f in _fields(template.template)})
+        fixed_ids = tok(_chat(processor, rs[0].system, len(rs[0].image_sizes), empty), add_special_tokens=False)
+        fixed = sum(1 for t in fixed_ids["input_ids"] if t != image_pad)
+        measured = sum(r.prompt_tokens for r in rs)
+        prod = sum(production[id(r)] for r in rs)
+        out[name] = {
+            "requests": len(rs),
+            "strict_prefix_tokens": strict,
+            "fixed_text_tokens": fixed,
+            "strict_share_measured_band": round(strict * len(rs) / measured, 4),
+            "fixed_text_share_measured_band": round(fixed * len(rs) / measured, 4),
+            "strict_share_production_band": round(strict * len(rs) / prod, 4),
+            "fixed_text_share_production_band": round(fixed * len(rs) / prod, 4),
+        }
+        totals.update({"strict": strict * len(rs), "fixed": fixed * len(rs), "measured": measured, "production": prod})
+    return {
+        "note": "COMPUTED, not measured (the transformers backend has no prefix cache): tokens with the tiny "
+        "model's tokenizer, image tokens excluded from the prefix. strict = longest token prefix shared by all "
+        "requests of a prompt, up to the first image token: what vLLM enable_prefix_caching can reuse, since "
+        "images precede the text in the turn (vLLM reuses whole KV blocks, e.g. 16 tokens, so slightly less). "
+        "fixed_text = system turn + chat scaffolding + the template's literal text: an upper bound on prefill "
+        "saved, reachable only if that text preceded the image and the variable fields",
+        "per_prompt": out,
+        "strict_share_measured_band": round(totals["strict"] / totals["measured"], 4),
+        "fixed_text_share_measured_band": round(totals["fixed"] / totals["measured"], 4),
+        "strict_share_production_band": round(totals["strict"] / totals["production"], 4),
+        "fixed_text_share_production_band": round(totals["fixed"] / totals["production"], 4),
+    }
+
+
+def _fields(template: str) -> list[str]:
+    import string
+
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+# ---- projection -----------------------------------------------------------------------------
+
+
+def production_prompt_tokens(record: Record) -> int:
+    """The request's prompt tokens at the production band: text tokens as measured (prompt tokens
+    less the image tokens at the measured band) plus every image's tokens in the production frame."""
+    measured_images = sum(image_tokens(w, h) for w, h in record.frames)
+    production_images = sum(image_tokens(*model_frame(w, h, PRODUCTION)) for w, h in record.image_sizes)
+    return record.prompt_tokens - measured_images + production_images
+
+
+def projection(run: dict, production: dict, figures_total: int, prefill_tps: float, decode_tps: float) -> dict:
+    mined = [f for f in run["figures"] if f["status"] == "mined"]
+    n = len(mined)
+    by: dict[str, list[Record]] = defaultdict(list)
+    for r in work(run):
+        by[r.prompt].append(r)
+    per_prompt, prefill, decode_low, decode_high = {}, 0.0, 0.0, 0.0
+    for name, rs in sorted(by.items()):
+        images = [image_tokens(*model_frame(w, h, PRODUCTION)) for r in rs for w, h in r.image_sizes]
+        text = [r.prompt_tokens - sum(image_tokens(w, h) for w, h in r.frames) for r in rs]
+        prompt_tokens = statistics.fmean(production[id(r)] for r in rs)
+        measured_out = statistics.fmean(r.completion_tokens for r in rs)
+        budget = prompts.PROMPTS[name].max_tokens
+        per_figure = len(rs) / n
+        per_prompt[name] = {
+            "requests_per_figure": round(per_figure, 4),
+            "image_tokens_per_image_production": summary(images, 1),
+            "text_tokens_per_request_tiny_tokenizer": summary(text, 1),
+            "prompt_tokens_per_request_production": round(prompt_tokens, 1),
+            "completion_tokens_per_request": {"tiny_measured_capped": round(measured_out, 1), "prompt_budget": budget},
+        }
+        prefill += per_figure * prompt_tokens
+        decode_low += per_figure * measured_out
+        decode_high += per_figure * budget
+
+    def hours(out_tokens: float) -> dict:
+        total_in, total_out = prefill * figures_total, out_tokens * figures_total
+        return {
+            "prefill_tokens": round(total_in),
+            "decode_tokens": round(total_out),
+            "h100_hours": round(total_in / prefill_tps / 3600 + total_out / decode_tps / 3600),
+        }
+
+    return {
+        "figures": figures_total,
+        "measured_on_figures": n,
+        "note": "requests per figure measured on the sample WITH the pre-filter; image tokens per image exact "
+        "(smart_resize/model_frame at 256-1280 x 28^2 on the real size of every image sent: figure views, panel "
+        "and region crops); text tokens from the tiny tokenizer, only an approximation of Qwen's; completion "
+        "tokens unknown for a real model: bounded by the tiny model's (capped) answers and by each prompt's budget",
+        "per_prompt": per_prompt,
+        "prompt_tokens_per_figure_production": round(prefill, 1),
+        "completion_tokens_per_figure": {
+            "tiny_measured_capped": round(decode_low, 1),
+            "prompt_budget": round(decode_high, 1),
+        },
+        "formula": "h100_hours = figures x (prompt_tokens_per_figure / prefill_tps + completion_tokens_per_figure "
+        "/ decode_tps) / 3600",
+        "assumption": {
+            "prefill_tps": prefill_tps,
+            "decode_tps": decode_tps,
+            "what": "ASSUMED aggregate throughput of Qwen2.5-VL-7B (bf16) with vLLM on one H100, batched, not "
+            "measured (no GPU here) and not sourced: public reports found (e.g. QwenLM/Qwen3-VL#1378, vllm#21873) "
+            "are usage questions, not saturated H100 figures. prefill 20k tok/s ~ 40% of H100 bf16 dense peak "
+            "(989 TFLOP/s) at ~2 x 7.6B FLOP per token plus the ViT; decode 2k tok/s aggregate at large batch. "
+            "Scale linearly: hours are inversely proportional to both",
+        },
+        "low_completion": hours(decode_low),
+        "budget_completion": hours(decode_high),
+        "panel2patch_reference": {
+            "h100_hours": PANEL2PATCH_H100_HOURS,
+            "model": "Qwen2.5-VL-72B",
+            "note": "as reported for Panel2Patch; a 72B model costs roughly 10x a 7B per token",
+        },
+    }
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+
+def markdown(result: dict) -> str:
+    b, base = result["runs"]["batched"]["throughput"], result["runs"]["baseline"]["throughput"]
+    fig = result["per_figure"]["all_prompts"]
+    pf, px, pj = result["prefilter"], result["prefix_caching"], result["projection_24m"]
+    rows = [
+        "**Mining** ([benchmarks/results/mining.json](benchmarks/results/mining.json)): the Panel2Patch stage on the "
+        f"sample release ({result['figures']} figure images, shards {', '.join(result['shards'])}) with the "
+        f"**synthetic tiny random model on the CPU** (seconds are not GPU seconds):",
+        "",
+        "| | value |",
+        "|---|---|",
+        f"| requests / prompt tokens / completion tokens per figure (mean, p50, p90) | "
+        f"{fig['vlm_requests']['mean']}, {fig['vlm_requests']['p50']}, {fig['vlm_requests']['p90']} / "
+        f"{fig['prompt_tokens']['mean']:.0f}, {fig['prompt_tokens']['p50']:.0f}, {fig['prompt_tokens']['p90']:.0f} / "
+        f"{fig['completion_tokens']['mean']:.0f}, {fig['completion_tokens']['p50']:.0f}, "
+        f"{fig['completion_tokens']['p90']:.0f} |",
+        f"| requests/s, engine batch 8 vs batch 1 (baseline) | {b['requests_per_vlm_second']} vs "
+        f"{base['requests_per_vlm_second']} (**{result['batching_ratio']['requests_per_vlm_second']}x**) |",
+        f"| figures that skip SoM / regions / both | {pf['share_skipping_som']:.0%} / "
+        f"{pf['share_skipping_regions']:.0%} / {pf['share_skipping_both']:.0%} |",
+        f"| requests, prompt tokens without / with the pre-filter (estimate) | "
+        f"{pf['ratio_without_over_with']['requests']}x, {pf['ratio_without_over_with']['prompt_tokens']}x |",
+        f"| prompt tokens a prefix cache can reuse, strict / fixed-text upper bound (computed) | "
+        f"{px['strict_share_production_band']:.1%} / {px['fixed_text_share_production_band']:.1%} |",
+        f"| 24M figures, Qwen2.5-VL-7B, assumed {pj['assumption']['prefill_tps']:,} / "
+        f"{pj['assumption']['decode_tps']:,} tok/s prefill/decode | "
+        f"{pj['low_completion']['h100_hours']:,}-{pj['budget_completion']['h100_hours']:,} H100-hours "
+        f"(Panel2Patch, 72B: ~{PANEL2PATCH_H100_HOURS:,}) |",
+        "",
+        "Tokens per figure are at the reduced pixel band of the run (64-256 visual tokens per image); the "
+        f"projection recomputes image tokens exactly at the production band (256-1280): "
+        f"{pj['prompt_tokens_per_figure_production']:,.0f} prompt tokens per figure.",
+        f"Batching: engine batch 8 on shard(s) {', '.join(result['batched_shards'])} against the batch-1 baseline on "
+        "the same shards; on 2 CPU cores with a 0.4M-parameter model it says nothing about a GPU.",
+        "The pre-filter figure is an estimate: measured mean cost per request of each prompt times the requests "
+        "that would have been sent (SoM views for every figure, a region prompt for every panel passing the gate).",
+        "Prefix shares are computed with the tiny tokenizer, not measured: images come before the text in the "
+        "turn, so only the system turn is a true shared prefix; the template text would be too if it came first.",
+        "GPU-hours rest on assumed throughputs (no GPU here) and on completion lengths bounded between the tiny "
+        "model's capped answers and each prompt's budget; text tokens are the tiny tokenizer's, not Qwen's.",
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", nargs="+", default=list(SHARDS))
+    parser.add_argument("--batched-shards", nargs="+", default=["000"], help="shards of the batch-8 run")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--som-views", type=int, default=3)
+    parser.add_argument("--figures-per-batch", type=int, default=8)
+    parser.add_argument("--min-tokens", type=int, default=64, help="measured band: min visual tokens per image")
+    parser.add_argument("--max-image-tokens", type=int, default=256, help="measured band: max visual tokens")
+    parser.add_argument("--max-tokens", type=int, default=24, help="answer cap of the tiny model")
+    parser.add_argument("--figures", type=int, default=24_000_000)
+    parser.add_argument("--prefill-tps", type=float, default=20_000)
+    parser.add_argument("--decode-tps", type=float, default=2_000)
+    args = parser.parse_args()
+    import torch
+    import transformers
+    from transformers import AutoProcessor
+
+    from pipelines.vlm.tiny import tiny_model_dir
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    began = time.perf_counter()
+    settings = MiningSettings(som_views=args.som_views, figures_per_batch=args.figures_per_batch)
+    batched_shards = args.batched_shards or args.shards
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model_dir(Path(tmp) / "vlm")
+        config = EngineConfig(
+            model=str(model),
+            synthetic=True,
+            dtype="float32",
+            min_pixels=args.min_tokens * PATCH * PATCH,
+            max_pixels=args.max_image_tokens * PATCH * PATCH,
+            sampling=Sampling(max_tokens=args.max_tokens),
+        )
+        # The batch-1 run is the full one (every shard): on 2 CPU cores it is the fast one.
+        run = run_mining(Path(tmp) / "baseline", model, config, 1, settings, args.shards)
+        print("baseline", throughput(run), flush=True)
+        batched = run_mining(Path(tmp) / "batched", model, replace(config), args.batch_size, settings, batched_shards)
+        print("batched", throughput(batched), flush=True)
+        baseline = subset(run, batched_shards)
+        processor = AutoProcessor.from_pretrained(model)
+        production = {id(r): production_prompt_tokens(r) for r in work(run)}
+        result = {
+            "benchmark": "Panel2Patch mining cost per figure and prompt, batching, pre-filter, prefix caching, "
+            "projection to 24M figures",
+            "note": NOTE,
+            "model": "tiny random Qwen2.5-VL (pipelines.vlm.tiny, 0.4M parameters, seed 0)",
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "release": RELEASE,
+            "shards": args.shards,
+            "batched_shards": batched_shards,
+            "figures": sum(1 for f in run["figures"] if f["status"] == "mined"),
+            "settings": settings.as_dict(),
+            "measured_band_visual_tokens": [args.min_tokens, args.max_image_tokens],
+            "production_band_visual_tokens": [PRODUCTION.min_pixels // PATCH**2, PRODUCTION.max_pixels // PATCH**2],
+            "answer_cap_tokens": args.max_tokens,
+            "runs": {
+                "batched": {
+                    "batch_size": args.batch_size,
+                    "throughput": throughput(batched),
+                    "counts": counters(batched),
+                },
+                "baseline": {"batch_size": 1, "throughput": throughput(baseline), "counts": counters(baseline)},
+            },
+            "per_figure": per_figure(run),
+            "per_request": per_request(run),
+            "prefilter": prefilter(run, settings, args.shards),
+            "prefix_caching": prefix_share(run, processor, production),
+            "projection_24m": projection(run, production, args.figures, args.prefill_tps, args.decode_tps),
+        }
+    b, base = result["runs"]["batched"]["throughput"], result["runs"]["baseline"]["throughput"]
+    result["batching_ratio"] = {
+        "baseline": "batch_size 1",
+        "note": f"batch 8 run on shards {batched_shards} only (it is the slow one on 2 CPU cores), compared with "
+        "the batch-1 run's requests on the same shards; CPU, tiny model: not what batching does on a GPU",
+        "requests_per_vlm_second": round(b["requests_per_vlm_second"] / base["requests_per_vlm_second"], 3),
+        "requests_per_wall_second": round(b["requests_per_wall_second"] / base["requests_per_wall_second"], 3),
+        "tokens_per_vlm_second": round(b["tokens_per_vlm_second"] / base["tokens_per_vlm_second"], 3),
+    }
+    result["seconds_total"] = round(time.perf_counter() - began, 1)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    MARKDOWN.write_text(markdown(result))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("per_request",)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
