@@ -42,8 +42,8 @@ def _secret(name: str) -> EnvVar | None:
 
 
 # The tiny random model answers nonsense at any length: short answers, a small pixel band, and
-# one request at a time (on a CPU, batching its requests was 6.6x slower per request in
-# benchmarks/mining.py: the vision tower attends over every image of the batch at once)
+# one request at a time (on a CPU, batches of 8 were 6.6x slower per request than single
+# requests in benchmarks/mining.py; the cause is not investigated, a GPU is not measured)
 SYNTHETIC_VLM = {
     "max_tokens": 48,
     "min_pixels": 64 * 28 * 28,
