@@ -5,12 +5,25 @@ from pathlib import Path
 from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
 
 from assets.mining import pairs
+from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
-from assets.report import run_stage
+from assets.report import error_rate_check, run_stage
 from pipelines.longcap import negatives
-from pipelines.longcap.stages import NEGATIVES_DIFFER, NegativesStage
+from pipelines.longcap.prompts import PROMPT_VERSION
+from pipelines.longcap.stages import (
+    FEASIBILITY,
+    GAINED_CONTEXT,
+    GUARD_REJECTIONS,
+    LONGCAP_CANARY,
+    NEGATIVES_DIFFER,
+    LongCapSettings,
+    LongCapStage,
+    NegativesStage,
+)
 from pipelines.vlm.engine import fingerprint
+from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
+from resources.quality import QualityResource
 from resources.vlm import VlmEngineResource
 
 
@@ -51,3 +64,54 @@ def pair_negatives(
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = NegativesStage(engine, config.max_per_type, config.vlm_per_pair, config.seed)
         return run_stage(context, stage, lk)
+
+
+class LongCapRunSettings(Config):
+    """``context_budget``: article context sent to the model, in the text encoder's tokens."""
+
+    context_budget: int = 1024
+    figures_per_batch: int = 16
+
+
+def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpec:
+    return AssetCheckSpec(
+        name, asset="long_captions", partitions_def=release_shard_partitions, blocking=blocking, description=description
+    )
+
+
+@asset(
+    partitions_def=release_shard_partitions,
+    deps=[parsed_articles],
+    group_name="longcap",
+    kinds={"parquet", "vllm"},
+    pool="gpu",
+    code_version=PROMPT_VERSION,
+    backfill_policy=BackfillPolicy.multi_run(1),
+    description=LongCapStage.__doc__,
+    check_specs=[
+        _check(FEASIBILITY, "The model judges a fair share of figures' context visible (FEASIBLE)."),
+        _check(GUARD_REJECTIONS, "Few feasible refinements fail the guards (invented numbers, entities, acronyms)."),
+        _check(GAINED_CONTEXT, "A fair share of captions gain verified context."),
+        _check(LONGCAP_CANARY, "The engine applies structured outputs (a canary request at the start).", True),
+        error_rate_check("long_captions", release_shard_partitions),
+    ],
+)
+def long_captions(
+    context: AssetExecutionContext,
+    config: LongCapRunSettings,
+    lake: LakeResource,
+    models: ModelsResource,
+    vlm: VlmEngineResource,
+    ray: RayResource,
+    quality: QualityResource,
+) -> MaterializeResult:
+    lk = lake.lake()
+    settings = LongCapSettings(
+        tokenizer=models.text_tokenizer,
+        budget=models.text_context,
+        context_budget=config.context_budget,
+        figures_per_batch=config.figures_per_batch,
+    )
+    with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
+        stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
+        return run_stage(context, stage, lk, quality.max_error_rate)

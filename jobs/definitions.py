@@ -16,7 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
-from assets.longcap import pair_negatives
+from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
 from assets.panels import panel_crops, panel_detector, panel_training_set, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
@@ -63,6 +63,7 @@ ASSETS = [
     panel_detector,
     pairs,
     pair_negatives,
+    long_captions,
 ]
 
 

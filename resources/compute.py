@@ -42,6 +42,10 @@ class ModelsResource(ConfigurableResource):
     panel_detector_revision: str | None = None
     panel_threshold: float = 0.5
     panel_input_size: int = 800
+    # the tokenizer of the text encoder that will train on the captions (long captions are
+    # measured and cut in its tokens): openclip, hf:<id or path>, tiny; and its context length
+    text_tokenizer: str = "openclip"
+    text_context: int = 512
 
     def dinov2_config(self) -> EmbedderConfig:
         return EmbedderConfig(

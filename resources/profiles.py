@@ -58,7 +58,11 @@ def build_resources(settings: Settings | None = None) -> dict:
     return {
         "lake": LakeResource(home=settings.home, shards=settings.shards),
         "models": ModelsResource(
-            dinov2=settings.dinov2_model, synthetic=settings.synthetic, panel_detector=settings.panel_detector
+            dinov2=settings.dinov2_model,
+            synthetic=settings.synthetic,
+            panel_detector=settings.panel_detector,
+            text_tokenizer=settings.text_tokenizer,
+            text_context=settings.text_context,
         ),
         "ray": RayResource(
             address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor

@@ -84,6 +84,8 @@ class Settings:
     vlm_url: str | None = None
     vlm_replicas: int = 1
     vlm_tensor_parallel: int = 1
+    text_tokenizer: str = "openclip"
+    text_context: int = 512
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -124,6 +126,8 @@ class Settings:
             vlm_url=_vlm_url(env),
             vlm_replicas=env.integer("PANELFORGE_VLM_REPLICAS", minimum=1, default=1),
             vlm_tensor_parallel=env.integer("PANELFORGE_VLM_TENSOR_PARALLEL", minimum=1, default=1),
+            text_tokenizer=_tokenizer(env.get("PANELFORGE_TEXT_TOKENIZER") or "openclip"),
+            text_context=env.integer("PANELFORGE_TEXT_CONTEXT", minimum=8, default=512),
         )
 
 
@@ -223,6 +227,13 @@ def _vlm_url(env: _Env) -> str | None:
             "PANELFORGE_VLM_BACKEND=openai needs PANELFORGE_VLM_URL (the server, e.g. http://host:8000)"
         )
     return url
+
+
+def _tokenizer(spec: str) -> str:
+    """The text encoder's tokenizer: ``openclip``, ``hf:<id or local path>`` or ``tiny``."""
+    if spec in ("openclip", "tiny") or (spec.startswith("hf:") and len(spec) > 3):
+        return spec
+    raise SettingsError(f"PANELFORGE_TEXT_TOKENIZER must be openclip, tiny or hf:<id or path>, got {spec!r}")
 
 
 def _detector(value: str | None) -> str | None:

@@ -46,6 +46,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "panel_detector",
         "pairs",
         "pair_negatives",
+        "long_captions",
     }
 
 

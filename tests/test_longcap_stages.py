@@ -48,3 +48,114 @@ def test_negatives_for_region_pairs_only(tmp_path):
 def test_negatives_need_pairs(tmp_path):
     with pytest.raises(StageInputError, match="materialize `pairs` first"):
         NegativesStage().run(Lake(tmp_path / "lake"), Partition(RELEASE, SHARD))
+
+
+# ---- long captions ------------------------------------------------------------------------------
+# eLife 43154 (CC BY), author response image 1, PMC900000008 `resp-fig1.jpg` (600x296), shard 001.
+# Caption (title + text): "Role of sickle cell in case definitions of SMA and CM. Sickle cell mutations
+# will increase the likelihood of anaemia and are presumed protective against CM." The article defines
+# "severe malarial anaemia (SMA)" and "cerebral malaria (CM)"; the paragraph citing the figure says it
+# is "an extension of Figure 1 in our paper to include a vertex for sickle cell status".
+
+LC_SHARD = "001"
+FIGURE = ("PMC900000008", "resp-fig1.jpg")
+CAPTION = (
+    "Role of sickle cell in case definitions of SMA and CM. Sickle cell mutations will increase the "
+    "likelihood of anaemia and are presumed protective against CM."
+)
+REFINED = (
+    "Role of sickle cell in case definitions of severe malarial anaemia (SMA) and cerebral malaria (CM). "
+    "Sickle cell mutations will increase the likelihood of anaemia and are presumed protective against CM. "
+    "The causal diagram extends Figure 1 with a vertex for sickle cell status."
+)
+
+
+@pytest.fixture(scope="module")
+def parsed_lake(tmp_path_factory):
+    from testing.pipeline import sample_lake
+
+    return sample_lake(tmp_path_factory.mktemp("longcap"), RELEASE)
+
+
+def _answer(long_caption: str, verdict: str = "FEASIBLE", acronyms=None) -> str:
+    import json
+
+    features = [
+        {
+            "text": "sickle cell status is a vertex of the causal diagram",
+            "source": "context",
+            "visual": True,
+            "status": "SUPPORTED",
+        }
+    ]
+    acronyms = acronyms if acronyms is not None else [{"short": "SMA", "long": "severe malarial anaemia"}]
+    return json.dumps({"features": features, "verdict": verdict, "long_caption": long_caption, "acronyms": acronyms})
+
+
+def _longcap(lake, answer_for_figure: str, model: str):
+    import json as _json
+
+    from pipelines.longcap.prompts import LONGCAP
+    from pipelines.longcap.stages import LongCapSettings, LongCapStage
+    from pipelines.mining.prompts import CANARY_TOKEN
+    from pipelines.vlm.engine import EngineConfig
+    from testing.vlm import ScriptedEngine
+
+    def answer(request):
+        if request.schema is not None and "canary" in request.schema.get("properties", {}):
+            return _json.dumps({"canary": CANARY_TOKEN})
+        assert request.schema == LONGCAP.schema
+        if request.id.startswith("PMC900000008/resp-fig1.jpg|"):
+            return answer_for_figure
+        return _answer("irrelevant", verdict="NOT_FEASIBLE")
+
+    engine = ScriptedEngine(answer, EngineConfig(model=model, synthetic=True))
+    stage = LongCapStage(engine, LongCapSettings(tokenizer="tiny", budget=512, context_budget=400))
+    result = stage.run(lake, Partition(RELEASE, LC_SHARD))
+    rows = {
+        (r["pmcid"], r["image_file"]): r for r in lake.read_table(Table.LONG_CAPTIONS, RELEASE, LC_SHARD).to_pylist()
+    }
+    return result, rows, engine
+
+
+def test_a_refinement_that_only_adds_context_is_kept(parsed_lake):
+    result, rows, engine = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
+    row = rows[FIGURE]
+    assert row["caption"] == CAPTION and row["status"] == "refined" and row["long_caption"] == REFINED
+    # the tiny tokenizer: one token per word or punctuation mark, plus two: 12 + 16 + 2
+    assert row["tokens_before"] == 30 and row["tokens_after"] > row["tokens_before"] and row["gained_context"]
+    assert "mentions" in row["context_sources"] and row["verdict"] == "FEASIBLE" and not row["cut"]
+    acronyms = __import__("json").loads(row["acronyms"])
+    assert acronyms["SMA"] == {"long": "severe malarial anaemia", "source": "article"}
+    assert acronyms["CM"] == {"long": "cerebral malaria", "source": "article"}
+    assert row["model"] == "scripted-a" and row["synthetic"] is True and row["tokenizer"]
+    others = [r for k, r in rows.items() if k != FIGURE and r["status"] == "fallback"]
+    assert others and all(
+        r["long_caption"] == r["caption"] and r["reason"] == "model verdict: NOT_FEASIBLE" for r in others
+    )
+    assert "token_lengths" in result.counts
+
+    again, _, engine = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
+    assert engine.requests == [] and again.skipped == again.counts["images"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (_answer(REFINED.replace("a vertex", "37.5 mg of a vertex")), "number not in sources: 37.5 mg"),
+        (
+            _answer(REFINED, acronyms=[{"short": "SMA", "long": "sickle malaria anaemia"}]),
+            "acronym SMA expanded as 'sickle malaria anaemia'",
+        ),
+        (_answer(REFINED, verdict="NOT_FEASIBLE"), None),
+        ("I think this figure shows a diagram.", None),
+    ],
+)
+def test_what_the_guards_reject_falls_back_to_the_caption(parsed_lake, answer, why):
+    _, rows, _ = _longcap(parsed_lake, answer, f"scripted-{hash(answer) % 10_000}")
+    row = rows[FIGURE]
+    assert row["status"] == "fallback" and row["long_caption"] == CAPTION and not row["gained_context"]
+    if why:
+        assert any(f.startswith(why) for f in row["guard_failures"]), row["guard_failures"]
+    else:
+        assert row["reason"].startswith(("model verdict: NOT_FEASIBLE", "unusable answer"))
