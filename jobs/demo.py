@@ -53,6 +53,7 @@ def main() -> int:
 
         from assets.acquisition import pmc_inventory, pmc_raw_articles
         from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+        from assets.longcap import long_captions, pair_negatives
         from assets.mining import pairs
         from assets.panels import panel_crops, panels
         from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
@@ -127,7 +128,7 @@ def main() -> int:
             print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
             if not result.success:
                 return 1
-        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops, pairs):
+        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops, pairs, pair_negatives, long_captions):
             for shard in shards:
                 key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
                 result = materialize(
@@ -176,6 +177,8 @@ def print_summary(lake, seconds: float) -> None:
         "panel_crops",
         "pairs",
         "mining_figures",
+        "pair_negatives",
+        "long_captions",
     )
     for table in tables:
         (count,) = con.execute(f"SELECT count(*) FROM {table} WHERE release = '{DEMO_RELEASE}'").fetchone()
@@ -202,6 +205,8 @@ def print_summary(lake, seconds: float) -> None:
         f"from {requests} VLM requests ({tokens_in} tokens in, {tokens_out} out, {failures} unusable answers; "
         "tiny random Qwen2.5-VL: marked synthetic)",
     )
+    longcap = dict(con.execute("SELECT status, count(*) FROM long_captions GROUP BY 1 ORDER BY 2 DESC").fetchall())
+    print("  long captions:     ", longcap, "(the original caption is kept whenever the model's refinement is not)")
     files = con.execute("SELECT kind, count(*), sum(size) FROM raw_files GROUP BY 1 ORDER BY 1").fetchall()
     for kind, n, size in files:
         print(f"  {kind:<6} files: {n:>4} ({size / 1e6:.1f} MB in raw tars)")
