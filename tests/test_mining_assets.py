@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, MultiPartitionKey
 
+from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
+from pipelines.longcap.stages import GUARD_REJECTIONS, LONGCAP_CANARY
 from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.mining.stages import BOXES_INSIDE, CANARY, EXTRACTIVE
 from pipelines.panels.stages import PanelSettings, PanelStage
 from pipelines.stage import Partition
-from resources.compute import RayResource
+from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.profiles import SYNTHETIC_VLM, build_resources
 from resources.quality import QualityResource
@@ -35,7 +37,7 @@ def test_pairs_asset_mines_a_partition_with_the_synthetic_engine(tmp_path):
         "quality": QualityResource(),
     }
     key = MultiPartitionKey({"release": RELEASE, "shard": SHARD})
-    result = materialize_one(pairs, key, instance, resources, {"som_views": 1, "describe_panels": False})
+    result = materialize_one(pairs, key, instance, resources, {"som_views": 0, "describe_panels": False})
     assert result.success
     (event,) = result.get_asset_materialization_events()
     metadata = event.materialization.metadata
@@ -50,10 +52,23 @@ def test_pairs_asset_mines_a_partition_with_the_synthetic_engine(tmp_path):
     assert all(r["synthetic"] and r["backend"] == "transformers" for r in rows)
 
     # a rerun of the same partition mines nothing again
-    again = materialize_one(pairs, key, instance, resources, {"som_views": 1, "describe_panels": False})
+    again = materialize_one(pairs, key, instance, resources, {"som_views": 0, "describe_panels": False})
     (event,) = again.get_asset_materialization_events()
     assert event.materialization.metadata["items_skipped"].value == images
     assert event.materialization.metadata["vlm_requests"].value == 0
+
+    # the assets below: hard negatives of the region pairs, long captions of every figure image
+    resources["models"] = ModelsResource(synthetic=True, text_tokenizer="tiny", text_context=128)
+    negatives = materialize_one(pair_negatives, key, instance, resources)
+    assert negatives.success
+    longcap = materialize_one(long_captions, key, instance, resources, {"context_budget": 256})
+    assert longcap.success
+    (event,) = longcap.get_asset_materialization_events()
+    assert event.materialization.metadata["images"].value == images
+    rows = lake.read_table("long_captions", RELEASE, SHARD).to_pylist()
+    # a tiny random model's refinements never pass: every long caption is the original one
+    assert all(r["long_caption"] == r["caption"] or r["cut"] for r in rows if r["status"] != "refined")
+    assert {c.check_name for c in longcap.get_asset_check_evaluations()} >= {LONGCAP_CANARY, GUARD_REJECTIONS}
 
 
 def test_code_version_is_the_prompt_version_and_profiles_choose_the_backend():
