@@ -205,6 +205,8 @@ def test_panel_subset_reuses_crops_and_cuts_the_rest_once(built):
     assert meta["description"] == "a green fluorescent image" and meta["synthetic"] is True
     assert meta["model"] == "tiny-qwen" and meta["crop_source"] == "panel_crops"
     assert meta["license_group"] == "commercial" and meta["pmcid"] == A[0] and meta["title"]
+    sample = next(r for r in lake.read_release("samples", RELEASE).to_pylist() if r["key"] == a)
+    assert meta["fig_id"] == sample["fig_id"] != ""  # the figure's facts, not the pair row's (fig_id None there)
     assert second["json"]["description"] == "" and second["json"]["box"] == list(CUT_BOX)  # typed, never null
     # the reused crop is panel_crops' bytes, not re-encoded
     crop = next(c for c in built["crops"] if (c["pmcid"], c["image_file"], c["panel_index"]) == (*A, 0))
@@ -369,3 +371,29 @@ def test_openclip_reads_long_captions_with_a_512_token_context(built, tmp_path):
     # start + 120 tokens + end: the long caption is whole, where a 77-token context would cut it
     assert sorted(lengths) == [4, 122]
     assert key[A] in [s["__key__"] for s in _samples(lake, "longcap-commercial")]
+
+
+def test_pair_assets_through_dagster(built, tmp_path):
+    from dagster import DagsterInstance, MultiPartitionKey
+
+    from assets.release import pair_samples, webdataset_pairs
+    from resources.lake import LakeResource
+    from tests.helpers import materialize_one, open_test_release
+
+    lake = built["lake"]
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "home"))
+    open_test_release(instance, RELEASE)
+    resources = {"lake": LakeResource(home=str(lake.root))}
+    key = MultiPartitionKey({"release": RELEASE, "shard": built["shard"]})
+    planned = materialize_one(pair_samples, key, instance, resources)
+    written = materialize_one(webdataset_pairs, RELEASE, instance, resources, {"max_samples_per_shard": 2})
+    meta = {}
+    for result in (planned, written):
+        (event,) = result.get_asset_materialization_events()
+        meta |= {k: v.value for k, v in event.materialization.metadata.items()}
+    assert (meta["panel_samples"], meta["region_samples"], meta["excluded_bad_box"]) == (2, 2, 1)
+    assert meta["panel-commercial_samples"] == 2 and meta["longcap-noncommercial_samples"] == 1
+    # nothing changed: the four non-empty subsets (panel, region, longcap commercial; longcap noncommercial) keep
+    # their one shard each
+    assert meta["shards_reused_from_earlier_run"] == 4

@@ -287,6 +287,15 @@ def _stat_row(name: str, entry: dict) -> list:
     return [name, value.get("count", 0), value.get("mean", "-"), value.get("p50", "-"), value.get("max", "-")]
 
 
+def _shorten(value, limit: int = 200):
+    """An example as the card shows it: long texts cut, so one long caption does not fill the page."""
+    if isinstance(value, dict):
+        return {k: _shorten(v, limit) for k, v in value.items()}
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + " …"
+    return value
+
+
 def render_pair_levels(info: dict) -> str:
     """The card's section on the panel, region and long-caption subsets: per level its counts,
     what a sample holds (features), an example, then the pair statistics."""
@@ -300,8 +309,10 @@ def render_pair_levels(info: dict) -> str:
             [f"`{latest}/{n}`", f"{f['samples']:,}", f["shards"], f"{f['bytes'] / 1e9:.3f}"] for n, f in subsets.items()
         ]
         members = ", ".join(f"`.{m}`" for m in ["jpg", "json", *EXTRA_MEMBERS.get(level, []), "txt"])
-        example = info.get("examples", {}).get(level)
-        shown = f"\n\nExample:\n\n```json\n{json.dumps(example, indent=1, ensure_ascii=False)}\n```" if example else ""
+        example = _shorten(info.get("examples", {}).get(level) or {})
+        shown = (
+            f"\n\nExample:\n\n```json\n{json.dumps(example, indent=1, ensure_ascii=False)}\n```\n" if example else ""
+        )
         parts.append(
             f"""### Level `{level}`
 
@@ -322,6 +333,10 @@ follow the figure level's license groups, exclusions and shuffle seed. Panel cro
 the original image (JPEG quality 95, 4:4:4); boxes (`box`) are in the original image's pixels.
 
 {"".join(parts)}
+OpenCLIP trains on the long captions with a text tower of a long context (e.g. 512 tokens):
+`--dataset-type webdataset --train-data "{latest}/longcap-commercial/panelforge-{{000000..N}}.tar"`.
+Hard negatives for region-level contrastive training: `.neg.txt`, one caption per line.
+
 Pairs per released figure, and long captions' tokens before and after refinement (the long-caption tokenizer):
 
 {_table(stat_rows, ["statistic", "n", "mean", "median", "max"])}

@@ -292,7 +292,7 @@ class _Planner:
 
     def _pair_meta(self, row: dict, pair: dict, figure: _Figure, box: tuple) -> dict:
         fields = JSON_FIELDS_OF[row["level"]]
-        meta = {**_figure_ref(row, figure), **{k: pair.get(k) for k in fields if k in pair}}
+        meta = {**_own_fields(pair, fields), **_figure_ref(row, figure)}
         meta.update(box=list(box), crop_source=row["crop_source"], synthetic=bool(pair["synthetic"]))
         if row["level"] == REGION:
             own = sorted(self.negatives.get(pair["pair_id"], []), key=lambda n: n["negative_index"])
@@ -314,7 +314,7 @@ class _Planner:
         sample = figure.sample
         row.update(caption=text, crop_source=FIGURE, width=sample["width"], height=sample["height"])
         row.update({k: sample[k] for k in ("image_tar", "image_offset", "image_size", "image_sha256")})
-        meta = {**_figure_ref(row, figure), **{k: source.get(k) for k in LONGCAP_JSON_FIELDS if k in source}}
+        meta = {**_own_fields(source, LONGCAP_JSON_FIELDS), **_figure_ref(row, figure)}
         meta.update(caption=source["caption"] or sample["caption"], converted_from=figure.meta.get("converted_from"))
         meta["synthetic"] = bool(source["synthetic"])
         row["meta"] = {name: meta.get(name) for name in LONGCAP_JSON_FIELDS}
@@ -325,6 +325,12 @@ def _figure_ref(row: dict, figure: _Figure) -> dict:
     """The figure's facts every pair-level JSON carries, so a sample is usable on its own."""
     meta = {k: figure.meta.get(k) for k in FIGURE_REF_FIELDS}
     return meta | {k: row[k] for k in ("key", "figure_key", "level", "width", "height")}
+
+
+def _own_fields(source: dict, fields: dict) -> dict:
+    """The JSON fields a pair or long-caption row gives itself; the figure's facts come from the
+    figure-level sample (one source for them, whatever the upstream row repeats)."""
+    return {k: source[k] for k in fields if k in source and k not in FIGURE_REF_FIELDS}
 
 
 def _negative(row: dict) -> dict:
