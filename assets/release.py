@@ -12,6 +12,9 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.longcap import long_captions, pair_negatives
+from assets.mining import pairs
+from assets.panels import panel_crops
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import run_stage
@@ -19,6 +22,8 @@ from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     DatasetCardStage,
     HubUploadStage,
+    PairPlanStage,
+    PairWebDatasetStage,
     ReleaseTablesStage,
     SamplePlanStage,
     WebDatasetStage,
@@ -125,6 +130,38 @@ def webdataset_concept_balanced(
     return _write_subsets(context, lake, "webdataset_concept_balanced", subsets, config, "concept-balanced")
 
 
+@asset(
+    partitions_def=release_shard_partitions,
+    deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
+    group_name="release",
+    kinds={"parquet"},
+    backfill_policy=BackfillPolicy.multi_run(1),
+    description=PairPlanStage.__doc__,
+)
+def pair_samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
+    return run_stage(context, PairPlanStage(), lake.lake())
+
+
+class PairShardSettings(ShardSettings):
+    """``token_sample``: texts per level whose CLIP tokens the statistics count."""
+
+    token_sample: int = 5_000
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[AssetDep(pair_samples, partition_mapping=_whole_release)],
+    group_name="release",
+    kinds={"webdataset"},
+    description=PairWebDatasetStage.__doc__,
+)
+def webdataset_pairs(
+    context: AssetExecutionContext, config: PairShardSettings, lake: LakeResource
+) -> MaterializeResult:
+    stage = PairWebDatasetStage(config.limits(), config.shard_name, config.token_sample)
+    return run_stage(context, stage, lake.lake())
+
+
 class StatsSettings(Config):
     reservoir: int = 100_000
     token_sample: int = 5_000
@@ -145,7 +182,13 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
 
 @asset(
     partitions_def=releases_partitions,
-    deps=[webdataset_shards, webdataset_concept_filtered, webdataset_concept_balanced, release_parquet],
+    deps=[
+        webdataset_shards,
+        webdataset_concept_filtered,
+        webdataset_concept_balanced,
+        webdataset_pairs,
+        release_parquet,
+    ],
     group_name="release",
     kinds={"markdown"},
     description=DatasetCardStage.__doc__,

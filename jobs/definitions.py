@@ -24,9 +24,11 @@ from assets.release import (
     dataset_card,
     dataset_samples,
     hf_upload,
+    pair_samples,
     release_parquet,
     webdataset_concept_balanced,
     webdataset_concept_filtered,
+    webdataset_pairs,
     webdataset_shards,
 )
 from jobs.automation import automation_sensor, with_automation
@@ -54,6 +56,8 @@ ASSETS = [
     webdataset_shards,
     webdataset_concept_filtered,
     webdataset_concept_balanced,
+    pair_samples,
+    webdataset_pairs,
     release_parquet,
     dataset_card,
     hf_upload,

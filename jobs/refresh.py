@@ -44,7 +44,7 @@ pmc_download_job = define_asset_job(
 )
 publish_release_job = define_asset_job(
     "publish_release_job",
-    selection=AssetSelection.groups("release") - AssetSelection.assets("dataset_samples", "hf_upload"),
+    selection=AssetSelection.groups("release") - AssetSelection.assets("dataset_samples", "pair_samples", "hf_upload"),
     partitions_def=releases_partitions,
     description="Serialize a release whose samples are planned: shards, mixtures, Parquet, statistics, card.",
 )

@@ -487,6 +487,33 @@ SHARD_SIDECAR = pa.schema(
 )
 
 
+# The serialization plan of the pair levels (panel, region, longcap) of one partition: like
+# ``samples``, one row per candidate sample, included or excluded, sorted by shuffle_key.
+PAIR_SAMPLES = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),  # the figure's sample key, + _pNNN[_rNN] for pairs
+        pa.field("level", pa.string(), nullable=False),  # panel, region, longcap
+        pa.field("figure_key", pa.string(), nullable=False),  # the figure-level sample it comes from
+        pa.field("pair_id", pa.string()),  # the pairs row (null for longcap)
+        *(SAMPLES.field(n) for n in ("pmcid", "fig_id", "image_file", "status", "reason", "detail")),
+        *(SAMPLES.field(n) for n in ("shuffle_seed", "shuffle_key", "license_group", "license_code")),
+        *(SAMPLES.field(n) for n in ("global_concept", "panel_type", "cluster_id", "width", "height")),
+        pa.field("crop_source", pa.string()),  # panel_crops (reused), cut (from the raw image), figure
+        *(SAMPLES.field(n) for n in ("image_tar", "image_offset", "image_size", "image_sha256", "caption")),
+        pa.field("neg_txt", pa.string()),  # region samples: the hard negatives, one per line
+        SAMPLES.field("meta_json"),
+    ]
+)
+
+# The Parquet file beside each shard of a pair-level subset.
+PAIR_SIDECAR = pa.schema(
+    [
+        *(PAIR_SAMPLES.field(n) for n in ("key", "level", "figure_key", "pair_id", "crop_source")),
+        *(f for f in SHARD_SIDECAR if f.name not in ("key", "converted_from")),
+    ]
+)
+
+
 class Table(StrEnum):
     """Every lake table by name; a member compares equal to its string."""
 
@@ -513,6 +540,7 @@ class Table(StrEnum):
     MINING_FIGURES = "mining_figures"
     LONG_CAPTIONS = "long_captions"
     PAIR_NEGATIVES = "pair_negatives"
+    PAIR_SAMPLES = "pair_samples"
 
 
 TABLES: dict[str, pa.Schema] = {
@@ -539,6 +567,7 @@ TABLES: dict[str, pa.Schema] = {
     Table.MINING_FIGURES: MINING_FIGURES,
     Table.LONG_CAPTIONS: LONG_CAPTIONS,
     Table.PAIR_NEGATIVES: PAIR_NEGATIVES,
+    Table.PAIR_SAMPLES: PAIR_SAMPLES,
 }
 
 

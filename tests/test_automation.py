@@ -39,6 +39,8 @@ SHARD_LEVEL = {
     "dataset_samples",
     "panels",
     "panel_crops",
+    "pairs",
+    "pair_samples",
 }
 RELEASE_LEVEL = {
     "image_duplicates",
@@ -48,6 +50,7 @@ RELEASE_LEVEL = {
     "webdataset_shards",
     "webdataset_concept_filtered",
     "webdataset_concept_balanced",
+    "webdataset_pairs",
     "release_parquet",
     "dataset_card",
 }

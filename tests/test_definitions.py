@@ -37,6 +37,8 @@ def test_every_job_schedule_and_sensor_resolves():
         "webdataset_shards",
         "webdataset_concept_filtered",
         "webdataset_concept_balanced",
+        "pair_samples",
+        "webdataset_pairs",
         "release_parquet",
         "dataset_card",
         "hf_upload",

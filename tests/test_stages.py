@@ -13,12 +13,15 @@ from pipelines.concepts.stages import (
 )
 from pipelines.entrez.stage import PubmedStage
 from pipelines.lake import Lake, LakeLayoutError
+from pipelines.mining.stages import MiningStage
 from pipelines.panels.stages import PanelCropsStage, PanelStage
 from pipelines.panels.training import SyntheticSetStage
 from pipelines.parse.stages import DuplicatesStage, ParseStage
 from pipelines.release.stages import (
     DatasetCardStage,
     HubUploadStage,
+    PairPlanStage,
+    PairWebDatasetStage,
     ReleaseTablesStage,
     SamplePlanStage,
     WebDatasetStage,
@@ -45,6 +48,9 @@ STAGES = [
     PanelStage,
     PanelCropsStage,
     SyntheticSetStage,
+    MiningStage,
+    PairPlanStage,
+    PairWebDatasetStage,
 ]
 
 

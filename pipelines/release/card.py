@@ -13,6 +13,7 @@ import json
 import yaml
 
 from pipelines.lake import Lake
+from pipelines.release.pairs import JSON_FIELDS_OF, LONGCAP, PANEL, REGION
 from pipelines.release.samples import JSON_FIELDS
 from pipelines.release.webdataset import dataset_dir
 
@@ -66,17 +67,36 @@ def releases(lake: Lake) -> dict[str, dict]:
     return found
 
 
-def webdataset_features() -> list[dict]:
+FIGURE = "figure"
+# What each level's samples hold beyond ``jpg``, ``json`` and ``txt``.
+EXTRA_MEMBERS = {REGION: ["neg.txt"]}
+LEVEL_TEXTS = {
+    FIGURE: "the figure image; `.txt` the caption",
+    PANEL: "one panel's crop; `.txt` the panel's text (its part of the caption, or the text a VLM associated)",
+    REGION: "a marked region's crop; `.txt` the caption clause anchored to the marker; `.neg.txt` its hard "
+    "negatives, one per line (empty when none), detailed in the JSON's `negatives`",
+    LONGCAP: "the figure image (the same bytes as the figure level); `.txt` the long caption (the original caption "
+    "is the JSON's `caption`)",
+}
+
+
+def _feature(name: str, kind) -> dict:
+    if isinstance(kind, dict):  # a list of records
+        return {"name": name, "list": [_feature(k, v) for k, v in kind.items()]}
+    if kind in ("list", "ints"):
+        return {"name": name, "list": "string" if kind == "list" else "int64"}
+    return {"name": name, "dtype": kind}
+
+
+def webdataset_features(level: str = FIGURE) -> list[dict]:
     """The features of a WebDataset config in the card's YAML (the ``datasets`` library's format)."""
-    json_fields = [
-        {"name": name, "list": "string"} if kind == "list" else {"name": name, "dtype": kind}
-        for name, kind in JSON_FIELDS.items()
-    ]
+    fields = JSON_FIELDS_OF.get(level, JSON_FIELDS)
     return [
         {"name": "__key__", "dtype": "string"},
         {"name": "__url__", "dtype": "string"},
         {"name": "jpg", "dtype": "image"},
-        {"name": "json", "struct": json_fields},
+        {"name": "json", "struct": [_feature(name, kind) for name, kind in fields.items()]},
+        *({"name": member, "dtype": "string"} for member in EXTRA_MEMBERS.get(level, [])),
         {"name": "txt", "dtype": "string"},
     ]
 
@@ -93,7 +113,8 @@ def card_header(infos: dict[str, dict], repo_id: str | None) -> dict:
                         "data_files": [{"split": "train", "path": f"{release}/{subset}/*.tar"}],
                     }
                 )
-                features.append({"config_name": f"{release}-{subset}", "features": webdataset_features()})
+                level = facts.get("level") or FIGURE
+                features.append({"config_name": f"{release}-{subset}", "features": webdataset_features(level)})
         for table, facts in info["tables"].items():
             if facts["rows"]:
                 configs.append(
@@ -105,7 +126,11 @@ def card_header(infos: dict[str, dict], repo_id: str | None) -> dict:
     default = next((c for c in configs if c["config_name"] == f"{latest}-commercial"), configs[0] if configs else None)
     if default is not None:
         default["default"] = True
-    total = sum(f["samples"] for f in infos[latest]["subsets"].values() if not f.get("mixture"))
+    total = sum(
+        f["samples"]
+        for f in infos[latest]["subsets"].values()
+        if not f.get("mixture") and (f.get("level") or FIGURE) == FIGURE
+    )
     return {
         "pretty_name": "PanelForge: PMC-OA figure-caption pairs",
         "license": "other",
@@ -140,6 +165,7 @@ def render_card(infos: dict[str, dict], repo_id: str | None) -> str:
             ", ".join(f"{code} ({n:,})" for code, n in sorted(facts["license_codes"].items())) or "-",
         ]
         for name, facts in info["subsets"].items()
+        if (facts.get("level") or FIGURE) == FIGURE
     ]
     tables = [
         [f"`{latest}/parquet/{t}/`", f"{f['rows']:,}", f"{f['bytes'] / 1e6:.2f}"] for t, f in info["tables"].items()
@@ -191,6 +217,7 @@ Subsets never mix license groups.
 Licenses: commercial = {SUBSET_LICENSES["commercial"]}; noncommercial = {SUBSET_LICENSES["noncommercial"]};
 other = {SUBSET_LICENSES["other"]}. Every sample's JSON carries its article's `license_code` and `license_url`.
 
+{render_pair_levels(info)}
 ## Parquet tables
 
 {_table(tables, ["table", "rows", "MB"])}
@@ -253,3 +280,64 @@ def write_card(lake: Lake, repo_id: str | None) -> str:
         with lake.atomic_local_file(dataset_dir(lake, name)) as tmp, open(tmp, "w") as fh:
             fh.write(text)
     return dest
+
+
+def _stat_row(name: str, entry: dict) -> list:
+    value = entry.get("value") or entry.get("chars") or {}
+    return [name, value.get("count", 0), value.get("mean", "-"), value.get("p50", "-"), value.get("max", "-")]
+
+
+def _shorten(value, limit: int = 200):
+    """An example as the card shows it: long texts cut, so one long caption does not fill the page."""
+    if isinstance(value, dict):
+        return {k: _shorten(v, limit) for k, v in value.items()}
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + " …"
+    return value
+
+
+def render_pair_levels(info: dict) -> str:
+    """The card's section on the panel, region and long-caption subsets: per level its counts,
+    what a sample holds (features), an example, then the pair statistics."""
+    latest = info["release"]
+    parts = []
+    for level in (PANEL, REGION, LONGCAP):
+        subsets = {n: f for n, f in info["subsets"].items() if f.get("level") == level}
+        if not subsets:
+            continue
+        rows = [
+            [f"`{latest}/{n}`", f"{f['samples']:,}", f["shards"], f"{f['bytes'] / 1e9:.3f}"] for n, f in subsets.items()
+        ]
+        members = ", ".join(f"`.{m}`" for m in ["jpg", "json", *EXTRA_MEMBERS.get(level, []), "txt"])
+        example = _shorten(info.get("examples", {}).get(level) or {})
+        shown = (
+            f"\n\nExample:\n\n```json\n{json.dumps(example, indent=1, ensure_ascii=False)}\n```\n" if example else ""
+        )
+        parts.append(
+            f"""### Level `{level}`
+
+Members {members}: `.jpg` is {LEVEL_TEXTS[level]}. JSON fields: {", ".join(f"`{f}`" for f in JSON_FIELDS_OF[level])}.
+
+{_table(rows, ["subset", "samples", "shards", "GB"])}{shown}
+"""
+        )
+    if not parts:
+        return ""
+    stats = info.get("pair_stats", {}).get("fields", {})
+    stat_rows = [_stat_row(name, entry) for name, entry in stats.items() if "value" in entry]
+    return f"""## Release {latest}: panel, region and long-caption subsets
+
+Keys trace back to the figure: a panel is `<figure key>_pNNN`, a region `<figure key>_pNNN_rNN` (panel index in the
+figure, region index in the panel), a long caption has its figure's key; every JSON names its `figure_key`. Subsets
+follow the figure level's license groups, exclusions and shuffle seed. Panel crops and region crops are cut once from
+the original image (JPEG quality 95, 4:4:4); boxes (`box`) are in the original image's pixels.
+
+{"".join(parts)}
+OpenCLIP trains on the long captions with a text tower of a long context (e.g. 512 tokens):
+`--dataset-type webdataset --train-data "{latest}/longcap-commercial/panelforge-{{000000..N}}.tar"`.
+Hard negatives for region-level contrastive training: `.neg.txt`, one caption per line.
+
+Pairs per released figure, and long captions' tokens before and after refinement (the long-caption tokenizer):
+
+{_table(stat_rows, ["statistic", "n", "mean", "median", "max"])}
+"""

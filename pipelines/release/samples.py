@@ -68,14 +68,21 @@ JSON_FIELDS = {
     "converted_from": "string",
     "mentions": "list",
 }
-_UNKNOWN = {"string": "", "int64": -1, "bool": False, "list": []}
+# "list" is a list of strings, "ints" a list of integers; a list of records is a list of their
+# field dicts (``{"name": kind}``). Unknown values: "", -1, -1.0, False, [].
+_UNKNOWN = {"string": "", "int64": -1, "float64": -1.0, "bool": False, "list": [], "ints": []}
 
 
-def stable_json(meta: dict) -> dict:
-    """``meta`` with every ``JSON_FIELDS`` entry present and typed (unknown: "" or -1)."""
-    if meta.keys() != JSON_FIELDS.keys():
-        raise ValueError(f"sample JSON fields differ from JSON_FIELDS: {sorted(meta.keys() ^ JSON_FIELDS.keys())}")
-    return {name: _UNKNOWN[kind] if meta[name] is None else meta[name] for name, kind in JSON_FIELDS.items()}
+def stable_json(meta: dict, fields: dict = JSON_FIELDS) -> dict:
+    """``meta`` with every entry of ``fields`` present and typed (unknown: "" or -1)."""
+    if meta.keys() != fields.keys():
+        raise ValueError(f"sample JSON fields differ from JSON_FIELDS: {sorted(meta.keys() ^ fields.keys())}")
+    return {name: (_UNKNOWN.get(kind, []) if meta[name] is None else meta[name]) for name, kind in fields.items()}
+
+
+def json_text(meta: dict, fields: dict = JSON_FIELDS) -> str:
+    """The sample's JSON member: typed, keys sorted, compact, so shards are reproducible."""
+    return json.dumps(stable_json(meta, fields), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 REASONS = ("no_graphic", "missing_image", "zero_byte_image", "undecodable_image", "empty_caption", "unknown_license")
@@ -194,7 +201,7 @@ def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: s
             rows.append(row)
     reader.close()
     if conversions:
-        _write_converted(lake, converted_tar, conversions)
+        write_images(lake, converted_tar, conversions)
     rows = sorted(_finish_rows(rows), key=lambda r: r["shuffle_key"])
     excluded: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -293,7 +300,9 @@ def _extension(name: str) -> str:
     return name.rsplit(".", 1)[1].lower() if "." in name else "unknown"
 
 
-def _write_converted(lake: Lake, dest: str, conversions: list[tuple[dict, bytes]]) -> None:
+def write_images(lake: Lake, dest: str, conversions: list[tuple[dict, bytes]]) -> None:
+    """JPEG bytes derived once (conversions, crops) into one tar at ``dest``, in key order so the
+    tar is reproducible; each row learns where its bytes are and their sha256."""
     relative = dest[len(lake.root) + 1 :]
     with lake.atomic_local_file(dest) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
         for row, data in sorted(conversions, key=lambda item: item[0]["key"]):
@@ -311,8 +320,7 @@ def _finish_rows(rows: list[dict]) -> list[dict]:
         meta = row.pop("meta", None)
         if meta is not None:
             meta["sha256"] = row["image_sha256"]
-            stable = stable_json(meta)
-            row["meta_json"] = json.dumps(stable, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+            row["meta_json"] = json_text(meta)
         else:
             row["meta_json"] = None
         out.append(row)

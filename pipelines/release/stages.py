@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import shutil
+import tarfile
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -18,11 +19,14 @@ from pipelines.lake import Lake
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import plan_upload, release_patterns, upload_release
+from pipelines.release.pairs import PAIR_LEVELS, plan_pair_shard
+from pipelines.release.pairs import REASONS as PAIR_REASONS
 from pipelines.release.samples import REASONS, plan_shard
-from pipelines.release.stats import release_stats
+from pipelines.release.stats import pair_stats, release_stats
 from pipelines.release.webdataset import (
     LICENSE_SUBSETS,
     ShardLimits,
+    by_level_and_license,
     by_license,
     concept_cap,
     concept_filter,
@@ -123,22 +127,133 @@ class WebDatasetStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
         results = write_release_subsets(lake, release, self.subsets, self.limits, self.shard_name, self.mixture)
-        counts: dict[str, object] = {}
-        for subset, written in results.items():
-            counts[f"{subset}_samples"] = written.samples
-            counts[f"{subset}_shards"] = len(written.shards)
-            counts[f"{subset}_bytes"] = written.bytes
-        reused = sum(s["reused"] for r in results.values() for s in r.shards)
-        counts["shards_reused_from_earlier_run"] = reused
-        seed = next((r.seed for r in results.values() if r.seed is not None), None)
-        counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
+        return _subsets_result(self, partition, lake, results)
+
+
+def _subsets_result(stage: Stage, partition: Partition, lake: Lake, results: dict) -> StageResult:
+    """The result of a stage that wrote WebDataset subsets: samples, shards and bytes of each."""
+    counts: dict[str, object] = {}
+    for subset, written in results.items():
+        counts[f"{subset}_samples"] = written.samples
+        counts[f"{subset}_shards"] = len(written.shards)
+        counts[f"{subset}_bytes"] = written.bytes
+    reused = sum(s["reused"] for r in results.values() for s in r.shards)
+    counts["shards_reused_from_earlier_run"] = reused
+    seed = next((r.seed for r in results.values() if r.seed is not None), None)
+    counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
+    return stage.result(
+        partition,
+        ok=sum(r.samples for r in results.values()),
+        bytes=sum(r.bytes for r in results.values()),
+        counts=counts,
+        paths={"path": dataset_dir(lake, partition.release)},
+    )
+
+
+@dataclass
+class PairPlanStage(Stage):
+    """One row per panel pair, region pair and long caption of the partition, included or excluded
+    with a reason, keyed and licensed by its figure-level sample; crops are reused from
+    panel_crops or cut once from the raw image into a per-partition tar."""
+
+    name = "pair_samples"
+    reads = (
+        Table.SAMPLES,
+        Table.PAIRS,
+        Table.PANELS,
+        Table.PANEL_CROPS,
+        Table.LONG_CAPTIONS,
+        Table.PAIR_NEGATIVES,
+        Table.RAW_FILES,
+    )
+    writes = (Table.PAIR_SAMPLES,)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release, shard = partition.release, partition.shard
+        crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
+        try:
+            plan = plan_pair_shard(lake, release, shard, crops)
+        except FileNotFoundError as exc:
+            raise StageInputError(str(exc)) from exc
+        if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
+            raise StageInputError(
+                f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
+            )
+        lake.write_table(Table.PAIR_SAMPLES, release, shard, plan.rows)
+        counts: dict[str, object] = {f"{level}_samples": plan.included(level) for level in PAIR_LEVELS}
+        counts |= {f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in PAIR_REASONS}
+        counts |= {f"crops_{source}": n for source, n in sorted(plan.crop_sources.items())}
+        counts["inputs_absent"] = ", ".join(plan.inputs_absent) or "none"
         return self.result(
             partition,
-            ok=sum(r.samples for r in results.values()),
-            bytes=sum(r.bytes for r in results.values()),
+            ok=plan.included(),
+            skipped=sum(plan.excluded.values()),
             counts=counts,
-            paths={"path": dataset_dir(lake, release)},
+            previews={"preview": Preview(plan.rows, ["key", "level", "status", "reason", "crop_source", "caption"])},
         )
+
+
+def pair_level_subsets() -> tuple[dict[str, Callable[[dict], bool]], dict[str, str]]:
+    """One subset per pair level and license group (``panel-commercial``...), and each one's level."""
+    subsets = {f"{level}-{g}": by_level_and_license(level, g) for level in PAIR_LEVELS for g in LICENSE_SUBSETS}
+    return subsets, {f"{level}-{g}": level for level in PAIR_LEVELS for g in LICENSE_SUBSETS}
+
+
+def included_figure_keys(lake: Lake, release: str) -> Iterator[str]:
+    for shard in lake.shards():
+        table = lake.read_table(Table.SAMPLES, release, shard)
+        for row in table.select(["key", "status"]).to_pylist() if table is not None else []:
+            if row["status"] == "included":
+                yield row["key"]
+
+
+def included_pair_samples(lake: Lake, release: str) -> Iterator[dict]:
+    for shard in lake.shards():
+        table = lake.read_table(Table.PAIR_SAMPLES, release, shard)
+        columns = ["level", "figure_key", "status", "caption", "meta_json"]
+        for row in table.select(columns).to_pylist() if table is not None else []:
+            if row["status"] == "included":
+                yield row
+
+
+@dataclass
+class PairWebDatasetStage(Stage):
+    """Shuffled WebDataset subsets of the pair levels (panel, region with hard negatives, long
+    captions), one per level and license group, with sidecars, and their statistics."""
+
+    limits: ShardLimits = ShardLimits()
+    shard_name: str = SHARD_NAME
+    token_sample: int = 5_000
+    seed: int = 0
+
+    name = "webdataset_pairs"
+    level = RELEASE
+    reads = (Table.PAIR_SAMPLES, Table.SAMPLES)
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        release = partition.release
+        subsets, levels = pair_level_subsets()
+        try:
+            results = write_release_subsets(
+                lake, release, subsets, self.limits, self.shard_name, table=Table.PAIR_SAMPLES, levels=levels
+            )
+        except FileNotFoundError as exc:
+            raise StageInputError(str(exc)) from exc
+        stats = pair_stats(
+            included_pair_samples(lake, release),
+            included_figure_keys(lake, release),
+            token_sample=self.token_sample,
+            seed=self.seed,
+        )
+        summary = stats.result()
+        for name, payload in {**stats.histograms(), "pairs.json": json.dumps(summary, indent=1).encode()}.items():
+            with lake.atomic_local_file(dataset_dir(lake, release, "stats", "pairs", name)) as tmp:
+                Path(tmp).write_bytes(payload)
+        result = _subsets_result(self, partition, lake, results)
+        for name in ("longcap_tokens_before", "longcap_tokens_after", "panel_pairs_per_figure"):
+            value = summary["fields"].get(name, {}).get("value", {})
+            result.counts[f"{name}_mean"] = value.get("mean", 0)
+        return result
 
 
 def included_samples(lake: Lake, release: str) -> Iterator[tuple[str, str]]:
@@ -232,16 +347,43 @@ def release_info(lake: Lake, release: str) -> dict:
     base = subsets.get("commercial") or next(iter(subsets.values()))
     tables_path = dataset_dir(lake, release, "parquet", "tables.json")
     stats_path = dataset_dir(lake, release, "stats", "stats.json")
+    pair_stats_path = dataset_dir(lake, release, "stats", "pairs", "pairs.json")
+    examples = {}
+    for name, manifest in subsets.items():
+        level = manifest.get("level")
+        if level in PAIR_LEVELS and level not in examples and manifest["samples"]:
+            examples[level] = first_sample(
+                lake, dataset_dir(lake, release, name, manifest["shard_name"] + "-000000.tar")
+            )
     return {
         "release": release,
         "subsets": {name: {k: v for k, v in m.items() if k != "subset"} for name, m in subsets.items()},
         "tables": json.loads(lake.fs.cat(tables_path)) if lake.exists(tables_path) else {},
         "stats": json.loads(lake.fs.cat(stats_path)) if lake.exists(stats_path) else {},
+        "pair_stats": json.loads(lake.fs.cat(pair_stats_path)) if lake.exists(pair_stats_path) else {},
+        "examples": examples,
         "excluded": dict(sorted(excluded.items())),
         "shuffle_seed": base["shuffle_seed"],
         "limits": base["limits"],
         "synthetic_labels": synthetic,
     }
+
+
+def first_sample(lake: Lake, tar_path: str) -> dict:
+    """The first sample of a shard as the card shows it: its key and its members, JSON parsed."""
+    sample: dict = {}
+    with lake.fs.open(tar_path, "rb") as fh, tarfile.open(fileobj=fh) as tar:
+        for member in tar:
+            key, ext = member.name.split(".", 1)
+            if sample and key != sample["__key__"]:
+                break
+            data = tar.extractfile(member).read()
+            sample["__key__"] = key
+            if ext == "json":
+                sample[ext] = json.loads(data)
+            elif ext != "jpg":
+                sample[ext] = data.decode()
+    return sample
 
 
 @dataclass

@@ -180,3 +180,30 @@ def release_stats(samples, articles, reservoir: int = 100_000, token_sample: int
         if body:
             stats.add_text("full_text", body, min(token_sample, FULL_TEXT_TOKEN_SAMPLE))
     return stats
+
+
+PAIRS_PER_FIGURE_LEVELS = ("panel", "region")
+
+
+def pair_stats(samples, figure_keys, reservoir: int = 100_000, token_sample: int = 5_000, seed: int = 0):
+    """Statistics of the pair levels over included ``pair_samples`` rows (``level``, ``figure_key``,
+    ``caption``, ``meta_json``) and the keys of the release's included figures: each level's text
+    (characters, CLIP tokens), long captions' tokens before and after refinement (the long-caption
+    stage's target tokenizer, as it recorded them), and pairs per released figure per level
+    (figures without pairs count as 0, so the mean is over the release)."""
+    stats = ReleaseStats(reservoir, token_sample, seed)
+    per_figure: dict[str, Counter] = {level: Counter() for level in PAIRS_PER_FIGURE_LEVELS}
+    for row in samples:
+        level = row["level"]
+        stats.add_text(f"{level}_text", row["caption"])
+        if level in per_figure:
+            per_figure[level][row["figure_key"]] += 1
+        if level == "longcap":
+            meta = json.loads(row["meta_json"])
+            for name in ("tokens_before", "tokens_after"):
+                if meta[name] >= 0:
+                    stats.add_value(f"longcap_{name}", meta[name])
+    for key in figure_keys:
+        for level, counts in per_figure.items():
+            stats.add_value(f"{level}_pairs_per_figure", counts.get(key, 0))
+    return stats

@@ -24,14 +24,26 @@ import pyarrow.parquet as pq
 
 from pipelines.acquire.rawstore import RawReader, add_member, padded_size
 from pipelines.lake import Lake
-from pipelines.schemas import SHARD_SIDECAR
+from pipelines.schemas import PAIR_SIDECAR, SHARD_SIDECAR, Table
 
 SHARD_NAME = "panelforge"
 LICENSE_SUBSETS = ("commercial", "noncommercial", "other")
 _TAR_END = 2 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE  # end-of-archive blocks and record padding, at most
 
-_PLAN_COLUMNS = [*(n for n in SHARD_SIDECAR.names if n != "shard"), "status", "shuffle_seed", "shuffle_key"]
-_PLAN_COLUMNS += ["image_tar", "image_offset", "image_size", "caption", "meta_json"]
+FIGURE_LEVEL = "figure"
+# The plan table of each level's samples and the columns of the sidecar beside its shards: the
+# figure level plans in ``samples``, the pair levels (panel, region, longcap) in ``pair_samples``.
+SIDECARS = {Table.SAMPLES: SHARD_SIDECAR, Table.PAIR_SAMPLES: PAIR_SIDECAR}
+# Members beyond jpg/json/txt: the member's extension and the plan column holding its text; a
+# member is written when its column is not null (every sample of a level has the same members).
+EXTRA_MEMBERS = {"neg.txt": "neg_txt"}
+_WRITER_COLUMNS = ["status", "shuffle_seed", "shuffle_key", "image_tar", "image_offset", "image_size", "caption"]
+
+
+def plan_columns(table: str) -> list[str]:
+    """The plan columns the writer reads: the sidecar's, and what it needs to write a sample."""
+    columns = [n for n in SIDECARS[table].names if n != "shard"] + _WRITER_COLUMNS + ["meta_json"]
+    return columns + (list(EXTRA_MEMBERS.values()) if table == Table.PAIR_SAMPLES else [])
 
 
 @dataclass(frozen=True)
@@ -66,27 +78,31 @@ def _member_bytes(size: int) -> int:
     return tarfile.BLOCKSIZE + padded_size(size)
 
 
+def _extra_members(row: dict) -> list[tuple[str, bytes]]:
+    return [(ext, row[column].encode()) for ext, column in EXTRA_MEMBERS.items() if row.get(column) is not None]
+
+
 def sample_bytes(row: dict) -> int:
-    return (
-        _member_bytes(row["image_size"])
-        + _member_bytes(len(row["caption"].encode()))
-        + _member_bytes(len(row["meta_json"].encode()))
-    )
+    texts = [row["caption"].encode(), row["meta_json"].encode(), *(data for _, data in _extra_members(row))]
+    return _member_bytes(row["image_size"]) + sum(_member_bytes(len(t)) for t in texts)
 
 
-def _plan_rows(lake: Lake, path: str, batch_size: int) -> Iterator[dict]:
+def _plan_rows(lake: Lake, path: str, batch_size: int, columns: list[str]) -> Iterator[dict]:
     with lake.fs.open(path, "rb") as fh:
-        for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_size, columns=_PLAN_COLUMNS):
+        for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_size, columns=columns):
             yield from batch.to_pylist()
 
 
-def shuffled_samples(lake: Lake, release: str, batch_size: int = 1024) -> Iterator[dict]:
+def shuffled_samples(lake: Lake, release: str, batch_size: int = 1024, table: str = Table.SAMPLES) -> Iterator[dict]:
     """Every included sample of ``release`` in shuffle order (a merge of the sorted partitions)."""
-    paths = sorted(lake.fs.glob(lake.path("tables", "samples", f"release={release}", "shard=*", "data.parquet")))
+    paths = sorted(lake.fs.glob(lake.path("tables", table, f"release={release}", "shard=*", "data.parquet")))
     if not paths:
-        raise FileNotFoundError(f"release {release} has no sample plan: materialize dataset_samples first")
+        asset = "dataset_samples" if table == Table.SAMPLES else table
+        raise FileNotFoundError(f"release {release} has no {table} plan: materialize {asset} first")
+    columns = plan_columns(table)
     seed = None
-    for row in heapq.merge(*(_plan_rows(lake, p, batch_size) for p in paths), key=itemgetter("shuffle_key")):
+    rows = (_plan_rows(lake, p, batch_size, columns) for p in paths)
+    for row in heapq.merge(*rows, key=itemgetter("shuffle_key")):
         if seed is None:
             seed = row["shuffle_seed"]
         elif row["shuffle_seed"] != seed:
@@ -126,6 +142,7 @@ def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tu
                     members = (
                         ("jpg", reader.read(row["image_tar"], row["image_offset"], row["image_size"])),
                         ("json", row["meta_json"].encode()),
+                        *_extra_members(row),
                         ("txt", row["caption"].encode()),
                     )
                     for ext, data in members:
@@ -133,10 +150,10 @@ def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tu
         return out.position, out.sha.hexdigest()
 
 
-def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str) -> pa.Table:
+def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str, schema: pa.Schema) -> pa.Table:
     table = pa.Table.from_pylist(
-        [{name: row.get(name) for name in SHARD_SIDECAR.names if name != "shard"} | {"shard": shard} for row in rows],
-        schema=SHARD_SIDECAR,
+        [{name: row.get(name) for name in schema.names if name != "shard"} | {"shard": shard} for row in rows],
+        schema=schema,
     )
     return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256})
 
@@ -164,9 +181,12 @@ def write_subset(
     limits: ShardLimits = ShardLimits(),
     name: str = SHARD_NAME,
     mixture: str | None = None,
+    table: str = Table.SAMPLES,
+    level: str = FIGURE_LEVEL,
 ) -> SubsetResult:
     """Write ``rows`` (in order) as the shards of ``dataset/<release>/<subset>/``; ``mixture`` names
-    the training mixture the subset belongs to (None for a license-group subset)."""
+    the training mixture the subset belongs to (None for a license-group subset); ``table`` is the
+    plan the rows come from (it decides the sidecar's columns), ``level`` what one sample is."""
     directory = dataset_dir(lake, release, subset)
     result = SubsetResult(subset)
     reader = RawReader(lake)
@@ -182,7 +202,8 @@ def write_subset(
         if not reused:
             nbytes, sha = _write_tar(lake, f"{directory}/{stem}.tar", pending, reader)
             with lake.atomic_local_file(f"{directory}/{stem}.parquet") as tmp:
-                pq.write_table(_sidecar_table(pending, f"{stem}.tar", nbytes, sha), tmp, compression="zstd")
+                sidecar = _sidecar_table(pending, f"{stem}.tar", nbytes, sha, SIDECARS[table])
+                pq.write_table(sidecar, tmp, compression="zstd")
             facts = {"bytes": nbytes, "sha256": sha}
         result.shards.append({"name": f"{stem}.tar", "samples": len(pending), "reused": reused, **facts})
         pending, pending_bytes = [], _TAR_END
@@ -204,7 +225,8 @@ def write_subset(
             flush()
     finally:
         reader.close()
-    _finish_directory(lake, directory, result, name, {"limits": vars(limits), "shard_name": name, "mixture": mixture})
+    settings = {"limits": vars(limits), "shard_name": name, "mixture": mixture, "level": level}
+    _finish_directory(lake, directory, result, name, settings)
     return result
 
 
@@ -260,6 +282,10 @@ def concept_cap(group: str, cap: int) -> Callable[[dict], bool]:
     return keep
 
 
+def by_level_and_license(level: str, group: str) -> Callable[[dict], bool]:
+    return lambda row: row["level"] == level and row["license_group"] == group
+
+
 def write_release_subsets(
     lake: Lake,
     release: str,
@@ -267,11 +293,23 @@ def write_release_subsets(
     limits: ShardLimits = ShardLimits(),
     name: str = SHARD_NAME,
     mixture: str | None = None,
+    table: str = Table.SAMPLES,
+    levels: dict[str, str] | None = None,
 ) -> dict[str, SubsetResult]:
-    """Write each named subset (its own pass over the merged plan, so memory stays flat)."""
+    """Write each named subset (its own pass over the merged plan, so memory stays flat);
+    ``levels`` says each subset's level (the figure level where not named)."""
+    levels = levels or {}
     return {
         subset: write_subset(
-            lake, release, subset, filter(keep, shuffled_samples(lake, release)), limits, name, mixture
+            lake,
+            release,
+            subset,
+            filter(keep, shuffled_samples(lake, release, table=table)),
+            limits,
+            name,
+            mixture,
+            table,
+            levels.get(subset, FIGURE_LEVEL),
         )
         for subset, keep in subsets.items()
     }
