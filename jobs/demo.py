@@ -61,9 +61,11 @@ def main() -> int:
             dataset_card,
             dataset_samples,
             hf_upload,
+            pair_samples,
             release_parquet,
             webdataset_concept_balanced,
             webdataset_concept_filtered,
+            webdataset_pairs,
             webdataset_shards,
         )
 
@@ -71,6 +73,7 @@ def main() -> int:
             webdataset_shards,
             webdataset_concept_filtered,
             webdataset_concept_balanced,
+            webdataset_pairs,
             release_parquet,
             dataset_card,
         )
@@ -128,7 +131,16 @@ def main() -> int:
             print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
             if not result.success:
                 return 1
-        for asset_def in (figure_concepts, dataset_samples, panels, panel_crops, pairs, pair_negatives, long_captions):
+        for asset_def in (
+            figure_concepts,
+            dataset_samples,
+            panels,
+            panel_crops,
+            pairs,
+            pair_negatives,
+            long_captions,
+            pair_samples,
+        ):
             for shard in shards:
                 key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
                 result = materialize(
