@@ -151,3 +151,21 @@ def test_s3_url_maps_to_the_public_https_endpoint():
     assert source.transport.base_url == "https://pmc-oa-opendata.s3.amazonaws.com"
     assert source.layout.name == "cloud" and source.transport.limiter.rate == 20.0
     assert open_source("ftp://127.0.0.1:2121/pub").transport.limiter.rate == 3.0
+
+
+def test_vlm_and_text_encoder_settings_are_validated():
+    with pytest.raises(SettingsError, match="PANELFORGE_VLM_BACKEND must be one of"):
+        Settings.from_env({"PANELFORGE_VLM_BACKEND": "vllm"})
+    with pytest.raises(SettingsError, match="needs PANELFORGE_VLM_URL"):
+        Settings.from_env({"PANELFORGE_VLM_BACKEND": "openai"})
+    with pytest.raises(SettingsError, match="PANELFORGE_VLM_URL must be an http"):
+        Settings.from_env({"PANELFORGE_VLM_BACKEND": "openai", "PANELFORGE_VLM_URL": "localhost:8000"})
+    with pytest.raises(SettingsError, match="PANELFORGE_TEXT_TOKENIZER must be"):
+        Settings.from_env({"PANELFORGE_TEXT_TOKENIZER": "bert"})
+    server = Settings.from_env({"PANELFORGE_VLM_BACKEND": "openai", "PANELFORGE_VLM_URL": "http://gpu-1:8000"})
+    assert (server.vlm_backend, server.vlm_url) == ("openai", "http://gpu-1:8000")
+    assert Settings.from_env({"PANELFORGE_PROFILE": "cluster"}).vlm_backend == "ray"
+    assert (
+        Settings.from_env({"PANELFORGE_TEXT_TOKENIZER": "hf:/models/bioclinical"}).text_tokenizer
+        == "hf:/models/bioclinical"
+    )
