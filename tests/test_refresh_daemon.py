@@ -33,15 +33,19 @@ from dagster._core.instance.ref import InstanceRef
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
+from assets.longcap import long_captions, pair_negatives
+from assets.mining import pairs
 from assets.panels import panel_crops, panels
 from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
 from assets.partitions import open_release
 from assets.release import (
     dataset_card,
     dataset_samples,
+    pair_samples,
     release_parquet,
     webdataset_concept_balanced,
     webdataset_concept_filtered,
+    webdataset_pairs,
     webdataset_shards,
 )
 from jobs.automation import AUTOMATION_SENSOR
@@ -74,6 +78,10 @@ SHARD_ASSETS = (
     dataset_samples,
     panels,
     panel_crops,
+    pairs,
+    pair_negatives,
+    long_captions,
+    pair_samples,
 )
 RELEASE_ASSETS = (
     image_duplicates,
@@ -83,10 +91,11 @@ RELEASE_ASSETS = (
     webdataset_shards,
     webdataset_concept_filtered,
     webdataset_concept_balanced,
+    webdataset_pairs,
     release_parquet,
     dataset_card,
 )
-WAIT_S = 480
+WAIT_S = 900  # the tiny VLM mines only what changed; the rest is reused from 2026
 LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 
 
@@ -152,7 +161,7 @@ def _build_first_release(instance, env: dict) -> str:
     _annotate(Lake(env["PANELFORGE_HOME"]), version)
     labels = run(cluster_labels, FIRST).get_asset_materialization_events()[0].materialization.metadata
     assert labels["annotated_clusters"].value == labels["clusters"].value > 0
-    for asset in (figure_concepts, dataset_samples, panels, panel_crops):
+    for asset in SHARD_ASSETS[4:]:
         for key in keys:
             run(asset, key)
     for asset in RELEASE_ASSETS[4:]:
@@ -346,3 +355,15 @@ def test_blocking_checks_passed_and_nothing_of_the_first_release_reran(refreshed
     partitions = {r.tags.get("dagster/partition", "") for r in refreshed["later_runs"]}
     assert partitions and all(p.startswith(SECOND) for p in partitions), partitions
     assert not [r for r in refreshed["later_runs"] if r.status != DagsterRunStatus.SUCCESS]
+
+
+def test_mining_reused_every_figure_that_did_not_change(refreshed):
+    """Only the added article's figure images are mined again in 2027; the rest carry 2026's pairs."""
+    lake = refreshed["lake"]
+    rows = lake.read_release("mining_figures", SECOND).to_pylist()
+    mined = {r["pmcid"] for r in rows if r["status"] == "mined"}
+    assert mined == {ADDED}, mined  # CHANGED's figures have no image in the sample: nothing to mine
+    carried = [r for r in rows if r["status"] == "carried"]
+    assert carried and all(r["vlm_requests"] >= 0 for r in carried)
+    pairs = lake.read_release("pairs", SECOND).to_pylist()
+    assert RETRACTED not in {p["pmcid"] for p in pairs} and ADDED in {p["pmcid"] for p in pairs}
