@@ -1,0 +1,136 @@
+"""The article-disjoint held-out split: which articles no model may train on, so retrieval on them
+measures generalisation rather than memorised captions.
+
+An article is held out when a keyed hash of its normalized PMCID falls below ``share`` (blake2b,
+64 bits, keyed with ``key``). The rule needs no state, so the same article stays held out in every
+release for a given key and share (a later release only adds articles), and training code on any
+machine can apply it. The split of a release is still *recorded* in the lake
+(``models/eval/<release>/heldout.json``: the rule and the list of PMCIDs), because the record is
+what an evaluation report cites and what training reads: a changed key or share in a later
+configuration cannot silently leak earlier held-out articles into training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from pipelines.lake import Lake
+from pipelines.schemas import Table
+
+DEFAULT_SHARE = 0.01
+DEFAULT_KEY = "panelforge-heldout-v1"
+RULE = "blake2b(normalized pmcid, key, 8 bytes) as big-endian uint64 / 2**64 < share"
+
+
+def normalize_pmcid(pmcid: str) -> str:
+    """The partitioning's normalization (strip, upper case), so ``pmc123`` and ``PMC123`` agree."""
+    return pmcid.strip().upper()
+
+
+def heldout_score(pmcid: str, key: str = DEFAULT_KEY) -> float:
+    """A uniform number in [0, 1) fixed by the PMCID and the key."""
+    digest = hashlib.blake2b(normalize_pmcid(pmcid).encode("ascii"), key=key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def is_heldout(pmcid: str, share: float = DEFAULT_SHARE, key: str = DEFAULT_KEY) -> bool:
+    return heldout_score(pmcid, key) < share
+
+
+@dataclass(frozen=True)
+class HeldoutSplit:
+    release: str
+    share: float
+    key: str
+    pmcids: frozenset[str] = field(default_factory=frozenset)
+    n_articles: int = 0
+
+    def excludes(self, pmcid: str) -> bool:
+        """True when training must not see ``pmcid`` (in the recorded list)."""
+        return normalize_pmcid(pmcid) in self.pmcids
+
+    def to_json(self) -> dict:
+        return {
+            "release": self.release,
+            "rule": {"description": RULE, "hash": "blake2b", "digest_bytes": 8, "key": self.key, "share": self.share},
+            "n_articles": self.n_articles,
+            "n_heldout": len(self.pmcids),
+            "pmcids": sorted(self.pmcids),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> HeldoutSplit:
+        rule = data["rule"]
+        return cls(
+            data["release"], float(rule["share"]), rule["key"], frozenset(data["pmcids"]), int(data["n_articles"])
+        )
+
+
+def split_pmcids(
+    pmcids: Iterable[str], release: str, share: float = DEFAULT_SHARE, key: str = DEFAULT_KEY
+) -> HeldoutSplit:
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"held-out share must be in (0, 1), got {share}")
+    unique = {normalize_pmcid(p) for p in pmcids}
+    held = frozenset(p for p in unique if is_heldout(p, share, key))
+    return HeldoutSplit(release, share, key, held, len(unique))
+
+
+def heldout_path(lake: Lake, release: str) -> str:
+    return lake.path("models", "eval", release, "heldout.json")
+
+
+def release_pmcids(lake: Lake, release: str) -> set[str]:
+    """Every article of ``release`` (the ``articles`` table, PMCID column only)."""
+    out: set[str] = set()
+    for shard in lake.shards():
+        for batch in lake.iter_batches(Table.ARTICLES, release, shard, columns=["pmcid"]):
+            out.update(batch.column("pmcid").to_pylist())
+    return out
+
+
+def record_split(lake: Lake, split: HeldoutSplit) -> str:
+    """Write the split atomically to ``models/eval/<release>/heldout.json``; returns the path."""
+    dest = heldout_path(lake, split.release)
+    with lake.atomic_local_file(dest, suffix=".json") as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(split.to_json(), fh, indent=1)
+    return dest
+
+
+def make_heldout_split(
+    lake: Lake, release: str, share: float = DEFAULT_SHARE, key: str = DEFAULT_KEY, pmcids: Iterable[str] | None = None
+) -> HeldoutSplit:
+    """Split ``release`` (its ``articles`` unless ``pmcids`` is given) and record it in the lake."""
+    split = split_pmcids(release_pmcids(lake, release) if pmcids is None else pmcids, release, share, key)
+    record_split(lake, split)
+    return split
+
+
+def load_heldout(lake: Lake, release: str) -> HeldoutSplit:
+    path = heldout_path(lake, release)
+    if not lake.exists(path):
+        raise FileNotFoundError(f"no held-out split recorded for release {release} at {path}")
+    return HeldoutSplit.from_json(json.loads(lake.fs.cat(path)))
+
+
+def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pmcid") -> Iterable[dict]:
+    """Training's filter: the rows whose article is not held out."""
+    return (row for row in rows if not split.excludes(row[column]))
+
+
+def webdataset_keep(split: HeldoutSplit) -> Callable[[dict], bool]:
+    """A ``webdataset`` ``.select`` predicate for training on release shards: keeps a sample whose
+    JSON member's article is not held out (samples without a PMCID are kept)."""
+
+    def keep(sample: dict) -> bool:
+        raw = sample.get("json")
+        if raw is None:
+            return True
+        meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+        return not (meta.get("pmcid") and split.excludes(meta["pmcid"]))
+
+    return keep
