@@ -367,3 +367,19 @@ def test_evaluate_batch_size_and_self_baseline(tmp_path, tiny_models):
     assert all((r.delta, r.delta_lo, r.delta_hi) == (0.0, 0.0, 0.0) for r in a.rows)
     assert b.baseline is None and "delta" not in b.markdown()
     assert io.BytesIO(b.plots()["synthetic_cls.png"]).read(4) == b"\x89PNG"
+
+
+def test_evaluate_release(tmp_path, tiny_models):
+    from pipelines.evaluation.harness import evaluate_release
+
+    model, baseline = tiny_models
+    lake = _release_lake(tmp_path)
+    # recorded first, with share 0.999999: every synthetic article is held out (a score >= 0.999999
+    # has probability 1e-6 per article), so every pair written for them is evaluated
+    make_heldout_split(lake, "2025", share=0.999999, pmcids=["PMC1", "PMC2", "PMC3", "PMC9"])
+    report, paths = evaluate_release(lake, "2025", model, baseline, run_id="r1", n_resamples=50)
+    assert report.datasets == ["2025/commercial", "longcap/2025"]
+    assert report.value("2025/commercial", "image_to_text_R@1").n == 2  # k01, k03; k09 undecodable
+    assert report.value("longcap/2025", "image_to_text_R@1").n == 3  # one pair per article: PMC1, PMC2, PMC3
+    assert report.settings["heldout_articles"] == 4
+    assert Path(paths["report.md"]).parent == tmp_path / "lake" / "models" / "eval" / "2025" / "r1"

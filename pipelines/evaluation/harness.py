@@ -289,3 +289,46 @@ def write_report(lake, report: Report, release: str, run_id: str) -> dict[str, s
                 fh.write(payload)
         paths[name] = dest
     return paths
+
+
+def evaluate_release(
+    lake,
+    release: str,
+    model: ClipModel,
+    baseline: ClipModel | None = None,
+    run_id: str = "latest",
+    license_group: str = "commercial",
+    extra: Sequence[EvalDataset] = (),
+    share: float | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+    batch_size: int = 64,
+    n_resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[Report, dict[str, str]]:
+    """The whole evaluation of one release: the held-out split (the recorded one, or a new one
+    recorded when ``share`` is given), retrieval on its articles at figure, panel and region level
+    (the subsets the release wrote; absent ones are skipped), long-caption retrieval from the
+    newest release, plus ``extra`` benchmark datasets; the report is written to the lake."""
+    from pipelines.evaluation import split as splits
+    from pipelines.evaluation.datasets import longcap_retrieval, release_pairs, subset_shards
+
+    if share is not None:
+        held = splits.make_heldout_split(lake, release, share, key or splits.DEFAULT_KEY)
+    else:
+        held = splits.load_heldout(lake, release)
+    datasets = [
+        release_pairs(lake, release, subset, held.pmcids, limit=limit)
+        for subset in (license_group, f"panel-{license_group}", f"region-{license_group}")
+        if subset_shards(lake, release, subset)
+    ]
+    try:
+        datasets.append(longcap_retrieval(lake, held.pmcids, license_group))
+    except FileNotFoundError:
+        pass
+    datasets = [d for d in datasets if len(d)] + list(extra)
+    report = evaluate(model, datasets, baseline, batch_size, n_resamples, seed)
+    report.settings.update(
+        {"release": release, "heldout_articles": len(held.pmcids), "heldout_rule": held.to_json()["rule"]}
+    )
+    return report, write_report(lake, report, release, run_id)
