@@ -16,6 +16,7 @@ from assets.concepts import (
     figure_concepts,
     figure_embeddings,
 )
+from assets.evaluation import clip_evaluation
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
 from assets.panels import panel_crops, panel_detector, panel_training_set, panels
@@ -68,6 +69,7 @@ ASSETS = [
     pairs,
     pair_negatives,
     long_captions,
+    clip_evaluation,
 ]
 
 

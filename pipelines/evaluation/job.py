@@ -1,0 +1,90 @@
+"""The evaluation job: ``python -m pipelines.evaluation.job --config <url>``, launched by the
+``clip_evaluation`` asset through the job launcher (never in the Dagster process: it needs the
+GPU the model was trained on).
+
+The config names the lake, the release, the model (an OpenCLIP name with ``pretrained``, an
+``hf-hub:`` id or a ``local-dir:`` directory, e.g. a training run's exported ``model/``) and an
+optional baseline checkpoint evaluated in the same run; the report (Markdown table with 95%
+bootstrap intervals, deltas against the baseline, plots) comes back as the asset's metadata and
+stays in ``models/eval/<release>/<run id>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from pipelines import launch
+from pipelines.evaluation.harness import evaluate_release, load_clip
+from pipelines.lake import Lake
+
+
+@dataclass(frozen=True)
+class EvalJobConfig:
+    """``share``: record a new held-out split of that share of articles first (None: use the
+    release's recorded split); ``limit``: at most this many pairs per retrieval set."""
+
+    lake: str
+    release: str
+    model: str
+    pretrained: str | None = None
+    baseline: str | None = None
+    baseline_pretrained: str | None = None
+    license_group: str = "commercial"
+    share: float | None = None
+    limit: int | None = 5000
+    batch_size: int = 64
+    n_resamples: int = 1000
+    seed: int = 0
+    device: str = "cpu"
+    synthetic: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EvalJobConfig:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def run(config: EvalJobConfig, run_id: str, run_dir: str | None = None) -> dict:
+    """Evaluate, report, return the metadata."""
+    lake = Lake(config.lake)
+    launch.log(f"evaluating {config.model} on release {config.release}" + (" (synthetic)" if config.synthetic else ""))
+    model = load_clip(config.model, config.pretrained, device=config.device)
+    baseline = load_clip(config.baseline, config.baseline_pretrained, device=config.device) if config.baseline else None
+    report, paths = evaluate_release(
+        lake,
+        config.release,
+        model,
+        baseline,
+        run_id=run_id,
+        license_group=config.license_group,
+        share=config.share,
+        limit=config.limit,
+        batch_size=config.batch_size,
+        n_resamples=config.n_resamples,
+        seed=config.seed,
+    )
+    metadata = {
+        "report": {"raw_value": report.markdown(), "type": "md"},
+        "datasets": len({row.dataset for row in report.rows}),
+        "model": config.model,
+        "baseline": config.baseline or "",
+        "synthetic": config.synthetic,
+        "report_dir": paths.get("report.json", ""),
+    }
+    launch.report_final(metadata, run_dir)
+    return metadata
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="JSON config (local path or fsspec URL)")
+    args = parser.parse_args(argv)
+    data = launch.load_config(args.config)
+    info = data.pop("launch", {}) or {}
+    with launch.session():
+        return run(EvalJobConfig.from_dict(data), info.get("run_id", "manual"), info.get("run_dir"))
+
+
+if __name__ == "__main__":
+    main()

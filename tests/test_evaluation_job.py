@@ -1,0 +1,43 @@
+"""The ``clip_evaluation`` asset launches the evaluation job through the job launcher (a
+subprocess here) and shows its report; the job reads the release's shards from the lake."""
+
+from __future__ import annotations
+
+import json
+
+from dagster import DagsterInstance
+
+from assets.evaluation import clip_evaluation
+from pipelines.evaluation.split import make_heldout_split
+from resources.compute import ModelsResource
+from resources.lake import LakeResource
+from resources.launcher import JobLauncherResource
+from resources.settings import REPO
+from tests.helpers import materialize_one
+from tests.test_evaluation import TINY, _release_lake
+
+
+def test_clip_evaluation_asset_launches_the_job_and_reports(tmp_path):
+    lake = _release_lake(tmp_path)
+    make_heldout_split(lake, "2025", share=0.999999, pmcids=["PMC1", "PMC2", "PMC3", "PMC9"])
+    model = tmp_path / "tiny-clip"
+    model.mkdir()
+    (model / "open_clip_config.json").write_text(json.dumps(TINY))
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "home"))
+    instance.add_dynamic_partitions("releases", ["2025"])
+    resources = {
+        "lake": LakeResource(home=str(lake.root), shards=4),
+        "models": ModelsResource(synthetic=True),
+        "launcher": JobLauncherResource(backend="subprocess", cwd=str(REPO), env={"PYTHONPATH": str(REPO)}),
+    }
+    config = {"model": f"local-dir:{model}", "pretrained": "", "baseline": f"local-dir:{model}", "n_resamples": 20}
+    result = materialize_one(clip_evaluation, "2025", instance, resources, config)
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    # the figure level (k01, k03 held out; k09 undecodable) and long-caption retrieval (one pair per article)
+    assert metadata["datasets"].value == 2 and metadata["synthetic"].value is True
+    assert "image_to_text_R@1" in metadata["report"].value
+    reports = list((tmp_path / "lake" / "models" / "eval" / "2025").glob("*/report.json"))
+    assert len(reports) == 1
