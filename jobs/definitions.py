@@ -31,6 +31,7 @@ from assets.release import (
     webdataset_pairs,
     webdataset_shards,
 )
+from assets.training import clip_continual_pretraining
 from jobs.automation import automation_sensor, with_automation
 from jobs.refresh import (
     pmc_download_job,
@@ -68,6 +69,7 @@ ASSETS = [
     pairs,
     pair_negatives,
     long_captions,
+    clip_continual_pretraining,
 ]
 
 

@@ -255,3 +255,40 @@ def test_train_export_then_resume_on_a_fresh_machine(tiny, subset, tmp_path):
     assert all(
         torch.allclose(half[k], (base[k] + tuned[k]) / 2, atol=1e-6) for k in base if base[k].is_floating_point()
     )
+
+
+# ------------------------------------------------------------------------------- the asset
+
+
+def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
+    from dagster import DagsterInstance, materialize
+
+    from assets.training import clip_continual_pretraining
+    from pipelines.lake import Lake
+    from resources.lake import LakeResource
+    from resources.launcher import JobLauncherResource
+
+    home = tmp_path / "lake"
+    write_subset(Path(Lake(str(home)).path("dataset", "r1", "commercial")), shards=1, per_shard=4)
+    instance = DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("releases", ["r1"])
+    settings = {"model": f"local-dir:{tiny}", "epochs": 1, "batch_size": 4, "accum_freq": 1, "lr": 1e-4, "warmup": 1}
+    settings |= {"workers": 1, "device": "cpu", "log_every_n_steps": 1, "wise_ft_alpha": 1.0}
+    launcher = JobLauncherResource(backend="subprocess", cwd=str(REPO), env={"PYTHONPATH": str(REPO)})
+    result = materialize(
+        [clip_continual_pretraining],
+        partition_key="r1",
+        instance=instance,
+        resources={"lake": LakeResource(home=str(home)), "launcher": launcher},
+        run_config={"ops": {"clip_continual_pretraining": {"config": settings}}},
+    )
+    assert result.success
+    (materialization,) = result.asset_materializations_for_node("clip_continual_pretraining")
+    metadata = {k: v.value for k, v in materialization.metadata.items()}
+    assert metadata["epochs"] == 1 and metadata["samples_per_epoch"] == 4 and metadata["wise_ft_alpha"] == 1.0
+    assert torch.isfinite(torch.tensor(metadata["final_loss"]))
+    run_dir = Path(metadata["launch_run_dir"])
+    assert run_dir.parent == home / "models" / "clip" / "runs"  # a local lake: OpenCLIP writes into the run dir
+    assert (run_dir / "openclip" / "train" / "checkpoints" / "epoch_1.pt").exists()
+    assert json.loads((run_dir / "report.json").read_text())["model_dir"] == f"{run_dir}/model"
+    assert (run_dir / "model" / "open_clip_model.safetensors").exists()

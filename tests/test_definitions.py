@@ -49,6 +49,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "pairs",
         "pair_negatives",
         "long_captions",
+        "clip_continual_pretraining",
     }
 
 

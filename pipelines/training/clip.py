@@ -63,9 +63,6 @@ LR_TERM = re.compile(r"LR: ([-+0-9.eE]+)")
 RATE_TERM = re.compile(r"([0-9.eE+]+)/s,")
 RESUMED_LINE = re.compile(r"=> resuming checkpoint '([^']+)' \(epoch (\d+)\)")
 START_LINE = re.compile(r"Start epoch (\d+)")
-# torchrun's variables: a child trainer must not inherit this process's rank and rendezvous
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-             "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
 
 
 @dataclass
@@ -217,21 +214,13 @@ def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> lis
 
 
 def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
-    """``python -m open_clip_train.main <args>``, under torchrun (one process per GPU) above one GPU."""
+    """``python -m open_clip_train.main <args>``, under torchrun (one process per GPU) above one GPU.
+    The child inherits this environment: its torchrun sets every rank and rendezvous variable
+    for its workers anew, so a launcher's torchrun around this module does not leak into them."""
     if gpus > 1:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                 "-m", "open_clip_train.main", *args]  # fmt: skip
     return [python, "-m", "open_clip_train.main", *args]
-
-
-def trainer_env() -> dict[str, str]:
-    """This environment less torchrun's and Dagster Pipes' variables: the trainer forms its own
-    process group (or none), and only this process talks to Dagster."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k not in DIST_VARS and not k.startswith(("TORCHELASTIC_", "DAGSTER_PIPES_"))
-    }
 
 
 # ----------------------------------------------------------------------------------- the log
@@ -392,9 +381,7 @@ def export_wise_ft(config: ClipTrainConfig, checkpoint: Path, dest_url: str) -> 
 
 def run_trainer(command: list[str], runlog: RunLog, on_epoch_start=None) -> int:
     """Run the trainer, streaming every line to the run log and each loss line as progress."""
-    proc = subprocess.Popen(
-        command, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = raw.rstrip("\n")
