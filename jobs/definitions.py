@@ -32,6 +32,7 @@ from assets.release import (
     webdataset_pairs,
     webdataset_shards,
 )
+from assets.training import clip_continual_pretraining
 from jobs.automation import automation_sensor, with_automation
 from jobs.refresh import (
     pmc_download_job,
@@ -70,6 +71,7 @@ ASSETS = [
     pair_negatives,
     long_captions,
     clip_evaluation,
+    clip_continual_pretraining,
 ]
 
 

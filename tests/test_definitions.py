@@ -50,6 +50,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "pair_negatives",
         "long_captions",
         "clip_evaluation",
+        "clip_continual_pretraining",
     }
 
 

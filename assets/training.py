@@ -1,0 +1,86 @@
+"""Training assets: models trained on the release, each launched as an external GPU job through
+the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
+
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
+
+from assets.partitions import releases_partitions
+from assets.release import webdataset_shards
+from pipelines.panels.stages import GPU_POOL
+from pipelines.release.webdataset import dataset_dir
+from pipelines.training.clip import RECIPE_EPOCHS, ClipTrainConfig
+from resources.lake import LakeResource
+from resources.launcher import JobLauncherResource
+
+CLIP_MODULE = "pipelines.training.clip"
+_BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
+
+
+class ClipTrainingSettings(Config):
+    """BIOMEDICA's continual pretraining (``pipelines/training/clip.py``). ``subsets``: WebDataset
+    subsets of the release (``commercial``, ``concept-filtered-commercial``, ...); more than one
+    is a mixture, weighted by ``upsampling_factors`` when given. ``recipe`` picks the epochs
+    (full 9, concept-balanced 27, concept-filtered 36) unless ``epochs`` is set. ``pretrained``: an
+    OpenCLIP tag or a weights file; ``model`` may be ``hf-hub:`` or ``local-dir:``."""
+
+    subsets: list[str] = ["commercial"]
+    upsampling_factors: list[float] = []
+    recipe: str = "full"
+    epochs: int = 0
+    model: str = _BIOMEDICA.model
+    pretrained: str = _BIOMEDICA.pretrained
+    batch_size: int = _BIOMEDICA.batch_size
+    accum_freq: int = _BIOMEDICA.accum_freq
+    lr: float = _BIOMEDICA.lr
+    warmup: int = _BIOMEDICA.warmup
+    precision: str = _BIOMEDICA.precision
+    workers: int = _BIOMEDICA.workers
+    device: str = _BIOMEDICA.device
+    log_every_n_steps: int = _BIOMEDICA.log_every_n_steps
+    wise_ft_alpha: float = _BIOMEDICA.wise_ft_alpha
+    seed: int = 0
+
+
+def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
+    """The launched job's config (the launcher adds run_dir, checkpoint_dir and gpus)."""
+    if config.recipe not in RECIPE_EPOCHS:
+        raise Failure(f"recipe must be one of {sorted(RECIPE_EPOCHS)}, got {config.recipe!r}", allow_retries=False)
+    factors = list(config.upsampling_factors) or None
+    return {
+        "train_data": subset_dirs,
+        "upsampling_factors": factors,
+        "dataset_resampled": factors is not None,
+        "epochs": config.epochs or RECIPE_EPOCHS[config.recipe],
+        **{k: getattr(config, k) for k in ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup")},
+        **{k: getattr(config, k) for k in ("precision", "workers", "device", "log_every_n_steps", "wise_ft_alpha")},
+        "seed": config.seed,
+    }
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[webdataset_shards],
+    group_name="training",
+    kinds={"pytorch"},
+    pool=GPU_POOL,
+    description="OpenCLIP continually pretrained on the release's WebDataset (BIOMEDICA's recipe: ViT-L-14 "
+    "from CommonPool, batch 8192, lr 1e-6, fp32), as a launched GPU job: checkpoints in the lake (resumed "
+    "after a failure) and the WiSE-FT-merged model exported for open_clip's local-dir: loader.",
+)
+def clip_continual_pretraining(
+    context: AssetExecutionContext,
+    config: ClipTrainingSettings,
+    lake: LakeResource,
+    launcher: JobLauncherResource,
+) -> MaterializeResult:
+    lk = lake.lake()
+    release = context.partition_key
+    dirs = [dataset_dir(lk, release, subset) for subset in config.subsets]
+    missing = [d for d in dirs if not lk.fs.exists(f"{d}/sizes.json")]
+    if missing:
+        raise Failure(
+            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
+        )
+    url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    job = clip_job(config, [url(d) for d in dirs])
+    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    return result.get_materialize_result()

@@ -1,0 +1,490 @@
+"""Continual CLIP pretraining with OpenCLIP's trainer on the release's WebDataset, as a launched job.
+
+    python -m pipelines.training.clip --config config.json
+
+The JSON config holds :class:`ClipTrainConfig`'s fields; the launcher adds a ``launch`` section
+(``run_dir``, ``checkpoint_dir``, ``gpus``). The defaults are BIOMEDICA's recipe
+(``shared/papers/004_3487d638bbd8f5c4.txt``, section 15 and table 11): ViT-L-14 from CommonPool
+(``commonpool_xl_s13b_b90k``), 1024 per GPU x 4 GPUs x 2 accumulation steps = 8192, lr 1e-6 with
+1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clipping 1.0, fp32; 9 epochs
+on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`).
+
+The training itself is ``open_clip_train.main`` (it ships inside open-clip-torch), run as a child
+process so that its global logging setup, its process group and a crash stay out of this one:
+its output is streamed line by line into the run log and its loss lines become progress reports
+(``pipelines.launch``). With more than one GPU the child runs under its own torchrun; when the
+launcher started this module under torchrun too, rank 0 runs the trainer and the others exit.
+
+Checkpoints: OpenCLIP writes ``epoch_N.pt`` under ``<logs>/train/checkpoints``. When the run dir
+is on a local disk, ``<logs>`` is ``<run_dir>/openclip``, so the checkpoints are in the lake
+already; otherwise ``<logs>`` is a local scratch folder and each finished epoch is copied to
+``<checkpoint_dir>/ckpt-0000000N.pt`` (``launch.save_checkpoint``), and a fresh machine fetches
+the newest copy back before OpenCLIP's ``--resume latest`` looks, so a preempted run resumes from
+its last whole epoch anywhere.
+
+After training, WiSE-FT (Wortsman et al.) interpolates the fine-tuned weights with the base
+model's, theta = (1 - alpha) * theta_base + alpha * theta_ft, and exports the result to
+``<run_dir>/model`` as ``open_clip_model.safetensors`` + ``open_clip_config.json``, loadable with
+``open_clip.create_model_and_transforms("local-dir:<dir>")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from pipelines import launch
+
+RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
+SHARD_NAME = "panelforge"
+RUN_NAME = "train"  # OpenCLIP's --name: <logs>/train/{out.log,checkpoints/}
+LOCAL_DIR = "local-dir:"
+EXPORT_WEIGHTS = "open_clip_model.safetensors"
+EXPORT_CONFIG = "open_clip_config.json"
+EPOCH_CKPT = re.compile(r"^epoch_(\d+)\.pt$")
+# OpenCLIP's log lines: "Train Epoch: 0 [16/16 (100%)] ... LR: 0.000100 Logit Scale: 14.286
+# Contrastive_loss: 2.4 (2.4) Loss: 2.4 (2.4)" (each loss: its last value, then its running mean)
+TRAIN_LINE = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+)")
+LOSS_TERM = re.compile(r"(\w+): ([-+0-9.eE]+|nan|inf) \(")
+LR_TERM = re.compile(r"LR: ([-+0-9.eE]+)")
+RATE_TERM = re.compile(r"([0-9.eE+]+)/s,")
+RESUMED_LINE = re.compile(r"=> resuming checkpoint '([^']+)' \(epoch (\d+)\)")
+START_LINE = re.compile(r"Start epoch (\d+)")
+
+
+@dataclass
+class ClipTrainConfig:
+    """One continual-pretraining run. ``train_data``: WebDataset subset folders (each with
+    ``panelforge-NNNNNN.tar`` and ``sizes.json``); more than one is a mixture, sampled with
+    ``upsampling_factors`` (OpenCLIP needs ``dataset_resampled`` for that)."""
+
+    train_data: list[str]
+    run_dir: str
+    upsampling_factors: list[float] | None = None
+    dataset_resampled: bool = False
+    train_num_samples: int | None = None  # samples per epoch; None: the sum of the subsets' sizes.json
+    model: str = "ViT-L-14"  # an OpenCLIP name, hf-hub:org/repo or local-dir:/path
+    pretrained: str = "commonpool_xl_s13b_b90k"  # a tag or a weights file; ignored for local-dir:
+    batch_size: int = 1024  # per GPU
+    accum_freq: int = 2
+    gpus: int = 4
+    lr: float = 1e-6
+    warmup: int = 1000
+    epochs: int = RECIPE_EPOCHS["full"]
+    beta1: float = 0.9
+    beta2: float = 0.95
+    wd: float = 0.2
+    grad_clip_norm: float = 1.0
+    precision: str = "fp32"
+    workers: int = 8
+    seed: int = 0
+    device: str = "cuda"
+    log_every_n_steps: int = 50
+    save_frequency: int = 1
+    delete_previous_checkpoint: bool = True
+    resume: bool = True
+    wise_ft_alpha: float = 0.5  # 1: the fine-tuned weights, 0: the base model's
+    checkpoint_dir: str | None = None  # lake copies of the epochs; None: <run_dir>/checkpoints
+    scratch_dir: str | None = None  # local OpenCLIP logs when run_dir is not local; None: a temp folder
+    python: str | None = None  # the trainer's interpreter; None: this one
+    shard_name: str = SHARD_NAME
+    extra_args: list[str] = field(default_factory=list)  # passed to open_clip_train.main as they are
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClipTrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown CLIP training config keys: {unknown}")
+        return cls(**data)
+
+    def validate(self) -> None:
+        if not self.train_data:
+            raise ValueError("train_data names no WebDataset subset")
+        if self.upsampling_factors is not None:
+            if len(self.upsampling_factors) != len(self.train_data):
+                raise ValueError("upsampling_factors needs one factor per train_data subset")
+            if not self.dataset_resampled:
+                raise ValueError("upsampling_factors needs dataset_resampled (OpenCLIP samples with replacement)")
+        if not 0.0 <= self.wise_ft_alpha <= 1.0:
+            raise ValueError(f"wise_ft_alpha must be in [0, 1], got {self.wise_ft_alpha}")
+        if self.gpus < 0 or self.epochs < 1 or self.batch_size < 1 or self.accum_freq < 1:
+            raise ValueError("gpus >= 0, epochs >= 1, batch_size >= 1 and accum_freq >= 1")
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """What OpenCLIP reads: one brace pattern per subset and the samples of one epoch."""
+
+    patterns: list[str]
+    samples: int
+
+
+# ----------------------------------------------------------------------------------- the data
+
+
+def is_local(url: str) -> bool:
+    return isinstance(fsspec.core.url_to_fs(url)[0], LocalFileSystem)
+
+
+def local_path(url: str) -> str:
+    return fsspec.core.url_to_fs(url)[1]
+
+
+def subset_data(directory: str, shard_name: str = SHARD_NAME, python: str | None = None) -> tuple[str, int]:
+    """The brace pattern of a subset's shards and its sample count, from its ``sizes.json``.
+    A subset off this machine (s3://, gs://) is read through a ``pipe:`` that streams each shard
+    with fsspec, so the trainer streams from the lake with the job's own credentials."""
+    sizes = json.loads(launch.read_bytes(f"{directory.rstrip('/')}/sizes.json"))
+    pattern = re.compile(rf"^{re.escape(shard_name)}-(\d{{6}})\.tar$")
+    indices = sorted(int(m.group(1)) for name in sizes if (m := pattern.match(name)))
+    if not indices:
+        raise ValueError(f"{directory}/sizes.json lists no {shard_name}-NNNNNN.tar shard")
+    if indices != list(range(indices[0], indices[-1] + 1)):
+        raise ValueError(f"{directory}: shard numbers are not contiguous: {indices}")
+    base = local_path(directory).rstrip("/") if is_local(directory) else directory.rstrip("/")
+    url = f"{base}/{shard_name}-{{{indices[0]:06d}..{indices[-1]:06d}}}.tar"
+    if not is_local(directory):
+        url = f"pipe:{python or sys.executable} -m pipelines.training.clip --cat {url}"
+    return url, sum(int(v) for v in sizes.values())
+
+
+def resolve_data(config: ClipTrainConfig) -> TrainData:
+    found = [subset_data(d, config.shard_name, config.python) for d in config.train_data]
+    samples = config.train_num_samples or sum(n for _, n in found)
+    return TrainData([p for p, _ in found], samples)
+
+
+# ----------------------------------------------------------------------------------- the command
+
+
+def _number(value: float) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> list[str]:
+    """The argument list of ``open_clip_train.main`` for this run (a pure function of its inputs)."""
+    args = [
+        "--model", config.model,
+        "--train-data", "::".join(data.patterns),
+        "--dataset-type", "webdataset",
+        "--train-num-samples", str(data.samples),
+        "--batch-size", str(config.batch_size),
+        "--accum-freq", str(config.accum_freq),
+        "--epochs", str(config.epochs),
+        "--lr", _number(config.lr),
+        "--warmup", str(config.warmup),
+        "--beta1", _number(config.beta1),
+        "--beta2", _number(config.beta2),
+        "--wd", _number(config.wd),
+        "--grad-clip-norm", _number(config.grad_clip_norm),
+        "--precision", config.precision,
+        "--workers", str(config.workers),
+        "--seed", str(config.seed),
+        "--device", config.device,
+        "--log-every-n-steps", str(config.log_every_n_steps),
+        "--save-frequency", str(config.save_frequency),
+        "--logs", logs_dir,
+        "--name", RUN_NAME,
+    ]  # fmt: skip
+    if config.pretrained and not config.model.startswith(LOCAL_DIR):
+        args += ["--pretrained", config.pretrained]
+    if config.dataset_resampled:
+        args.append("--dataset-resampled")
+    if config.upsampling_factors is not None:
+        args += ["--train-data-upsampling-factors", "::".join(_number(f) for f in config.upsampling_factors)]
+    if config.delete_previous_checkpoint:
+        args.append("--delete-previous-checkpoint")
+    if config.resume:
+        args += ["--resume", "latest"]
+    return args + list(config.extra_args)
+
+
+def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
+    """``python -m open_clip_train.main <args>``, under torchrun (one process per GPU) above one GPU.
+    The child inherits this environment: its torchrun sets every rank and rendezvous variable
+    for its workers anew, so a launcher's torchrun around this module does not leak into them."""
+    if gpus > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                "-m", "open_clip_train.main", *args]  # fmt: skip
+    return [python, "-m", "open_clip_train.main", *args]
+
+
+# ----------------------------------------------------------------------------------- the log
+
+
+@dataclass
+class RunLog:
+    """What the trainer's output said: progress, the epoch it resumed from, the last loss."""
+
+    steps_per_epoch: int
+    resumed_from_epoch: int | None = None
+    resumed_from: str | None = None
+    epochs_started: list[int] = field(default_factory=list)
+    last: dict[str, float] = field(default_factory=dict)
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+
+    def read(self, line: str) -> tuple[int, dict[str, float]] | None:
+        """Record ``line``; for a training line return (global step, metrics)."""
+        self.tail.append(line)
+        if m := RESUMED_LINE.search(line):
+            self.resumed_from, self.resumed_from_epoch = m.group(1), int(m.group(2))
+        if m := START_LINE.search(line):
+            self.epochs_started.append(int(m.group(1)))
+        m = TRAIN_LINE.search(line)
+        if m is None:
+            return None
+        epoch, seen, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        losses = {k.lower(): float(v) for k, v in LOSS_TERM.findall(line)}
+        metrics = {"epoch": float(epoch), **losses}
+        if lr := LR_TERM.search(line):
+            metrics["lr"] = float(lr.group(1))
+        if rate := RATE_TERM.search(line):
+            metrics["samples_per_second"] = float(rate.group(1))
+        step = epoch * self.steps_per_epoch + round(self.steps_per_epoch * seen / max(total, 1))
+        self.last = metrics
+        return step, metrics
+
+
+def steps_per_epoch(samples: int, batch_size: int, accum_freq: int, world: int) -> int:
+    """Optimizer steps per epoch as OpenCLIP counts them for WebDataset (whole global batches)."""
+    return max(1, -(-samples // (batch_size * max(world, 1))) // accum_freq)
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+
+
+def local_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := EPOCH_CKPT.match(p.name)))
+
+
+def copy_checkpoints(local: Path, lake_dir: str, upto: int | None = None, keep_last_only: bool = False) -> list[str]:
+    """Copy the finished epochs (``<= upto`` when given: the newest file may still be written)
+    from OpenCLIP's folder to the lake as ``ckpt-0000000N.pt``; returns the new URLs."""
+    newest = launch.latest_checkpoint(lake_dir)
+    have = launch.checkpoint_step(newest) if newest else 0
+    copied = []
+    for epoch, path in local_checkpoints(local):
+        if epoch > have and (upto is None or epoch <= upto):
+            copied.append(launch.save_checkpoint(lake_dir, epoch, path.read_bytes(), "pt"))
+    if copied and keep_last_only:
+        fs, root = fsspec.core.url_to_fs(lake_dir)
+        for name in fs.ls(root, detail=False):
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if launch.CHECKPOINT_RE.match(base) and f"{lake_dir.rstrip('/')}/{base}" != copied[-1]:
+                fs.rm(name)
+    return copied
+
+
+def restore_checkpoint(local: Path, lake_dir: str) -> int | None:
+    """On a machine without OpenCLIP's folder, fetch the newest lake copy as ``epoch_N.pt`` so
+    ``--resume latest`` finds it; returns the epoch fetched."""
+    if local_checkpoints(local):
+        return None
+    newest = launch.latest_checkpoint(lake_dir)
+    if newest is None:
+        return None
+    epoch = launch.checkpoint_step(newest)
+    local.mkdir(parents=True, exist_ok=True)
+    tmp = local / f".epoch_{epoch}.pt.tmp"
+    with fsspec.open(newest, "rb") as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 24)
+    os.replace(tmp, local / f"epoch_{epoch}.pt")
+    return epoch
+
+
+# ----------------------------------------------------------------------------------- WiSE-FT
+
+
+def strip_prefixes(state: dict) -> dict:
+    """A trainer checkpoint's state dict without DDP's ``module.`` prefix."""
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def wise_ft(base: dict, finetuned: dict, alpha: float) -> dict:
+    """theta = (1 - alpha) * theta_base + alpha * theta_ft for every floating-point tensor (integer
+    buffers come from the fine-tuned model). The formula, not ``lerp``: alpha 0 and 1 then give
+    the base and the fine-tuned weights bit for bit."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if set(base) != set(finetuned):
+        raise ValueError(f"base and fine-tuned weights differ in keys: {sorted(set(base) ^ set(finetuned))[:10]}")
+    out = {}
+    for key, theta_base in base.items():
+        theta_ft = finetuned[key]
+        if theta_base.shape != theta_ft.shape:
+            raise ValueError(f"{key}: base shape {tuple(theta_base.shape)} != fine-tuned {tuple(theta_ft.shape)}")
+        if theta_ft.is_floating_point():
+            out[key] = ((1.0 - alpha) * theta_base.to(theta_ft.dtype) + alpha * theta_ft).contiguous()
+        else:
+            out[key] = theta_ft.clone().contiguous()
+    return out
+
+
+def base_state(model: str, pretrained: str) -> dict:
+    """The base model's weights: a ``local-dir:`` model's own, else ``pretrained`` (tag or file)."""
+    import open_clip
+
+    tag = None if model.startswith(LOCAL_DIR) else (pretrained or None)
+    return open_clip.create_model(model, pretrained=tag, device="cpu").state_dict()
+
+
+def export_config(model: str, pretrained: str) -> dict:
+    """The ``open_clip_config.json`` of the exported model: a local dir's own, else the named
+    model's architecture and its pretrained tag's preprocessing."""
+    import open_clip
+
+    if model.startswith(LOCAL_DIR):
+        return json.loads((Path(model.removeprefix(LOCAL_DIR)) / EXPORT_CONFIG).read_text())
+    model_cfg = open_clip.get_model_config(model)
+    if model_cfg is None:
+        raise ValueError(f"no OpenCLIP config for {model!r}: export needs a named model or a local-dir: model")
+    preprocess = {}
+    if pretrained and (tag := open_clip.get_pretrained_cfg(model, pretrained)):
+        preprocess = {k: tag[k] for k in ("mean", "std", "interpolation", "resize_mode") if k in tag}
+    return {"model_cfg": model_cfg, "preprocess_cfg": preprocess}
+
+
+def export_wise_ft(config: ClipTrainConfig, checkpoint: Path, dest_url: str) -> str:
+    """Interpolate the final checkpoint with the base model and write ``<dest_url>/`` (weights +
+    config) for ``open_clip.create_model_and_transforms("local-dir:...")``; returns the URL."""
+    import torch
+    from safetensors.torch import save_file
+
+    finetuned = strip_prefixes(torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"])
+    merged = wise_ft(base_state(config.model, config.pretrained), finetuned, config.wise_ft_alpha)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(merged, f"{tmp}/{EXPORT_WEIGHTS}", metadata={"wise_ft_alpha": str(config.wise_ft_alpha)})
+        Path(tmp, EXPORT_CONFIG).write_text(json.dumps(export_config(config.model, config.pretrained), indent=2))
+        for name in (EXPORT_WEIGHTS, EXPORT_CONFIG):
+            launch.atomic_write(f"{dest_url.rstrip('/')}/{name}", Path(tmp, name).read_bytes())
+    return dest_url
+
+
+# ----------------------------------------------------------------------------------- the run
+
+
+def run_trainer(command: list[str], runlog: RunLog, on_epoch_start=None) -> int:
+    """Run the trainer, streaming every line to the run log and each loss line as progress."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        launch.log(f"[open_clip] {line}")
+        started = len(runlog.epochs_started)
+        progress = runlog.read(line)
+        if progress is not None:
+            launch.report_progress(*progress)
+        if on_epoch_start is not None and len(runlog.epochs_started) > started:
+            on_epoch_start(runlog.epochs_started[-1])
+    return proc.wait()
+
+
+def train(config: ClipTrainConfig) -> dict:
+    """Train (or resume), copy checkpoints to the lake, export the WiSE-FT model; the report."""
+    config.validate()
+    data = resolve_data(config)
+    ckpt_lake = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
+    in_lake = is_local(config.run_dir)
+    scratch = None
+    if in_lake:
+        logs = Path(local_path(config.run_dir)) / "openclip"
+    else:
+        scratch = config.scratch_dir or tempfile.mkdtemp(prefix="panelforge-clip-")
+        logs = Path(scratch)
+    ckpt_local = logs / RUN_NAME / "checkpoints"
+    fetched = None if in_lake or not config.resume else restore_checkpoint(ckpt_local, ckpt_lake)
+    if fetched is not None:
+        launch.log(f"fetched the epoch {fetched} checkpoint from {ckpt_lake}")
+    world = max(config.gpus, 1)
+    runlog = RunLog(steps_per_epoch(data.samples, config.batch_size, config.accum_freq, world))
+    python = config.python or sys.executable
+    command = trainer_command(python, trainer_args(config, data, str(logs)), config.gpus)
+    launch.log(f"open_clip_train on {data.samples} samples/epoch, {config.epochs} epochs: {' '.join(command)}")
+
+    def on_epoch_start(epoch: int) -> None:
+        # "Start epoch N" comes after epoch N's predecessor was saved: epochs < N+1 are whole
+        if not in_lake:
+            copy_checkpoints(ckpt_local, ckpt_lake, upto=epoch, keep_last_only=config.delete_previous_checkpoint)
+
+    code = run_trainer(command, runlog, on_epoch_start)
+    if not in_lake:  # after an exit the files are whole; after a crash only the epochs before it
+        done = None if code == 0 else (runlog.epochs_started[-1] if runlog.epochs_started else 0)
+        copy_checkpoints(ckpt_local, ckpt_lake, upto=done, keep_last_only=config.delete_previous_checkpoint)
+    if code != 0:
+        raise RuntimeError(f"open_clip_train exited with {code}; its last lines:\n" + "\n".join(runlog.tail))
+    found = local_checkpoints(ckpt_local)
+    if not found or found[-1][0] != config.epochs:
+        raise RuntimeError(f"open_clip_train finished without the epoch {config.epochs} checkpoint in {ckpt_local}")
+    final_epoch, final = found[-1]
+    model_dir = export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
+    report = {
+        "model": config.model,
+        "pretrained": config.pretrained,
+        "epochs": final_epoch,
+        "samples_per_epoch": data.samples,
+        "train_data": "::".join(data.patterns),
+        "resumed_from_epoch": runlog.resumed_from_epoch,
+        "epochs_run": ",".join(str(e) for e in runlog.epochs_started),
+        "final_loss": runlog.last.get("loss"),
+        "checkpoint": str(final) if in_lake else (launch.latest_checkpoint(ckpt_lake) or ""),
+        "wise_ft_alpha": config.wise_ft_alpha,
+        "model_dir": model_dir,
+    }
+    if scratch is not None and config.scratch_dir is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+def config_from_job(data: dict[str, Any]) -> ClipTrainConfig:
+    """The run's config from the launcher's JSON: the ``launch`` section fills ``run_dir``,
+    ``checkpoint_dir`` and ``gpus`` unless the job config set them."""
+    data = dict(data)
+    job = data.pop("launch", None) or {}
+    for key in ("run_dir", "checkpoint_dir", "gpus"):
+        if key in job and data.get(key) is None:
+            data[key] = job[key]
+    return ClipTrainConfig.from_dict(data)
+
+
+def cat(url: str) -> None:
+    """Stream one lake file to stdout: the ``pipe:`` OpenCLIP's WebDataset reads remote shards with."""
+    with fsspec.open(url, "rb") as src:
+        shutil.copyfileobj(src, sys.stdout.buffer, 1 << 20)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--config", help="JSON file (local path or fsspec URL) of ClipTrainConfig")
+    group.add_argument("--cat", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cat:
+        cat(args.cat)
+        return None
+    config = config_from_job(launch.load_config(args.config))
+    with launch.session():
+        if launch.job_rank() != 0:
+            return None  # under the launcher's torchrun: rank 0's trainer uses every GPU
+        report = train(config)
+        launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()
