@@ -35,7 +35,7 @@ Runs (panels stage first, a fresh lake per run so nothing is reused):
   Qwen's). GPU-hours = prefill tokens / prefill tok/s + decode tokens / decode tok/s, both
   **assumed** (``--prefill-tps``, ``--decode-tps``), next to Panel2Patch's ~2,900 H100-hours.
 
-    python -m benchmarks.mining [--shards 000 001 002] [--replay 16] [--batch-size 8]
+    python -m benchmarks.mining [--shards 000 001 002] [--replay 128] [--batch-size 8]
         [--figures 24000000] [--prefill-tps 20000] [--decode-tps 2000]
 """
 
@@ -69,10 +69,12 @@ PREFILL_TPS, DECODE_TPS = 20_000, 2_000  # ASSUMED H100 throughputs (see ``assum
 SHARDS = ("000", "001", "002", "003")
 BASELINE_SHARDS = SHARDS
 TIMING_CAVEAT = (
-    "CPU seconds on a shared 2-core machine vary up to ~10x with other processes' load: timed shard by shard "
-    "before this run (batch 1, stage wall seconds): 000: 15 figure images, 123 requests, 76 s; 001: 23, 217, 60 s; "
-    "002: 28, 175, 90 s; 003: 62, 560, 46 s. The earlier full run overran 10 minutes because of its batch-8 stage "
-    "run on shard 000, not because of shard 003; batching is now measured by a replay of a few requests"
+    "CPU seconds on this shared 2-core machine vary ~10x with other processes' load (see load averages): "
+    "earlier runs of the same baseline (every shard, batch 1) took 654 s at a load average of 6-9 and 77 s at ~1.5; "
+    "shard by shard (batch 1, stage wall "
+    "seconds) under load: 000: 15 figure images, 123 requests, 76 s; 001: 23, 217, 60 s; 002: 28, 175, 90 s; "
+    "003: 62, 560, 46 s. The earlier full run overran 10 minutes because of its batch-8 stage run on shard 000 "
+    "under such load, not because of shard 003; batching is now measured by an alternating replay"
 )
 LEFT_OUT_NOTE = "shards not in --shards (the default runs every shard)"
 PATCH = 28  # Qwen2.5-VL: 14 px patches merged 2x2 into one visual token
@@ -233,6 +235,7 @@ def replay(config: EngineConfig, requests: Sequence[VlmRequest], batch_sizes: Se
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
         }
+    out["requests_by_prompt"] = dict(sorted(Counter(prompts.name_of(r.prompt) for r in requests).items()))
     first, *rest = batch_sizes
     for batch_size in rest:
         out[f"batch_{batch_size}"][f"seconds_per_request_over_batch_{first}"] = round(
@@ -594,6 +597,10 @@ def projection(run: dict, production: dict, figures_total: int, prefill_tps: flo
 def markdown(result: dict) -> str:
     base, bt = result["baseline"]["throughput"], result["batching"]
     b1, bn = bt["batch_1"], next(v for k, v in bt.items() if k.startswith("batch_") and k != "batch_1")
+    mix = ", ".join(f"{n} {k}" for k, n in bt["requests_by_prompt"].items())
+    per_round = ", ".join(
+        f"{w8 / w1:.2f}" for w1, w8 in zip(b1["wall_seconds_per_round"], bn["wall_seconds_per_round"], strict=True)
+    )
     ratio = next(v for k, v in bn.items() if k.startswith("seconds_per_request_over"))
     fig = result["per_figure"]["all_prompts"]
     pf, px, pj = result["prefilter"], result["prefix_caching"], result["projection_24m"]
@@ -603,6 +610,9 @@ def markdown(result: dict) -> str:
         for s, v in result["per_shard"].items()
     )
     rows = [
+        f"Timing caveat: {result['timing_caveat']}; load average (1, 5, 15 min) at start "
+        f"{result['load_average_1_5_15_at_start']}, at end {result['load_average_1_5_15_at_end']}.",
+        "",
         "**Mining** ([benchmarks/results/mining.json](benchmarks/results/mining.json)): the Panel2Patch stage on the "
         f"sample release, shards {', '.join(result['shards'])} ({result['figures']} figure images"
         + (f"; shard(s) {', '.join(result['shards_left_out'])} left out" if result["shards_left_out"] else "")
@@ -617,8 +627,9 @@ def markdown(result: dict) -> str:
         f"{fig['completion_tokens']['p90']:.0f} |",
         f"| baseline (engine batch 1), measured | {base['requests']} requests, {base['requests_per_vlm_second']} "
         f"requests/s; per shard: {shards} |",
-        f"| seconds per request, the same {bn['requests']} requests at batch 8 vs 1, "
-        f"measured | {bn['seconds_per_request']} vs {b1['seconds_per_request']} (**{ratio}x** per request) |",
+        f"| seconds per request, the same {bn['requests']} requests ({mix}) at batch 8 vs 1, median of "
+        f"{len(b1['wall_seconds_per_round'])} alternating rounds, measured | {bn['seconds_per_request']} vs "
+        f"{b1['seconds_per_request']} (**{ratio}x** per request; the demo profile's note says 6.6x) |",
         f"| figures that skip SoM / regions / both, measured | {pf['share_skipping_som']:.0%} / "
         f"{pf['share_skipping_regions']:.0%} / {pf['share_skipping_both']:.0%} |",
         f"| requests, prompt tokens without / with the pre-filter (estimate) | "
@@ -632,9 +643,10 @@ def markdown(result: dict) -> str:
         f"(Panel2Patch, 72B: ~{PANEL2PATCH_H100_HOURS:,}) |",
         "",
         "Measured: requests, tokens and CPU seconds per figure and per prompt, per shard, and the batch-8/batch-1 "
-        "replay (the same requests through a fresh engine at each batch size; on 2 CPU cores with a 0.4M-parameter "
-        "model it says nothing about a GPU). Tokens per figure are at the reduced pixel band of the run (64-256 "
-        "visual tokens per image); the projection recomputes image tokens exactly at the production band "
+        f"replay (the same requests through one engine per batch size, rounds alternating; batch 8 / batch 1 per "
+        f"round: {per_round}; on 2 CPU cores with a 0.4M-parameter model it says nothing about a GPU). Tokens per "
+        "figure are at the reduced pixel band of the run (64-256 visual tokens per image); the projection "
+        "recomputes image tokens exactly at the production band "
         f"(256-1280): {pj['prompt_tokens_per_figure_production']:,.0f} prompt tokens per figure.",
         "Estimated: the cost without the pre-filter (measured mean cost per request of each prompt times the "
         "requests that would have been sent). Computed, not measured: prefix-cache shares, with the tiny "
@@ -665,7 +677,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", nargs="+", default=list(BASELINE_SHARDS), help="shards of the batch-1 baseline")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size of the replay compared with batch 1")
-    parser.add_argument("--replay", type=int, default=16, help="mining requests replayed at batch 1 and batch 8")
+    parser.add_argument("--replay", type=int, default=128, help="mining requests replayed at batch 1 and batch 8")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the replay (median kept)")
     parser.add_argument("--som-views", type=int, default=3)
     parser.add_argument("--figures-per-batch", type=int, default=8)
