@@ -278,7 +278,10 @@ def markdown(result: dict) -> str:
         "checks that the shares are stable at "
         f"{r['caption']['texts']:,} texts ({r['caption']['seconds']:.1f} s for the captions). Assumed: H100 "
         "throughputs (as in benchmarks/mining.py); text tokens of the VLM prompt are the tiny tokenizer's, not "
-        "Qwen's (whose chars/token here is unknown).",
+        "Qwen's (whose chars/token here is unknown): at OpenCLIP's measured ratio the same text would be "
+        f"~{c['text_characters_per_request']['mean'] / c['text_chars_per_token_openclip_bpe']['chars_per_token']:,.0f}"
+        " tokens, so the projection's prefill is likely an overestimate. CPU seconds depend on other processes' "
+        f"load on the shared 2 cores (load average at the end: {result['load_average_1_5_15_at_end']}).",
     ]
     return "\n".join(lines) + "\n"
 
