@@ -11,13 +11,14 @@ image sizes the prompts show, the fixed text of every prompt.
 Runs (panels stage first, a fresh lake per run so nothing is reused):
 
 * ``baseline``: engine ``batch_size`` 1 on ``--shards`` (every shard by default; per shard
-  timings are kept: shard 003 has the most figures and requests but the cheapest ones), the run
+  timings are kept), the run
   every figure below comes from.
 * Batching: the first ``--replay`` mining requests of the baseline (stage order: mixed prompts,
-  images and grammars) replayed through a fresh engine at batch 1 and at ``--batch-size`` 8:
-  the same work, so seconds per request compare directly (a whole shard at batch 8 would take
-  several minutes on 2 cores). The demo runs the tiny model at batch 1 for this reason. All at
-  the reduced pixel band ``--min-tokens``/``--max-image-tokens`` (64-256 visual tokens).
+  images and grammars) replayed at batch 1 and at ``--batch-size`` 8, ``--rounds`` rounds with
+  the batch sizes alternating (other processes on the shared CPUs weigh on both alike), median
+  kept: the same work, so seconds per request compare directly. A whole shard at batch 8 made the
+  earlier version overrun 10 minutes under load. All at the reduced pixel band
+  ``--min-tokens``/``--max-image-tokens`` (64-256 visual tokens).
 * Pre-filter: measured per-request costs (per prompt) x the requests that would have been sent
   without it (``som_views`` PANELS requests for every figure image; one LOCATE_REGION request per
   panel of every figure that passes the concept gate and has a caption, up to
