@@ -41,16 +41,8 @@ def _secret(name: str) -> EnvVar | None:
     return EnvVar(name) if os.environ.get(name) else None
 
 
-# The tiny random model answers nonsense at any length: short answers, a small pixel band, and
-# one request at a time (on a CPU, batches of 8 were 6.6x slower per request than single
-# requests in benchmarks/mining.py; the cause is not investigated, a GPU is not measured)
-SYNTHETIC_VLM = {
-    "max_tokens": 48,
-    "min_pixels": 64 * 28 * 28,
-    "max_pixels": 256 * 28 * 28,
-    "dtype": "float32",
-    "batch_size": 1,
-}
+# The tiny random model answers nonsense at any length: short answers and a small pixel band
+SYNTHETIC_VLM = {"max_tokens": 48, "min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28, "dtype": "float32"}
 
 
 def build_resources(settings: Settings | None = None) -> dict:
