@@ -40,6 +40,8 @@ SHARD_LEVEL = {
     "panels",
     "panel_crops",
     "pairs",
+    "pair_negatives",
+    "long_captions",
     "pair_samples",
 }
 RELEASE_LEVEL = {
@@ -145,6 +147,7 @@ def test_a_new_release_flows_through_every_stage(publish):
         ("concept_model", "figure_embeddings"),
         ("webdataset_shards", "dataset_samples"),
         ("release_parquet", "dataset_samples"),
+        ("webdataset_pairs", "long_captions"),
     ):
         assert refresh.tick_of(asset, RELEASE) > max(refresh.tick_of(parent, f"{RELEASE}|{s}") for s in SHARDS)
     if publish:

@@ -13,6 +13,7 @@ from pipelines.concepts.stages import (
 )
 from pipelines.entrez.stage import PubmedStage
 from pipelines.lake import Lake, LakeLayoutError
+from pipelines.longcap.stages import LongCapStage, NegativesStage
 from pipelines.mining.stages import MiningStage
 from pipelines.panels.stages import PanelCropsStage, PanelStage
 from pipelines.panels.training import SyntheticSetStage
@@ -30,6 +31,8 @@ from pipelines.schemas import TABLES
 from pipelines.stage import RELEASE, SHARD, Partition, Stage, StageResult
 
 STAGES = [
+    LongCapStage,
+    NegativesStage,
     InventoryStage,
     AcquireStage,
     ParseStage,
@@ -64,7 +67,8 @@ def test_every_stage_declares_known_tables_and_a_level(stage):
 def test_every_asset_is_a_stage_of_its_level():
     by_name = {getattr(s, "name", None): s for s in STAGES}
     webdataset = {"webdataset_shards", "webdataset_concept_filtered", "webdataset_concept_balanced"}
-    launched = {"panel_detector"}  # a training job run by the launcher, not a stage in this process
+    # training and evaluation jobs run by the launcher, not stages in this process
+    launched = {"panel_detector", "clip_continual_pretraining", "clip_evaluation"}
     for asset in ASSETS:
         name = asset.key.path[-1]
         if name in launched:
