@@ -135,9 +135,9 @@ def test_biomedica_recipe_becomes_these_trainer_arguments():
     # 4 GPUs: OpenCLIP under its own torchrun, one process per GPU
     assert trainer_command("py", ["--epochs", "9"], 4) == [
         "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-        "-m", "open_clip_train.main", "--epochs", "9",
+        "-m", "pipelines.training.hf_text", "--epochs", "9",
     ]  # fmt: skip
-    assert trainer_command("py", ["--epochs", "9"], 1) == ["py", "-m", "open_clip_train.main", "--epochs", "9"]
+    assert trainer_command("py", ["--epochs", "9"], 1) == ["py", "-m", "pipelines.training.hf_text", "--epochs", "9"]
 
 
 def test_a_mixture_is_joined_with_its_upsampling_factors_and_local_dir_skips_pretrained():

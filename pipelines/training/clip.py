@@ -39,7 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,16 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipelines import launch
+from pipelines.training import hf_text
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
+# BMC-LongCLIP (shared/papers/003_9645439f2590c986.txt, section 2 and appendix F, table 4)
+LONGCLIP_VISION = ("ViT-L-14-quickgelu", "dfn2b")  # ViT-L/14 pretrained on DFN-2B (trained with QuickGELU)
+LONGCLIP_TEXT = "thomas-sounack/BioClinical-ModernBERT-base"  # BioClinical ModernBERT, 150M
+LONGCLIP_CONTEXTS = (77, 154, 512)
+LONGCLIP_RECIPE = dict(batch_size=1024, accum_freq=1, gpus=8, lr=5e-4, warmup=1000, epochs=20, beta1=0.9, beta2=0.95,
+                       grad_clip_norm=1.0, precision="fp32", wise_ft_alpha=1.0)  # fmt: skip
+TRAINER_MODULE = "pipelines.training.hf_text"  # open_clip_train.main with ModernBERT enabled
 SHARD_NAME = "panelforge"
 RUN_NAME = "train"  # OpenCLIP's --name: <logs>/train/{out.log,checkpoints/}
 LOCAL_DIR = "local-dir:"
@@ -102,6 +110,12 @@ class ClipTrainConfig:
     python: str | None = None  # the trainer's interpreter; None: this one
     shard_name: str = SHARD_NAME
     extra_args: list[str] = field(default_factory=list)  # passed to open_clip_train.main as they are
+    # a Hugging Face text tower (Hub id or local folder): the model is then assembled from ``model``
+    # + ``pretrained``'s vision tower and this text tower (BMC-LongCLIP, :func:`longclip_config`)
+    text_model: str | None = None
+    context_length: int = 77  # the text tower's tokens (truncated and padded); with text_model only
+    text_pooler: str = "mean_pooler"  # OpenCLIP's hf_pooler_type
+    text_proj: str = "mlp"  # OpenCLIP's hf_proj_type
 
     @classmethod
     def from_dict(cls, data: dict) -> ClipTrainConfig:
@@ -123,6 +137,23 @@ class ClipTrainConfig:
             raise ValueError(f"wise_ft_alpha must be in [0, 1], got {self.wise_ft_alpha}")
         if self.gpus < 0 or self.epochs < 1 or self.batch_size < 1 or self.accum_freq < 1:
             raise ValueError("gpus >= 0, epochs >= 1, batch_size >= 1 and accum_freq >= 1")
+        if self.text_model is not None and self.context_length < 2:
+            raise ValueError(f"context_length must hold at least the two special tokens, got {self.context_length}")
+
+
+def longclip_config(
+    train_data: list[str], run_dir: str, context_length: int = 512, **overrides: Any
+) -> ClipTrainConfig:
+    """BMC-LongCLIP's recipe: DFN-2B ViT-L/14 + BioClinical ModernBERT, 8 GPUs x 1024 = 8192, lr 5e-4
+    with 1,000 warm-up steps, Adam 0.9/0.95, clipping 1.0, fp32, 20 epochs; the paper's context
+    lengths are 77, 154 and 512. ``train_data`` is typically a mixture of the figure-level subset
+    and a ``longcap-<group>`` subset (BMC-LongCLIP+). The new text projection has no base to
+    interpolate with, so WiSE-FT is off (alpha 1) unless ``overrides`` say otherwise."""
+    model, pretrained = LONGCLIP_VISION
+    values: dict[str, Any] = dict(LONGCLIP_RECIPE, model=model, pretrained=pretrained, text_model=LONGCLIP_TEXT)
+    if len(train_data) > 1:
+        values["dataset_resampled"] = True
+    return ClipTrainConfig(train_data=train_data, run_dir=run_dir, context_length=context_length, **values | overrides)
 
 
 @dataclass(frozen=True)
@@ -214,13 +245,14 @@ def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> lis
 
 
 def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
-    """``python -m open_clip_train.main <args>``, under torchrun (one process per GPU) above one GPU.
+    """``python -m open_clip_train.main <args>`` (through :mod:`pipelines.training.hf_text`, which
+    enables ModernBERT), under torchrun (one process per GPU) above one GPU.
     The child inherits this environment: its torchrun sets every rank and rendezvous variable
     for its workers anew, so a launcher's torchrun around this module does not leak into them."""
     if gpus > 1:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                "-m", "open_clip_train.main", *args]  # fmt: skip
-    return [python, "-m", "open_clip_train.main", *args]
+                "-m", TRAINER_MODULE, *args]  # fmt: skip
+    return [python, "-m", TRAINER_MODULE, *args]
 
 
 # ----------------------------------------------------------------------------------- the log
@@ -340,6 +372,7 @@ def base_state(model: str, pretrained: str) -> dict:
     """The base model's weights: a ``local-dir:`` model's own, else ``pretrained`` (tag or file)."""
     import open_clip
 
+    hf_text.enable_hf_text_towers()
     tag = None if model.startswith(LOCAL_DIR) else (pretrained or None)
     return open_clip.create_model(model, pretrained=tag, device="cpu").state_dict()
 
@@ -373,7 +406,45 @@ def export_wise_ft(config: ClipTrainConfig, checkpoint: Path, dest_url: str) -> 
         Path(tmp, EXPORT_CONFIG).write_text(json.dumps(export_config(config.model, config.pretrained), indent=2))
         for name in (EXPORT_WEIGHTS, EXPORT_CONFIG):
             launch.atomic_write(f"{dest_url.rstrip('/')}/{name}", Path(tmp, name).read_bytes())
+    for path in companion_files(config.model):
+        launch.atomic_write(f"{dest_url.rstrip('/')}/{path.name}", path.read_bytes())
     return dest_url
+
+
+def companion_files(model: str) -> list[Path]:
+    """A ``local-dir:`` model's other files (a Hugging Face tokenizer's: OpenCLIP reads it from
+    the model's own folder), which its export needs beside the weights and the config."""
+    if not model.startswith(LOCAL_DIR):
+        return []
+    folder = Path(model.removeprefix(LOCAL_DIR))
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name not in (EXPORT_WEIGHTS, EXPORT_CONFIG))
+
+
+def assemble_model(config: ClipTrainConfig, folder: Path) -> ClipTrainConfig:
+    """For a run with a Hugging Face text tower: the base model (``model`` + ``pretrained``'s
+    vision tower, ``text_model``'s text tower) as a ``local-dir:`` model in ``folder``, and the
+    config that trains it; from then on the run is an ordinary ``local-dir:`` run (trainer,
+    resume, WiSE-FT and export alike). A folder from an earlier launch is kept if it is the same
+    model; a different one (another context length, say) is an error, not a silent mix."""
+    if config.text_model is None:
+        return config
+    source = export_config(config.model, config.pretrained)
+    model_cfg = hf_text.hf_text_model_cfg(
+        source["model_cfg"], config.text_model, config.context_length, config.text_pooler, config.text_proj
+    )
+    if (folder / EXPORT_WEIGHTS).is_file():
+        have = json.loads((folder / EXPORT_CONFIG).read_text())["model_cfg"]
+        if have != model_cfg:
+            raise ValueError(f"{folder} holds another model than this run asks for: {have} != {model_cfg}")
+    else:
+        import open_clip
+
+        hf_text.enable_hf_text_towers()
+        tag = None if config.model.startswith(LOCAL_DIR) else (config.pretrained or None)
+        vision = open_clip.create_model(config.model, pretrained=tag, device="cpu").state_dict()
+        hf_text.assemble(model_cfg, source["preprocess_cfg"], vision, folder, seed=config.seed)
+        launch.log(f"assembled {config.model} ({config.pretrained}) + {config.text_model} in {folder}")
+    return replace(config, model=f"{LOCAL_DIR}{folder}", pretrained="", text_model=None)
 
 
 # ----------------------------------------------------------------------------------- the run
@@ -398,6 +469,7 @@ def run_trainer(command: list[str], runlog: RunLog, on_epoch_start=None) -> int:
 def train(config: ClipTrainConfig) -> dict:
     """Train (or resume), copy checkpoints to the lake, export the WiSE-FT model; the report."""
     config.validate()
+    asked = config
     data = resolve_data(config)
     ckpt_lake = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
     in_lake = is_local(config.run_dir)
@@ -408,6 +480,7 @@ def train(config: ClipTrainConfig) -> dict:
         scratch = config.scratch_dir or tempfile.mkdtemp(prefix="panelforge-clip-")
         logs = Path(scratch)
     ckpt_local = logs / RUN_NAME / "checkpoints"
+    config = assemble_model(config, logs / "base-model")
     fetched = None if in_lake or not config.resume else restore_checkpoint(ckpt_local, ckpt_lake)
     if fetched is not None:
         launch.log(f"fetched the epoch {fetched} checkpoint from {ckpt_lake}")
@@ -434,8 +507,10 @@ def train(config: ClipTrainConfig) -> dict:
     final_epoch, final = found[-1]
     model_dir = export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
     report = {
-        "model": config.model,
-        "pretrained": config.pretrained,
+        "model": asked.model,
+        "pretrained": asked.pretrained,
+        "text_model": asked.text_model,
+        "context_length": asked.context_length if asked.text_model else None,
         "epochs": final_epoch,
         "samples_per_epoch": data.samples,
         "train_data": "::".join(data.patterns),
