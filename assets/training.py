@@ -7,12 +7,15 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_shards
 from pipelines.panels.stages import GPU_POOL
 from pipelines.release.webdataset import dataset_dir
-from pipelines.training.clip import RECIPE_EPOCHS, ClipTrainConfig
+from pipelines.training.clip import LONGCLIP_CONTEXTS, RECIPE_EPOCHS, ClipTrainConfig, longclip_config
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 
 CLIP_MODULE = "pipelines.training.clip"
 _BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
+LONGCLIP = "bmc-longclip"
+LONGCLIP_SUBSETS = ["commercial", "longcap-commercial"]  # figure-level + long-caption (BMC-LongCLIP+)
+TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device")
 
 
 class ClipTrainingSettings(Config):
@@ -20,7 +23,11 @@ class ClipTrainingSettings(Config):
     subsets of the release (``commercial``, ``concept-filtered-commercial``, ...); more than one
     is a mixture, weighted by ``upsampling_factors`` when given. ``recipe`` picks the epochs
     (full 9, concept-balanced 27, concept-filtered 36) unless ``epochs`` is set. ``pretrained``: an
-    OpenCLIP tag or a weights file; ``model`` may be ``hf-hub:`` or ``local-dir:``."""
+    OpenCLIP tag or a weights file; ``model`` may be ``hf-hub:`` or ``local-dir:``.
+
+    ``recipe: bmc-longclip`` is BMC-LongCLIP instead (``longclip_config``: DFN-2B ViT-L/14 +
+    BioClinical ModernBERT, ``context_length`` 77 / 154 / 512, on ``commercial`` + ``longcap-commercial``):
+    every setting left at its default here takes that recipe's value; one you change is kept."""
 
     subsets: list[str] = ["commercial"]
     upsampling_factors: list[float] = []
@@ -38,20 +45,54 @@ class ClipTrainingSettings(Config):
     log_every_n_steps: int = _BIOMEDICA.log_every_n_steps
     wise_ft_alpha: float = _BIOMEDICA.wise_ft_alpha
     seed: int = 0
+    text_model: str = ""  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
+    context_length: int = 512  # with a Hugging Face text tower only
 
 
 def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
     """The launched job's config (the launcher adds run_dir, checkpoint_dir and gpus)."""
+    if config.recipe == LONGCLIP:
+        return longclip_job(config, subset_dirs)
     if config.recipe not in RECIPE_EPOCHS:
-        raise Failure(f"recipe must be one of {sorted(RECIPE_EPOCHS)}, got {config.recipe!r}", allow_retries=False)
+        known = sorted([*RECIPE_EPOCHS, LONGCLIP])
+        raise Failure(f"recipe must be one of {known}, got {config.recipe!r}", allow_retries=False)
     factors = list(config.upsampling_factors) or None
-    return {
+    job = {
         "train_data": subset_dirs,
         "upsampling_factors": factors,
         "dataset_resampled": factors is not None,
         "epochs": config.epochs or RECIPE_EPOCHS[config.recipe],
-        **{k: getattr(config, k) for k in ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup")},
-        **{k: getattr(config, k) for k in ("precision", "workers", "device", "log_every_n_steps", "wise_ft_alpha")},
+        **{k: getattr(config, k) for k in TRAINED_KEYS},
+        **{k: getattr(config, k) for k in ("log_every_n_steps", "wise_ft_alpha")},
+        "seed": config.seed,
+    }
+    if config.text_model:
+        job.update(text_model=config.text_model, context_length=config.context_length)
+    return job
+
+
+def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
+    """BMC-LongCLIP's job: the recipe's values, then every setting changed from its default."""
+    if config.context_length not in LONGCLIP_CONTEXTS:
+        raise Failure(
+            f"bmc-longclip's context_length is one of {LONGCLIP_CONTEXTS}, got {config.context_length}",
+            allow_retries=False,
+        )
+    defaults = ClipTrainingSettings()
+    changed = {
+        k: getattr(config, k) for k in (*TRAINED_KEYS, "wise_ft_alpha") if getattr(config, k) != getattr(defaults, k)
+    }
+    if config.epochs:
+        changed["epochs"] = config.epochs
+    if config.text_model:
+        changed["text_model"] = config.text_model
+    factors = list(config.upsampling_factors) or None
+    recipe = longclip_config(subset_dirs, "-", config.context_length, upsampling_factors=factors, **changed)
+    keys = ("train_data", "upsampling_factors", "dataset_resampled", "epochs", *TRAINED_KEYS, "wise_ft_alpha",
+            "text_model", "context_length")  # fmt: skip
+    return {
+        **{k: getattr(recipe, k) for k in keys},
+        "log_every_n_steps": config.log_every_n_steps,
         "seed": config.seed,
     }
 
@@ -74,7 +115,10 @@ def clip_continual_pretraining(
 ) -> MaterializeResult:
     lk = lake.lake()
     release = context.partition_key
-    dirs = [dataset_dir(lk, release, subset) for subset in config.subsets]
+    subsets = config.subsets
+    if config.recipe == LONGCLIP and subsets == ClipTrainingSettings().subsets:
+        subsets = LONGCLIP_SUBSETS
+    dirs = [dataset_dir(lk, release, subset) for subset in subsets]
     missing = [d for d in dirs if not lk.fs.exists(f"{d}/sizes.json")]
     if missing:
         raise Failure(

@@ -246,3 +246,42 @@ def test_longclip_trains_on_the_mixture_exports_and_resumes(towers, tmp_path):
     assert tokens.shape == (1, 512)
     assert torch.isfinite(reloaded.encode_text(tokens)).all()
     assert fsspec.filesystem("file").exists(str(run_dir / "model" / "tokenizer.json"))
+
+
+# ------------------------------------------------------------------------------- the asset's recipe
+
+
+def test_the_clip_asset_selects_bmc_longclip_as_a_recipe():
+    from dagster import Failure
+
+    from assets.training import ClipTrainingSettings, clip_job
+
+    dirs = ["/lake/dataset/r1/commercial", "/lake/dataset/r1/longcap-commercial"]
+    job = clip_job(ClipTrainingSettings(recipe="bmc-longclip", context_length=154), dirs)
+    assert job == {
+        "train_data": dirs,
+        "upsampling_factors": None,
+        "dataset_resampled": True,
+        "epochs": 20,
+        "model": "ViT-L-14-quickgelu",
+        "pretrained": "dfn2b",
+        "batch_size": 1024,
+        "accum_freq": 1,
+        "lr": 5e-4,
+        "warmup": 1000,
+        "precision": "fp32",
+        "workers": 8,
+        "device": "cuda",
+        "wise_ft_alpha": 1.0,
+        "text_model": "thomas-sounack/BioClinical-ModernBERT-base",
+        "context_length": 154,
+        "log_every_n_steps": 50,
+        "seed": 0,
+    }
+    ClipTrainConfig.from_dict({**job, "run_dir": "/lake/runs/x"}).validate()  # the launched module accepts it
+    # a setting changed from its default is kept; the BIOMEDICA recipe has no text tower
+    changed = clip_job(ClipTrainingSettings(recipe="bmc-longclip", lr=1e-4, epochs=3), dirs)
+    assert (changed["lr"], changed["epochs"], changed["context_length"]) == (1e-4, 3, 512)
+    assert "text_model" not in clip_job(ClipTrainingSettings(), dirs[:1])
+    with pytest.raises(Failure, match="context_length"):
+        clip_job(ClipTrainingSettings(recipe="bmc-longclip", context_length=100), dirs)
