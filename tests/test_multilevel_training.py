@@ -19,6 +19,7 @@ from pipelines.training.multilevel import (
     clip_loss,
     cross_level_loss,
     curriculum_weights,
+    decode,
     levels_at,
     negative_sigmoid_loss,
     negative_softmax_loss,
@@ -158,6 +159,18 @@ def test_region_text_is_one_of_the_two_descriptions():
     assert picks == {"bright round nuclei", "arrows mark the nuclei"}
     no_description = {"txt": b"the clause", "json": json.dumps({"description": ""}).encode()}
     assert region_text(no_description, 1.0, random.Random(0)) == "the clause"
+
+
+def test_decode_refuses_a_sample_without_image_or_text_and_caps_negatives(tmp_path):
+    config = MultilevelConfig(run_dir=str(tmp_path), max_negatives=1)
+    jpg = IMAGES[0].read_bytes()
+    with pytest.raises(ValueError, match="no image"):
+        decode({"__key__": "k", "txt": b"a cell"}, "figure", lambda im: im, config, random.Random(0))
+    with pytest.raises(ValueError, match="empty text"):
+        decode({"__key__": "k", "jpg": jpg, "txt": b"  "}, "figure", lambda im: im, config, random.Random(0))
+    region = {"__key__": "k_p000_r00", "jpg": jpg, "txt": b"the clause", "json": b"{}", "neg.txt": b"one\ntwo\n"}
+    got = decode(region, "region", lambda im: im.size, config, random.Random(0))
+    assert got.text == "the clause" and got.negatives == ["one"] and got.image[0] > 0
 
 
 # ----------------------------------------------------------------------------------- training

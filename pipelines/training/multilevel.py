@@ -452,7 +452,7 @@ class Trainer:
 
         self.config = config
         torch.manual_seed(config.seed)
-        self.device = torch.device(config.device if config.device != "cuda" or torch.cuda.is_available() else "cpu")
+        self.device = torch.device(config.device)  # no silent CPU fallback on a GPU job
         tag = None if config.model.startswith(clip.LOCAL_DIR) else (config.pretrained or None)
         self.model, self.preprocess, _ = open_clip.create_model_and_transforms(config.model, pretrained=tag)
         self.model.to(self.device)
