@@ -1,17 +1,21 @@
 """Training assets: models trained on the release, each launched as an external GPU job through
 the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
 
+import json
+
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
 from assets.partitions import releases_partitions
-from assets.release import webdataset_shards
+from assets.release import webdataset_pairs, webdataset_shards
 from pipelines.panels.stages import GPU_POOL
 from pipelines.release.webdataset import dataset_dir
 from pipelines.training.clip import LONGCLIP_CONTEXTS, RECIPE_EPOCHS, ClipTrainConfig, longclip_config
+from pipelines.training.multilevel import PRESETS, MultilevelConfig
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 
 CLIP_MODULE = "pipelines.training.clip"
+MULTILEVEL_MODULE = "pipelines.training.multilevel"
 _BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
 LONGCLIP = "bmc-longclip"
 LONGCLIP_SUBSETS = ["commercial", "longcap-commercial"]  # figure-level + long-caption (BMC-LongCLIP+)
@@ -127,4 +131,77 @@ def clip_continual_pretraining(
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     job = clip_job(config, [url(d) for d in dirs])
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    return result.get_materialize_result()
+
+
+class MultilevelTrainingSettings(Config):
+    """Zoom-in (Panel2Patch) or region-aware (RegionMed-CLIP) training
+    (``pipelines/training/multilevel.py``) on one license group's figure, panel and region subsets.
+    A field left unset keeps the preset's value; ``overrides``: a JSON object of any other
+    ``MultilevelConfig`` field (schedule, loss_weights, curriculum, negative_loss, ...)."""
+
+    preset: str = "zoom-in"
+    license_group: str = "commercial"
+    model: str = "ViT-L-14"
+    pretrained: str = ""
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    unfreeze_last_blocks: int | None = None
+    device: str | None = None
+    precision: str | None = None
+    checkpoint_every: int | None = None
+    log_every: int | None = None
+    wise_ft_alpha: float | None = None
+    seed: int = 0
+    overrides: str = ""
+
+
+def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, str]) -> dict:
+    """The launched job's config (the launcher adds run_dir, checkpoint_dir and gpus); checked
+    here so a typo fails the asset at once instead of on a GPU machine."""
+    if config.preset not in PRESETS:
+        raise Failure(f"preset must be one of {sorted(PRESETS)}, got {config.preset!r}", allow_retries=False)
+    job = {"preset": config.preset, "model": config.model, "pretrained": config.pretrained, "seed": config.seed}
+    job |= {f"{level}_data": [d] for level, d in subset_dirs.items()}
+    optional = ("steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device", "precision")
+    job |= {k: getattr(config, k) for k in (*optional, "checkpoint_every", "log_every", "wise_ft_alpha")
+            if getattr(config, k) is not None}  # fmt: skip
+    try:
+        job |= json.loads(config.overrides) if config.overrides else {}
+        MultilevelConfig.from_dict({**job, "run_dir": "-"}).validate()
+    except (ValueError, TypeError) as exc:
+        raise Failure(f"multi-level training config: {exc}", allow_retries=False) from exc
+    return job
+
+
+@asset(
+    partitions_def=releases_partitions,
+    deps=[webdataset_shards, webdataset_pairs],
+    group_name="training",
+    kinds={"pytorch"},
+    pool=GPU_POOL,
+    description="OpenCLIP trained on the release's figure, panel and region pairs, as a launched GPU job: "
+    "Panel2Patch's zoom-in recipe (M -> P -> R schedule, cross-level losses, last vision blocks unfrozen) "
+    "or RegionMed-CLIP's region-aware one (hard negatives from neg.txt, global -> region curriculum).",
+)
+def multilevel_training(
+    context: AssetExecutionContext,
+    config: MultilevelTrainingSettings,
+    lake: LakeResource,
+    launcher: JobLauncherResource,
+) -> MaterializeResult:
+    lk = lake.lake()
+    release, group = context.partition_key, config.license_group
+    names = {"figure": group, "panel": f"panel-{group}", "region": f"region-{group}"}
+    dirs = {level: dataset_dir(lk, release, name) for level, name in names.items()}
+    missing = [d for d in dirs.values() if not lk.fs.exists(f"{d}/sizes.json")]
+    if missing:
+        raise Failure(
+            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
+        )
+    url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
+    result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))
     return result.get_materialize_result()

@@ -26,7 +26,13 @@ from dagster import (
 STARTED_BY_THE_SENSOR = "pmc_inventory"
 UPLOAD = "hf_upload"
 # GPU training is a decision (weeks of GPU time, a new model version): started by a person
-STARTED_BY_A_PERSON = {"panel_training_set", "panel_detector", "clip_continual_pretraining", "clip_evaluation"}
+STARTED_BY_A_PERSON = {
+    "panel_training_set",
+    "panel_detector",
+    "clip_continual_pretraining",
+    "clip_evaluation",
+    "multilevel_training",
+}
 AUTOMATION_SENSOR = "panelforge_automation"
 
 

@@ -32,7 +32,7 @@ from assets.release import (
     webdataset_pairs,
     webdataset_shards,
 )
-from assets.training import clip_continual_pretraining
+from assets.training import clip_continual_pretraining, multilevel_training
 from jobs.automation import automation_sensor, with_automation
 from jobs.refresh import (
     pmc_download_job,
@@ -72,6 +72,7 @@ ASSETS = [
     long_captions,
     clip_evaluation,
     clip_continual_pretraining,
+    multilevel_training,
 ]
 
 

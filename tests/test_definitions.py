@@ -51,6 +51,7 @@ def test_every_job_schedule_and_sensor_resolves():
         "long_captions",
         "clip_evaluation",
         "clip_continual_pretraining",
+        "multilevel_training",
     }
 
 

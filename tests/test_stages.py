@@ -68,7 +68,7 @@ def test_every_asset_is_a_stage_of_its_level():
     by_name = {getattr(s, "name", None): s for s in STAGES}
     webdataset = {"webdataset_shards", "webdataset_concept_filtered", "webdataset_concept_balanced"}
     # training and evaluation jobs run by the launcher, not stages in this process
-    launched = {"panel_detector", "clip_continual_pretraining", "clip_evaluation"}
+    launched = {"panel_detector", "clip_continual_pretraining", "clip_evaluation", "multilevel_training"}
     for asset in ASSETS:
         name = asset.key.path[-1]
         if name in launched:

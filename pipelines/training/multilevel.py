@@ -1,0 +1,711 @@
+"""Multi-level CLIP training on the release's figure, panel and region subsets, as a launched job.
+
+    python -m pipelines.training.multilevel --config config.json
+
+One trainer, two recipes (``preset`` in the config; every knob is a :class:`MultilevelConfig` field):
+
+* ``zoom-in`` — Panel2Patch (``shared/papers/000_1cf676911784e115.txt``). Key design 3: intra-level
+  CLIP losses at each level and cross-level message passing, where the children's embeddings are
+  average-pooled into a summary and aligned with their parent's by a CLIP loss, for images and
+  for texts separately: L_inter^{M<->P} = L_CLIP({v^M_i}, {mean_j v^P_ij}) + L_CLIP({t^M_i},
+  {mean_j t^P_ij}), and the same for panel <-> region. Key design 4: each step activates one
+  granularity in a rotating M -> P -> R cycle (:func:`levels_at`). "Loss & Training": one of the
+  region's two texts is sampled (the caption clause ``.txt`` or the VLM ``description``), the
+  text tower and the early vision blocks are frozen and the last 5 vision blocks are trained,
+  AdamW (wd 0.05, betas 0.9/0.95), cosine lr 1e-5 with 1,000 warm-up steps.
+* ``region-aware`` — RegionMed-CLIP (``shared/papers/002_027be0657a295389.txt``): global and ROI
+  alignment in every step, plus hard-negative mining with each region's ``neg.txt`` ("ROI
+  Processor: Region Alignment and Hard Negative Mining", eqs. 4-6), and the progressive
+  global -> region curriculum ("Progressive Multi-Stage Training"; stages of 2+8 / 8 / 8 epochs
+  in "Implementation") as a schedule of loss weights (:func:`curriculum_weights`). The
+  equations themselves are lost in our copy of the paper; the text keeps "sigma is the sigmoid
+  function and tau a temperature" and "the loss penalizes high similarity between positive and
+  negative pairs", so the default negative loss is the logistic pairwise form
+  -log sigma((s(r, t+) - s(r, t-)) / tau) (:func:`negative_sigmoid_loss`); the NegCLIP form, the
+  negatives as extra logits in the region's softmax (:func:`negative_softmax_loss`), is the
+  other choice. The paper's ROI processor (attention over ROI features) is not reproduced: the
+  ROI crops go through the same image tower.
+
+Data: each level reads its WebDataset subset(s) with ``webdataset`` (a release folder with
+``sizes.json``, or a brace pattern of tars). The cross-level terms need a parent's children in
+the same step; the subsets are shuffled independently, so a second reader per child level
+fills a bounded buffer keyed by parent key (keys extend the figure key: ``<fig>_p003``,
+``<fig>_p003_r01``), and a step pairs its parents with the children found there. Memory is
+bounded by ``batch_size`` + ``link_buffer`` raw samples.
+
+Checkpoints go to the lake every ``checkpoint_every`` steps through ``pipelines.launch``
+(``ckpt-<steps done>.pt``: weights, optimizer, lr schedule and how many samples each reader
+consumed), so a preempted run resumes at the saved step and data position. The final weights
+are exported to ``<run_dir>/model`` with :func:`pipelines.training.clip.export_wise_ft`.
+Single process: multi-GPU (DDP) is not implemented; under the launcher's torchrun rank 0 trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import random
+import re
+import tempfile
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import torch
+from torch.nn import functional
+
+from pipelines import launch
+from pipelines.training import clip
+
+FIGURE, PANEL, REGION = "figure", "panel", "region"
+LEVELS = (FIGURE, PANEL, REGION)
+FIGURE_PANEL, PANEL_REGION, NEGATIVE = "figure_panel", "panel_region", "negative"
+WEIGHT_KEYS = (FIGURE, PANEL, REGION, FIGURE_PANEL, PANEL_REGION, NEGATIVE)
+CHILD = {FIGURE: (PANEL, FIGURE_PANEL), PANEL: (REGION, PANEL_REGION)}  # parent level -> (child level, term)
+PARENT_SUFFIX = {PANEL: re.compile(r"^(.+)_p\d{3}$"), REGION: re.compile(r"^(.+_p\d{3})_r\d{2}$")}
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "zoom-in": {  # Panel2Patch, "Loss & Training"
+        "schedule": [[FIGURE], [PANEL], [REGION]],
+        "loss_weights": {FIGURE: 1.0, PANEL: 1.0, REGION: 1.0, FIGURE_PANEL: 1.0, PANEL_REGION: 1.0, NEGATIVE: 0.0},
+        "unfreeze_last_blocks": 5,
+        "freeze_text": True,
+        "lr": 1e-5,
+        "warmup": 1000,
+        "wd": 0.05,
+        "region_description_prob": 0.5,
+    },
+    "region-aware": {  # RegionMed-CLIP, "Progressive Multi-Stage Training" and "Implementation"
+        "schedule": [[FIGURE, REGION]],
+        "loss_weights": {FIGURE: 1.0, PANEL: 0.0, REGION: 1.0, FIGURE_PANEL: 0.0, PANEL_REGION: 0.0, NEGATIVE: 1.0},
+        # warm-up + global alignment (2 + 8 of 26 epochs), then region refinement and joint
+        # fine-tuning (16 of 26) with the region and negative terms ramped in over a tenth of the run
+        "curriculum": [
+            {"fraction": 10 / 26, "weights": {REGION: 0.0, NEGATIVE: 0.0}},
+            {"fraction": 16 / 26, "weights": {}, "ramp_fraction": 0.1},
+        ],
+        "unfreeze_last_blocks": None,
+        "freeze_text": False,
+        "temperature_init": 0.07,
+        "negative_temperature": 0.07,
+        "wd": 0.02,
+        "grad_clip_norm": 0.5,
+        "region_description_prob": 0.0,
+    },
+}
+
+
+@dataclass
+class MultilevelConfig:
+    """One multi-level run. ``*_data``: WebDataset subsets (release folders or tar brace patterns);
+    a level no schedule slot names may stay empty."""
+
+    run_dir: str
+    preset: str | None = None  # "zoom-in" or "region-aware": defaults under the given fields
+    figure_data: list[str] = field(default_factory=list)
+    panel_data: list[str] = field(default_factory=list)
+    region_data: list[str] = field(default_factory=list)
+    model: str = "ViT-L-14"  # an OpenCLIP name, hf-hub:org/repo or local-dir:/path
+    pretrained: str = ""  # a tag or weights file (Panel2Patch starts from BMC-CLIP); ignored for local-dir:
+    steps: int = 10000
+    batch_size: int = 256
+    schedule: list[list[str]] = field(default_factory=lambda: [[FIGURE], [PANEL], [REGION]])
+    schedule_every: int = 1  # steps per schedule slot (steps per epoch: one level per epoch)
+    loss_weights: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in WEIGHT_KEYS})
+    curriculum: list[dict] = field(default_factory=list)  # [{"steps"|"fraction", "weights", "ramp_steps"|...}]
+    region_description_prob: float = 0.5  # chance a region's text is its VLM description (when it has one)
+    negative_loss: str = "sigmoid"  # "sigmoid" (pairwise logistic) or "softmax" (extra logits)
+    negative_temperature: float = 0.07
+    max_negatives: int = 5  # hard negatives per region (neg.txt lines)
+    link_buffer: int = 4096  # child samples held while waiting for their parent
+    link_pull: int | None = None  # child samples read per cross-level step; None: batch_size
+    max_children: int | None = None  # children encoded per cross-level term; None: batch_size
+    unfreeze_last_blocks: int | None = 5  # None: the whole vision tower trains
+    freeze_text: bool = True
+    train_logit_scale: bool = False
+    temperature_init: float | None = None  # None: the model's own logit scale
+    lr: float = 1e-5
+    warmup: int = 1000
+    wd: float = 0.05
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip_norm: float | None = 1.0
+    precision: str = "fp32"  # or "bf16" (autocast on CUDA)
+    device: str = "cuda"
+    seed: int = 0
+    checkpoint_every: int = 500
+    keep_last_checkpoint_only: bool = True
+    log_every: int = 50
+    resume: bool = True
+    wise_ft_alpha: float = 1.0  # the export: 1 keeps the trained weights, < 1 interpolates with the base
+    checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
+    gpus: int = 1
+    shard_name: str = clip.SHARD_NAME
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MultilevelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown multi-level training config keys: {unknown}")
+        preset = data.get("preset")
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+        merged = {**PRESETS.get(preset, {}), **data}
+        merged["schedule"] = [[slot] if isinstance(slot, str) else list(slot) for slot in merged.get("schedule", [])]
+        config = cls(**merged)
+        config.loss_weights = {**{k: 0.0 for k in WEIGHT_KEYS}, **config.loss_weights}
+        return config
+
+    def data_of(self, level: str) -> list[str]:
+        return {FIGURE: self.figure_data, PANEL: self.panel_data, REGION: self.region_data}[level]
+
+    def validate(self) -> None:
+        if not self.schedule or any(not slot for slot in self.schedule):
+            raise ValueError("schedule needs at least one slot, each naming at least one level")
+        for level in {lv for slot in self.schedule for lv in slot}:
+            if level not in LEVELS:
+                raise ValueError(f"unknown level {level!r} in schedule; known: {LEVELS}")
+            if not self.data_of(level):
+                raise ValueError(f"the schedule trains {level} but {level}_data names no subset")
+        bad = sorted(set(self.loss_weights) - set(WEIGHT_KEYS))
+        if bad:
+            raise ValueError(f"unknown loss weights {bad}; known: {WEIGHT_KEYS}")
+        for stage in self.curriculum:
+            if ("steps" in stage) == ("fraction" in stage):
+                raise ValueError(f"a curriculum stage needs exactly one of steps or fraction: {stage}")
+        if self.negative_loss not in ("sigmoid", "softmax"):
+            raise ValueError(f"negative_loss must be sigmoid or softmax, got {self.negative_loss!r}")
+        if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:
+            raise ValueError("region_description_prob and wise_ft_alpha must be in [0, 1]")
+        if self.steps < 1 or self.batch_size < 1 or self.schedule_every < 1 or self.checkpoint_every < 1:
+            raise ValueError("steps, batch_size, schedule_every and checkpoint_every must be at least 1")
+
+
+# ----------------------------------------------------------------------------------- schedules
+
+
+def levels_at(step: int, schedule: list[list[str]], every: int = 1) -> list[str]:
+    """The levels step ``step`` (0-based) trains: slot ``(step // every) mod len(schedule)``."""
+    return list(schedule[(step // every) % len(schedule)])
+
+
+def _stage_lengths(curriculum: list[dict], steps: int) -> list[tuple[int, int]]:
+    """(length, ramp) in steps for each stage; fractions are of the run's ``steps``."""
+    out = []
+    for stage in curriculum:
+        length = int(stage["steps"]) if "steps" in stage else round(stage["fraction"] * steps)
+        ramp = int(stage.get("ramp_steps", round(stage.get("ramp_fraction", 0.0) * steps)))
+        out.append((length, ramp))
+    return out
+
+
+def curriculum_weights(step: int, base: dict[str, float], curriculum: list[dict], steps: int) -> dict[str, float]:
+    """The loss weights at ``step``: ``base`` overridden by the stage the step falls in; a stage
+    with a ramp moves linearly from the previous stage's weights to its own, reaching them at its
+    ``ramp``-th step. Past the last stage its weights hold (progressive global -> region)."""
+    weights = {k: float(base.get(k, 0.0)) for k in WEIGHT_KEYS}
+    if not curriculum:
+        return weights
+    previous, start = weights, 0
+    for (length, ramp), stage in zip(_stage_lengths(curriculum, steps), curriculum, strict=True):
+        own = {**weights, **{k: float(v) for k, v in stage.get("weights", {}).items()}}
+        if step < start + length or stage is curriculum[-1]:
+            t = 1.0 if ramp <= 0 else min(1.0, (step - start + 1) / ramp)
+            return {k: previous[k] + (own[k] - previous[k]) * t for k in WEIGHT_KEYS}
+        previous, start = own, start + length
+    return previous
+
+
+# ----------------------------------------------------------------------------------- losses
+
+
+def clip_loss(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Symmetric InfoNCE between row-aligned, L2-normalized ``a`` and ``b`` (CLIP's loss)."""
+    logits = scale * a @ b.T
+    target = torch.arange(a.shape[0], device=a.device)
+    return (functional.cross_entropy(logits, target) + functional.cross_entropy(logits.T, target)) / 2
+
+
+def pooled_children(children: torch.Tensor, groups: list[int], parents: int) -> torch.Tensor:
+    """Average pooling of each parent's child embeddings (Panel2Patch's v-bar), re-normalized so
+    the CLIP loss compares cosines; ``groups[k]`` is the parent index of child ``k``."""
+    index = torch.tensor(groups, device=children.device)
+    sums = torch.zeros(parents, children.shape[1], device=children.device, dtype=children.dtype)
+    sums = sums.index_add(0, index, children)
+    return functional.normalize(sums, dim=-1)
+
+
+def cross_level_loss(
+    parent_img: torch.Tensor,
+    parent_txt: torch.Tensor,
+    child_img: torch.Tensor,
+    child_txt: torch.Tensor,
+    groups: list[int],
+    scale: torch.Tensor | float,
+) -> torch.Tensor:
+    """Panel2Patch's L_inter = L_CLIP({v_parent}, {mean v_child}) + L_CLIP({t_parent}, {mean t_child})
+    over the parents that have at least one child in ``groups`` (key design 3)."""
+    present = sorted(set(groups))
+    remap = {p: i for i, p in enumerate(present)}
+    local = [remap[g] for g in groups]
+    keep = torch.tensor(present, device=parent_img.device)
+    v_bar = pooled_children(child_img, local, len(present))
+    t_bar = pooled_children(child_txt, local, len(present))
+    return clip_loss(parent_img[keep], v_bar, scale) + clip_loss(parent_txt[keep], t_bar, scale)
+
+
+def negative_sigmoid_loss(
+    img: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, mask: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """Mean over (region, hard negative) of -log sigmoid((s(r, t+) - s(r, t-)) / tau): a soft
+    margin that grows as a negative's similarity nears or passes the positive's. ``neg`` is
+    (regions, K, d), ``mask`` (regions, K) marks real negatives; no negative at all gives 0."""
+    if not bool(mask.any()):
+        return img.sum() * 0.0
+    s_pos = (img * pos).sum(-1, keepdim=True)  # (R, 1)
+    s_neg = torch.einsum("rd,rkd->rk", img, neg)
+    terms = -functional.logsigmoid((s_pos - s_neg) / tau)
+    return terms[mask].mean()
+
+
+def negative_softmax_loss(
+    img: torch.Tensor, txt: torch.Tensor, neg: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | float
+) -> torch.Tensor:
+    """Image -> text InfoNCE of the regions whose softmax also holds their own hard negatives as
+    extra logits (NegCLIP): row r is [s(r, t_1..t_B), s(r, neg_r1..neg_rK)], target r."""
+    in_batch = scale * img @ txt.T
+    extra = (scale * torch.einsum("rd,rkd->rk", img, neg)).masked_fill(~mask, float("-inf"))
+    target = torch.arange(img.shape[0], device=img.device)
+    return functional.cross_entropy(torch.cat([in_batch, extra], dim=1), target)
+
+
+# ----------------------------------------------------------------------------------- the data
+
+
+def parent_key(key: str, level: str) -> str | None:
+    """A panel's figure key or a region's panel key, from the release's key suffixes."""
+    pattern = PARENT_SUFFIX.get(level)
+    match = pattern.match(key) if pattern else None
+    return match.group(1) if match else None
+
+
+def shard_pattern(source: str, shard_name: str) -> str:
+    """A brace pattern of tars as given; a release folder through its ``sizes.json`` (a remote
+    one streamed by ``pipe:``, as the CLIP trainer does)."""
+    if re.search(r"\.tar(\}|$)", source):
+        return source
+    return clip.subset_data(source, shard_name)[0]
+
+
+class LevelReader:
+    """An endless reader of one level's subsets (pass after pass, in shard order) that counts
+    what it hands out, so a resumed run skips exactly that many samples."""
+
+    def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0):
+        import webdataset as wds
+
+        self.level, self.consumed = level, 0
+        self.patterns = [shard_pattern(s, shard_name) for s in sources]
+        self._wds = wds
+        self._it = self._samples()
+        for _ in range(skip):
+            next(self._it)
+        self.consumed = skip
+
+    def _samples(self) -> Iterator[dict]:
+        while True:
+            seen = 0
+            for pattern in self.patterns:
+                dataset = self._wds.WebDataset(pattern, shardshuffle=False)
+                for sample in dataset:
+                    seen += 1
+                    yield sample
+            if seen == 0:
+                raise ValueError(f"the {self.level} subsets {self.patterns} hold no sample")
+
+    def next(self) -> dict:
+        self.consumed += 1
+        return next(self._it)
+
+    def take(self, n: int) -> list[dict]:
+        return [self.next() for _ in range(n)]
+
+
+class ChildBuffer:
+    """Children waiting for their parent, keyed by parent key; the oldest go first when full."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.items: OrderedDict[str, tuple[str, dict]] = OrderedDict()  # child key -> (parent key, sample)
+        self.evicted = 0
+
+    def add(self, parent: str, key: str, sample: dict) -> None:
+        self.items[key] = (parent, sample)
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+            self.evicted += 1
+
+    def take(self, parents: list[str], limit: int) -> list[tuple[int, dict]]:
+        """Up to ``limit`` children of ``parents`` as (parent index, sample), removed from the buffer;
+        taken round-robin (each parent's first child, then each one's second, ...), so a capped
+        step still pairs as many parents as it can: one parent alone gives a 1x1 softmax, no signal."""
+        index = {p: i for i, p in enumerate(parents)}
+        by_parent: dict[int, list[str]] = {}
+        for key, (parent, _) in self.items.items():
+            if parent in index:
+                by_parent.setdefault(index[parent], []).append(key)
+        order = sorted(
+            ((rank, i, key) for i, keys in by_parent.items() for rank, key in enumerate(keys)), key=lambda t: t[:2]
+        )
+        return [(i, self.items.pop(key)[1]) for _, i, key in order[:limit]]
+
+
+@dataclass
+class Decoded:
+    key: str
+    image: Any  # a preprocessed tensor
+    text: str
+    negatives: list[str] = field(default_factory=list)
+
+
+def _text(sample: dict, ext: str) -> str:
+    value = sample.get(ext)
+    return value.decode("utf-8") if isinstance(value, bytes) else (value or "")
+
+
+def region_text(sample: dict, prob: float, rng: random.Random) -> str:
+    """One of a region's two texts (Panel2Patch, "Loss & Training"): its VLM description with
+    probability ``prob`` when it has one, else its caption clause."""
+    meta = json.loads(_text(sample, "json") or "{}")
+    description = (meta.get("description") or "").strip()
+    if description and rng.random() < prob:
+        return description
+    return _text(sample, "txt").strip()
+
+
+def decode(sample: dict, level: str, preprocess, config: MultilevelConfig, rng: random.Random) -> Decoded:
+    """The sample's image (preprocessed) and text; raises ValueError for an unusable sample."""
+    from PIL import Image
+
+    ext = next((e for e in IMAGE_EXTS if e in sample), None)
+    if ext is None:
+        raise ValueError("no image member")
+    image = Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    text = region_text(sample, config.region_description_prob, rng) if level == REGION else _text(sample, "txt")
+    if not text.strip():
+        raise ValueError("empty text")
+    negatives = [n.strip() for n in _text(sample, "neg.txt").splitlines() if n.strip()][: config.max_negatives]
+    return Decoded(sample["__key__"], preprocess(image), text.strip(), negatives)
+
+
+# ----------------------------------------------------------------------------------- the model
+
+
+def set_trainable(model: torch.nn.Module, config: MultilevelConfig) -> dict[str, int]:
+    """Freeze what the recipe keeps fixed: the text tower (``freeze_text``) and every vision block
+    but the last ``unfreeze_last_blocks`` (the head after them trains, the embeddings do not)."""
+    for name, param in model.named_parameters():
+        if name == "logit_scale":
+            param.requires_grad = config.train_logit_scale
+        elif not name.startswith("visual."):
+            param.requires_grad = not config.freeze_text
+    if config.unfreeze_last_blocks is not None:
+        blocks = getattr(getattr(model.visual, "transformer", None), "resblocks", None)
+        if blocks is None:
+            raise ValueError(f"{config.model}: unfreeze_last_blocks needs an OpenCLIP ViT (visual.transformer)")
+        first = len(blocks) - config.unfreeze_last_blocks
+        block = re.compile(r"^visual\.transformer\.resblocks\.(\d+)\.")
+        for name, param in model.visual.named_parameters(prefix="visual"):
+            m = block.match(name)
+            if m:
+                param.requires_grad = int(m.group(1)) >= first
+            else:  # the stem before the blocks stays frozen, the head after them trains
+                param.requires_grad = not name.startswith(
+                    ("visual.conv1", "visual.class_embedding", "visual.positional_embedding", "visual.ln_pre")
+                )
+    counts = {"trainable": 0, "frozen": 0}
+    for param in model.parameters():
+        counts["trainable" if param.requires_grad else "frozen"] += param.numel()
+    return counts
+
+
+def lr_factor(step: int, warmup: int, steps: int) -> float:
+    """Linear warm-up then cosine decay to 0 (Panel2Patch's schedule)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+# ----------------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    def __init__(self, config: MultilevelConfig):
+        import open_clip
+
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.device = torch.device(config.device)  # no silent CPU fallback on a GPU job
+        tag = None if config.model.startswith(clip.LOCAL_DIR) else (config.pretrained or None)
+        self.model, self.preprocess, _ = open_clip.create_model_and_transforms(config.model, pretrained=tag)
+        self.model.to(self.device)
+        if config.temperature_init is not None:
+            with torch.no_grad():
+                self.model.logit_scale.fill_(math.log(1.0 / config.temperature_init))
+        self.tokenizer = open_clip.get_tokenizer(config.model)
+        self.params = set_trainable(self.model, config)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=config.lr, betas=(config.beta1, config.beta2), weight_decay=config.wd
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, config.warmup, config.steps)
+        )
+        self.ckpt_dir = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
+        self.step = 0
+        self.skipped = 0
+        self.linked = {FIGURE_PANEL: 0, PANEL_REGION: 0}
+        self.last_terms: dict[str, float] = {}  # each loss term's latest value in this run
+
+    # -- state
+
+    def levels_used(self) -> set[str]:
+        return {lv for slot in self.config.schedule for lv in slot}
+
+    def open_readers(self, consumed: dict[str, int]) -> None:
+        c = self.config
+        self.readers = {lv: LevelReader(lv, c.data_of(lv), c.shard_name, consumed.get(lv, 0)) for lv in LEVELS
+                        if lv in self.levels_used()}  # fmt: skip
+        self.links: dict[str, LevelReader] = {}
+        self.buffers: dict[str, ChildBuffer] = {}
+        for parent in self.levels_used() & set(CHILD):
+            child, term = CHILD[parent]
+            if c.loss_weights.get(term, 0.0) > 0 or any(term in s.get("weights", {}) for s in c.curriculum):
+                if c.data_of(child):
+                    name = f"link_{child}"
+                    self.links[child] = LevelReader(child, c.data_of(child), c.shard_name, consumed.get(name, 0))
+                    self.buffers[child] = ChildBuffer(c.link_buffer)
+
+    def consumed(self) -> dict[str, int]:
+        out = {lv: r.consumed for lv, r in self.readers.items()}
+        out |= {f"link_{lv}": r.consumed for lv, r in self.links.items()}
+        return out
+
+    def state(self) -> dict:
+        return {
+            "step": self.step,
+            "state_dict": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "consumed": self.consumed(),
+            "skipped": self.skipped,
+            "linked": dict(self.linked),
+            "config": asdict(self.config),
+        }
+
+    def resume(self) -> int | None:
+        """Load the newest lake checkpoint; returns its step (None on a first launch). The
+        children waiting in the link buffers are not saved: they are re-read as the run goes on."""
+        newest = launch.latest_checkpoint(self.ckpt_dir) if self.config.resume else None
+        if newest is None:
+            self.open_readers({})
+            return None
+        with fsspec.open(newest, "rb") as f:
+            state = torch.load(io.BytesIO(f.read()), map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["state_dict"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.skipped, self.linked = state["step"], state["skipped"], state["linked"]
+        self.open_readers(state["consumed"])
+        return self.step
+
+    def save(self) -> str:
+        buffer = io.BytesIO()
+        torch.save(self.state(), buffer)
+        url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
+        if self.config.keep_last_checkpoint_only:
+            fs, root = fsspec.core.url_to_fs(self.ckpt_dir)
+            for name in fs.ls(root, detail=False):
+                base = name.rstrip("/").rsplit("/", 1)[-1]
+                if launch.CHECKPOINT_RE.match(base) and launch.checkpoint_step(base) < self.step:
+                    fs.rm(name)
+        return url
+
+    # -- one step
+
+    def _batch(self, reader: LevelReader, level: str, n: int, rng: random.Random) -> list[Decoded]:
+        """``n`` decoded samples; an unusable one is logged, counted and replaced by the next."""
+        out: list[Decoded] = []
+        while len(out) < n:
+            sample = reader.next()
+            try:
+                out.append(decode(sample, level, self.preprocess, self.config, rng))
+            except Exception as exc:  # noqa: BLE001 - a bad sample is skipped, never the run
+                self.skipped += 1
+                launch.log(f"skipped {level} sample {sample.get('__key__')}: {exc}", "warning")
+                if self.skipped > 100 * self.config.batch_size:
+                    raise RuntimeError(
+                        f"more than {self.skipped} unusable samples: is the {level} subset right?"
+                    ) from exc
+        return out
+
+    def _children(self, parent_level: str, parents: list[Decoded], rng: random.Random) -> list[tuple[int, Decoded]]:
+        child, _ = CHILD[parent_level]
+        reader, buffer = self.links[child], self.buffers[child]
+        for sample in reader.take(self.config.link_pull or self.config.batch_size):
+            key = sample.get("__key__", "")
+            parent = parent_key(key, child)
+            if parent is not None:
+                buffer.add(parent, key, sample)
+        found = buffer.take([p.key for p in parents], self.config.max_children or self.config.batch_size)
+        out = []
+        for index, sample in found:
+            try:
+                out.append((index, decode(sample, child, self.preprocess, self.config, rng)))
+            except Exception as exc:  # noqa: BLE001
+                self.skipped += 1
+                launch.log(f"skipped {child} sample {sample.get('__key__')}: {exc}", "warning")
+        return out
+
+    def _encode(self, items: list[Decoded]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.stack([d.image for d in items]).to(self.device)
+        tokens = self.tokenizer([d.text for d in items]).to(self.device)
+        return self.encode_images(images), self.encode_texts(tokens)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return functional.normalize(self.model.encode_image(images), dim=-1)
+
+    def encode_texts(self, tokens: torch.Tensor) -> torch.Tensor:
+        return functional.normalize(self.model.encode_text(tokens), dim=-1)
+
+    def losses(self, levels: list[str], weights: dict[str, float], rng: random.Random) -> dict[str, torch.Tensor]:
+        c, scale = self.config, self.model.logit_scale.exp()
+        terms: dict[str, torch.Tensor] = {}
+        for level in levels:
+            batch = self._batch(self.readers[level], level, c.batch_size, rng)
+            img, txt = self._encode(batch)
+            if weights[level] > 0:
+                terms[level] = clip_loss(img, txt, scale)
+            if level == REGION and weights[NEGATIVE] > 0:
+                terms[NEGATIVE] = self._negative(batch, img, txt, scale)
+            if level in CHILD and CHILD[level][0] in self.links and weights[CHILD[level][1]] > 0:
+                children = self._children(level, batch, rng)
+                if children:
+                    child_img, child_txt = self._encode([d for _, d in children])
+                    groups = [i for i, _ in children]
+                    terms[CHILD[level][1]] = cross_level_loss(img, txt, child_img, child_txt, groups, scale)
+                    self.linked[CHILD[level][1]] += len(children)
+        return terms
+
+    def _negative(self, batch: list[Decoded], img: torch.Tensor, txt: torch.Tensor, scale) -> torch.Tensor:
+        k = max((len(d.negatives) for d in batch), default=0)
+        if k == 0:
+            return img.sum() * 0.0
+        texts = [d.negatives[j] if j < len(d.negatives) else "" for d in batch for j in range(k)]
+        mask = torch.tensor([[j < len(d.negatives) for j in range(k)] for d in batch], device=self.device)
+        neg = self.encode_texts(self.tokenizer(texts).to(self.device)).view(len(batch), k, -1)
+        if self.config.negative_loss == "softmax":
+            return negative_softmax_loss(img, txt, neg, mask, scale)
+        return negative_sigmoid_loss(img, txt, neg, mask, self.config.negative_temperature)
+
+    def train_step(self) -> dict[str, float]:
+        c = self.config
+        levels = levels_at(self.step, c.schedule, c.schedule_every)
+        weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps)
+        rng = random.Random(c.seed * 1_000_003 + self.step)  # the same texts when a step is re-run
+        self.model.train()
+        autocast = torch.autocast(
+            "cuda", dtype=torch.bfloat16, enabled=c.precision == "bf16" and self.device.type == "cuda"
+        )
+        with autocast:
+            terms = self.losses(levels, weights, rng)
+            total = sum((weights[k] * v for k, v in terms.items()), torch.zeros((), device=self.device))
+        self.optimizer.zero_grad(set_to_none=True)
+        if total.requires_grad:
+            total.backward()
+            if c.grad_clip_norm:
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.requires_grad], c.grad_clip_norm
+                )
+            self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        metrics = {"loss": float(total.detach()), "lr": self.scheduler.get_last_lr()[0]}
+        metrics |= {f"loss_{k}": float(v.detach()) for k, v in terms.items()}
+        self.last_terms |= {k: v for k, v in metrics.items() if k.startswith("loss_")}
+        metrics |= {f"w_{k}": w for k, w in weights.items() if w}
+        if not math.isfinite(metrics["loss"]):
+            raise FloatingPointError(f"step {self.step}: loss is {metrics['loss']} ({metrics})")
+        return metrics
+
+
+def train(config: MultilevelConfig) -> dict:
+    """Train (or resume) to ``config.steps``, checkpointing to the lake; export; the report."""
+    config.validate()
+    trainer = Trainer(config)
+    resumed = trainer.resume()
+    if resumed is not None:
+        launch.log(f"resumed from step {resumed} ({trainer.ckpt_dir})")
+    first, metrics = trainer.step, {}
+    launch.log(f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps}, {trainer.params}")
+    while trainer.step < config.steps:
+        metrics = trainer.train_step()
+        if trainer.step % config.log_every == 0 or trainer.step == config.steps:
+            launch.report_progress(trainer.step, metrics)
+        if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
+            trainer.save()
+    checkpoint = launch.latest_checkpoint(trainer.ckpt_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        final = Path(tmp, "final.pt")
+        torch.save({"state_dict": {k: v.cpu() for k, v in trainer.model.state_dict().items()}}, final)
+        model_dir = clip.export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
+    return {
+        "preset": config.preset,
+        "model": config.model,
+        "steps": trainer.step,
+        "resumed_from_step": resumed,
+        "first_step": first,
+        "final_loss": metrics.get("loss"),
+        **trainer.last_terms,
+        "skipped_samples": trainer.skipped,
+        "linked_children": json.dumps(trainer.linked),
+        "consumed": json.dumps(trainer.consumed()),
+        "trainable_params": trainer.params["trainable"],
+        "frozen_params": trainer.params["frozen"],
+        "checkpoint": checkpoint,
+        "model_dir": model_dir,
+    }
+
+
+def config_from_job(data: dict[str, Any]) -> MultilevelConfig:
+    """The run's config from the launcher's JSON; ``launch`` fills run_dir, checkpoint_dir, gpus."""
+    data = dict(data)
+    job = data.pop("launch", None) or {}
+    for key in ("run_dir", "checkpoint_dir", "gpus"):
+        if key in job and data.get(key) is None:
+            data[key] = job[key]
+    return MultilevelConfig.from_dict(data)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="JSON file (local path or fsspec URL) of MultilevelConfig")
+    args = parser.parse_args(argv)
+    config = config_from_job(launch.load_config(args.config))
+    with launch.session():
+        if launch.job_rank() != 0:
+            return None  # single-process trainer: the other ranks of a launcher's torchrun wait out
+        report = train(config)
+        launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()
