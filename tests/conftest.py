@@ -9,6 +9,11 @@ from pathlib import Path
 # The Dagster definitions read these at import: 4 shards keep the tests' partition counts small.
 os.environ["PANELFORGE_SHARDS"] = "4"
 os.environ.setdefault("PANELFORGE_PROFILE", "local")
+# Ray reads its auth mode when it is imported, and the Ray clusters the tests start spawn their
+# servers with the environment of ray.init: both must agree whatever imports Ray first (collecting
+# tests/test_vlm_ray.py does). Token auth is Ray 2.60's default for a local cluster; RayResource
+# says so too (resources/compute.py).
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import pytest
 
