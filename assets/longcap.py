@@ -7,7 +7,7 @@ from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Confi
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import error_rate_check, run_stage, shard_check
 from pipelines.longcap import negatives
 from pipelines.longcap.prompts import PROMPT_VERSION
 from pipelines.longcap.stages import (
@@ -73,12 +73,6 @@ class LongCapRunSettings(Config):
     figures_per_batch: int = 16
 
 
-def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpec:
-    return AssetCheckSpec(
-        name, asset="long_captions", partitions_def=release_shard_partitions, blocking=blocking, description=description
-    )
-
-
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles],
@@ -89,10 +83,21 @@ def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpe
     backfill_policy=BackfillPolicy.multi_run(1),
     description=LongCapStage.__doc__,
     check_specs=[
-        _check(FEASIBILITY, "The model judges a fair share of figures' context visible (FEASIBLE)."),
-        _check(GUARD_REJECTIONS, "Few feasible refinements fail the guards (invented numbers, entities, acronyms)."),
-        _check(GAINED_CONTEXT, "A fair share of captions gain verified context."),
-        _check(LONGCAP_CANARY, "The engine applies structured outputs (a canary request at the start).", True),
+        shard_check(
+            "long_captions", FEASIBILITY, "The model judges a fair share of figures' context visible (FEASIBLE)."
+        ),
+        shard_check(
+            "long_captions",
+            GUARD_REJECTIONS,
+            "Few feasible refinements fail the guards (invented numbers, entities, acronyms).",
+        ),
+        shard_check("long_captions", GAINED_CONTEXT, "A fair share of captions gain verified context."),
+        shard_check(
+            "long_captions",
+            LONGCAP_CANARY,
+            "The engine applies structured outputs (a canary request at the start).",
+            True,
+        ),
         error_rate_check("long_captions", release_shard_partitions),
     ],
 )

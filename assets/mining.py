@@ -6,11 +6,11 @@ figure whose engine, prompts, settings and inputs are unchanged). Its data versi
 of those fingerprints, so downstream assets go stale only when the pairs can have changed.
 """
 
-from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
 
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import error_rate_check, run_stage, shard_check
 from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.mining.regions import TAU_DEFAULT
 from pipelines.mining.stages import (
@@ -44,12 +44,6 @@ class MiningRunSettings(Config):
     seed: int = 0
 
 
-def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpec:
-    return AssetCheckSpec(
-        name, asset="pairs", partitions_def=release_shard_partitions, blocking=blocking, description=description
-    )
-
-
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
@@ -60,10 +54,17 @@ def _check(name: str, description: str, blocking: bool = False) -> AssetCheckSpe
     backfill_policy=BackfillPolicy.multi_run(1),
     description=MiningStage.__doc__,
     check_specs=[
-        _check(BOXES_INSIDE, "Panel boxes lie inside their figure, region boxes inside their panel.", blocking=True),
-        _check(EXTRACTIVE, "Texts said to come from the caption occur in it verbatim.", blocking=True),
-        _check(PARSE_FAILURES, "Few model answers are unusable (garbage, truncated, no box)."),
-        _check(CANARY, "The engine applies structured outputs (a canary request checked at the start).", True),
+        shard_check(
+            "pairs",
+            BOXES_INSIDE,
+            "Panel boxes lie inside their figure, region boxes inside their panel.",
+            blocking=True,
+        ),
+        shard_check("pairs", EXTRACTIVE, "Texts said to come from the caption occur in it verbatim.", blocking=True),
+        shard_check("pairs", PARSE_FAILURES, "Few model answers are unusable (garbage, truncated, no box)."),
+        shard_check(
+            "pairs", CANARY, "The engine applies structured outputs (a canary request checked at the start).", True
+        ),
         error_rate_check("pairs", release_shard_partitions),
     ],
 )

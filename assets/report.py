@@ -54,6 +54,15 @@ def error_rate_check(asset: str, partitions_def: PartitionsDefinition | None = N
     )
 
 
+def shard_check(asset: str, name: str, description: str, blocking: bool = False) -> AssetCheckSpec:
+    """The spec of a check a release × shard stage reports on every partition."""
+    from assets.partitions import release_shard_partitions
+
+    return AssetCheckSpec(
+        name, asset=asset, partitions_def=release_shard_partitions, blocking=blocking, description=description
+    )
+
+
 def check_result(check: Check) -> AssetCheckResult:
     return AssetCheckResult(
         check_name=check.name,

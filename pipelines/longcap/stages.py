@@ -31,8 +31,8 @@ from pipelines.release.samples import caption_of
 from pipelines.release.stats import _png
 from pipelines.schemas import TABLES, Table
 from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
-from pipelines.vlm.canary import run_canary
-from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, fingerprint
+from pipelines.vlm.canary import canary_check, require_structured_outputs
+from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fingerprint, fingerprint, provenance
 from pipelines.vlm.grounding import parse_json
 
 GPU_POOL = "gpu"
@@ -154,8 +154,7 @@ class LongCapStage(Stage):
         return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
 
     def settings_fingerprint(self) -> str:
-        info = {k: v for k, v in self.engine.info().items() if k not in ("backend", "backend_version")}
-        return fingerprint({"engine": info, "prompt": PROMPT_VERSION, "settings": self.settings.as_dict()})
+        return engine_fingerprint(self.engine, prompt=PROMPT_VERSION, settings=self.settings.as_dict())
 
     def _known(self, lake: Lake, partition: Partition) -> dict[str, dict]:
         known: dict[str, dict] = {}
@@ -209,7 +208,7 @@ class LongCapStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         tokenizer = load_tokenizer(self.settings.tokenizer, self.settings.budget)
-        self._provenance = _provenance(self.engine)
+        self._provenance = provenance(self.engine, PROMPT_VERSION)
         items = self._items(lake, partition, tokenizer)
         known = self._known(lake, partition)
         engine = MeteredEngine(self.engine)
@@ -224,11 +223,7 @@ class LongCapStage(Stage):
             else:
                 todo.append(item)
         if todo:
-            canary = run_canary(self.engine)
-            if not canary.passed and self.settings.require_canary:
-                raise StageInputError(
-                    f"structured outputs are not applied by the {self.engine.backend} engine ({canary.reason})"
-                )
+            canary = require_structured_outputs(self.engine, self.settings.require_canary)
         with RawReader(lake) as reader:
             for start in range(0, len(todo), self.settings.figures_per_batch):
                 chunk = todo[start : start + self.settings.figures_per_batch]
@@ -350,7 +345,12 @@ class LongCapStage(Stage):
             skipped=carried,
             counts=counts,
             previews={"preview": Preview(rows, ["pmcid", "image_file", "status", "reason", "tokens_after"])},
-            checks=[feasibility(rows), guard_rejections(rows), gained_context(rows), canary_check(canary)],
+            checks=[
+                feasibility(rows),
+                guard_rejections(rows),
+                gained_context(rows),
+                canary_check(LONGCAP_CANARY, canary),
+            ],
         )
         result.errors = list(errors)
         result.version = fingerprint(sorted((r["pmcid"], r["image_file"], r["fingerprint"]) for r in rows))
@@ -359,19 +359,6 @@ class LongCapStage(Stage):
 
 _COLUMNS = TABLES[Table.LONG_CAPTIONS].names
 _EMPTY_LONG_CAPTION = dict.fromkeys(_COLUMNS)
-
-
-def _provenance(engine: VlmEngine) -> dict:
-    info = engine.info()
-    return {
-        "model": info["model"],
-        "model_revision": info["revision"],
-        "prompt_version": PROMPT_VERSION,
-        "sampling": json.dumps(info["sampling"], sort_keys=True),
-        "backend": info["backend"],
-        "backend_version": info["backend_version"],
-        "synthetic": bool(info["synthetic"]),
-    }
 
 
 def _acronym_failures(answer: dict, item: _Item) -> list[str]:
@@ -459,9 +446,3 @@ def gained_context(rows: list[dict]) -> Check:
         blocking=False,
         metadata={"share": share},
     )
-
-
-def canary_check(canary) -> Check:
-    if canary is None:
-        return Check(LONGCAP_CANARY, passed=True, description="no request sent: nothing needed the model")
-    return Check(LONGCAP_CANARY, passed=canary.passed, description=f"structured-output canary: {canary.reason}")

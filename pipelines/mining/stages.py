@@ -42,8 +42,8 @@ from pipelines.panels.types import Box, Panel
 from pipelines.release.samples import caption_of
 from pipelines.schemas import TABLES, Table
 from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
-from pipelines.vlm.canary import run_canary
-from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, fingerprint
+from pipelines.vlm.canary import canary_check, require_structured_outputs
+from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fingerprint, fingerprint, provenance
 from pipelines.vlm.grounding import parse_boxes, parse_json
 
 GPU_POOL = "gpu"
@@ -240,23 +240,8 @@ class MiningStage(Stage):
 
     # ---- provenance and reuse ---------------------------------------------------------------
 
-    def provenance(self) -> dict:
-        info = self.engine.info()
-        return {
-            "model": info["model"],
-            "model_revision": info["revision"],
-            "prompt_version": prompts.PROMPT_VERSION,
-            "sampling": json.dumps(info["sampling"], sort_keys=True),
-            "backend": info["backend"],
-            "backend_version": info["backend_version"],
-            "synthetic": bool(info["synthetic"]),
-        }
-
     def settings_fingerprint(self) -> str:
-        """What a reused result must have been made with (the backend's version is provenance,
-        not identity: the same model and prompts through another server give the same pairs)."""
-        info = {k: v for k, v in self.engine.info().items() if k not in ("backend", "backend_version")}
-        return fingerprint({"engine": info, "prompts": prompts.PROMPT_VERSION, "settings": self.settings.as_dict()})
+        return engine_fingerprint(self.engine, prompts=prompts.PROMPT_VERSION, settings=self.settings.as_dict())
 
     def _known(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
         """Figures already mined with the same inputs and settings, in this partition (a rerun)
@@ -298,13 +283,8 @@ class MiningStage(Stage):
             else:
                 todo.append((item, fp))
         if todo:
-            canary = run_canary(self.engine)
-            if not canary.passed and self.settings.require_canary:
-                raise StageInputError(
-                    f"structured outputs are not applied by the {self.engine.backend} engine ({canary.reason}); "
-                    "check the server's version and its structured-output parameter (docs/vlm-backends.md)"
-                )
-        provenance = self.provenance()
+            canary = require_structured_outputs(self.engine, self.settings.require_canary)
+        provenance_columns = provenance(self.engine, prompts.PROMPT_VERSION)
         with RawReader(lake) as reader:
             for chunk in _chunks(todo, self.settings.figures_per_batch):
                 figures = []
@@ -318,7 +298,7 @@ class MiningStage(Stage):
                 self._mine([f for f, _ in figures], engine)
                 for figure, fp in figures:
                     for pair in figure.pairs:
-                        pair.update(provenance)
+                        pair.update(provenance_columns)
                     pair_rows.extend(figure.pairs)
                     figure_rows.append(self._figure_row(figure.item, fp, "mined", figure.reasons, engine, figure))
         lake.write_table(Table.MINING_FIGURES, release, shard, figure_rows)
@@ -648,7 +628,7 @@ class MiningStage(Stage):
                 boxes_inside_parent(figures, pairs),
                 extractive_share(pairs),
                 parse_failure_rate(figures),
-                canary_check(canary),
+                canary_check(CANARY, canary),
             ],
         )
         result.errors = list(errors)
@@ -719,15 +699,4 @@ def parse_failure_rate(figures: list[dict]) -> Check:
         f"{MAX_PARSE_FAILURES:.0%} expected)",
         blocking=False,
         metadata={"rate": rate, "requests": requests},
-    )
-
-
-def canary_check(canary) -> Check:
-    if canary is None:
-        return Check(CANARY, passed=True, description="nothing to mine: every figure reused, no request sent")
-    return Check(
-        CANARY,
-        passed=canary.passed,
-        description=f"structured-output canary: {canary.reason}",
-        metadata={"answer": (canary.answer or "")[:200]},
     )

@@ -55,3 +55,31 @@ def judge(answer: str | None) -> CanaryResult:
             False, answer, f"the answer is JSON but not {json.dumps(expected)}: the schema was not enforced"
         )
     return CanaryResult(True, answer, "the answer follows the schema")
+
+
+def require_structured_outputs(engine: VlmEngine, required: bool = True) -> CanaryResult:
+    """The canary at the start of a run that needs the model: refuses to go on (a person must
+    fix the server) when the engine does not apply JSON schemas, unless ``required`` is off."""
+    from pipelines.stage import StageInputError
+
+    result = run_canary(engine)
+    if not result.passed and required:
+        raise StageInputError(
+            f"structured outputs are not applied by the {engine.backend} engine ({result.reason}); "
+            "check the server's version and its structured-output parameter (docs/vlm-backends.md)"
+        )
+    return result
+
+
+def canary_check(name: str, result: CanaryResult | None):
+    """The asset check of a run's canary (None: nothing needed the model, no request was sent)."""
+    from pipelines.stage import Check
+
+    if result is None:
+        return Check(name, passed=True, description="no request sent: every item reused or needing no model")
+    return Check(
+        name,
+        passed=result.passed,
+        description=f"structured-output canary: {result.reason}",
+        metadata={"answer": (result.answer or "")[:200]},
+    )

@@ -149,6 +149,27 @@ class VlmEngine:
         self.close()
 
 
+def provenance(engine: VlmEngine, prompt_version: str) -> dict:
+    """The provenance columns every table written with a model's answers carries."""
+    info = engine.info()
+    return {
+        "model": info["model"],
+        "model_revision": info["revision"],
+        "prompt_version": prompt_version,
+        "sampling": json.dumps(info["sampling"], sort_keys=True),
+        "backend": info["backend"],
+        "backend_version": info["backend_version"],
+        "synthetic": bool(info["synthetic"]),
+    }
+
+
+def engine_fingerprint(engine: VlmEngine, **settings: object) -> str:
+    """What a reused result must have been made with: the engine (not its backend's version: the
+    same model and prompts through another server give the same answers) and ``settings``."""
+    info = {k: v for k, v in engine.info().items() if k not in ("backend", "backend_version")}
+    return fingerprint({"engine": info, **settings})
+
+
 def fingerprint(value: object) -> str:
     """A short stable hash of a JSON-able value (prompts, schemas, settings)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
