@@ -60,7 +60,7 @@ from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # builds two releases through mining on 2 CPUs
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
