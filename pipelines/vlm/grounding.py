@@ -14,6 +14,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pipelines.vlm.engine import FAMILIES, QWEN2_5_VL, QWEN2_VL, QWEN3_VL, EngineConfig
@@ -116,21 +117,34 @@ def _loads(candidate: str) -> object | None:
     return None
 
 
-def _drop_trailing_commas(candidate: str) -> str:
-    """Commas right before a closing bracket, outside strings, removed."""
-    out: list[str] = []
-    in_string = escaped = False
-    for ch in candidate:
-        if in_string:
+def _structural(text: str, start: int = 0, quotes: str = '"') -> Iterator[tuple[int, str, bool]]:
+    """Each character from ``start`` with whether it is structure (outside any string), so the
+    repairs below never mistake a bracket or comma inside a caption's quoted text for JSON's own.
+    ``quotes``: the characters that open a string (``"\'`` for Python-literal answers)."""
+    quote: str | None = None
+    escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
             if escaped:
                 escaped = False
             elif ch == "\\":
                 escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "}]":
+            elif ch == quote:
+                quote = None
+            yield i, ch, False
+        elif ch in quotes:
+            quote = ch
+            yield i, ch, False
+        else:
+            yield i, ch, True
+
+
+def _drop_trailing_commas(candidate: str) -> str:
+    """Commas right before a closing bracket, outside strings, removed."""
+    out: list[str] = []
+    for _, ch, structure in _structural(candidate):
+        if structure and ch in "}]":
             while out and out[-1].isspace():
                 out.pop()
             if out and out[-1] == ",":
@@ -204,20 +218,10 @@ def _balanced_span(text: str, start: int) -> tuple[str, bool]:
     """From ``start`` to where its bracket closes (ignoring brackets inside strings of either
     quote, for the repairs of :func:`_loads`), and whether it closes at all."""
     depth = 0
-    quote: str | None = None
-    escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = None
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "{[":
+    for i, ch, structure in _structural(text, start, quotes="\"'"):
+        if not structure:
+            continue
+        if ch in "{[":
             depth += 1
         elif ch in "}]":
             depth -= 1
@@ -236,19 +240,10 @@ def _salvage_truncated(candidate: str) -> ParsedAnswer | None:
         return None
     stack: list[str] = []
     cut: tuple[int, list[str]] | None = None
-    in_string = escaped = False
-    for i in range(start, len(candidate)):
-        ch = candidate[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+    for i, ch, structure in _structural(candidate, start):
+        if not structure:
+            continue
+        if ch in "{[":
             stack.append(ch)
         elif ch in "}]":
             if not stack or {"}": "{", "]": "["}[ch] != stack[-1]:
