@@ -108,6 +108,18 @@ def _text_config(vocab_size: int, ids: dict[str, int], family: str) -> dict:
     return config
 
 
+# The vision tower both tiny families share; each adds its own patch size and attention layout.
+TINY_VISION = dict(
+    depth=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    out_hidden_size=64,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
+
+
 def _build(family: str, seed: int):
     """(model, processor) of ``family``, weights drawn from ``seed`` without touching global RNG."""
     import torch
@@ -137,18 +149,7 @@ def _build(family: str, seed: int):
         processor = Qwen2_5_VLProcessor(
             image_processor=images, video_processor=Qwen2VLVideoProcessor(), tokenizer=tok, chat_template=CHAT_TEMPLATE
         )
-        vision = dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=4,
-            out_hidden_size=64,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=112,
-            fullatt_block_indexes=[1],
-        )
+        vision = dict(TINY_VISION, patch_size=14, window_size=112, fullatt_block_indexes=[1])
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **vision_ids)
         model_cls = Qwen2_5_VLForConditionalGeneration
     else:
@@ -159,18 +160,7 @@ def _build(family: str, seed: int):
         processor = Qwen3VLProcessor(
             image_processor=images, video_processor=Qwen3VLVideoProcessor(), tokenizer=tok, chat_template=CHAT_TEMPLATE
         )
-        vision = dict(
-            depth=2,
-            hidden_size=64,
-            intermediate_size=128,
-            num_heads=4,
-            out_hidden_size=64,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=[1],
-        )
+        vision = dict(TINY_VISION, patch_size=16, num_position_embeddings=256, deepstack_visual_indexes=[1])
         config = Qwen3VLConfig(text_config=text, vision_config=vision, **vision_ids)
         model_cls = Qwen3VLForConditionalGeneration
     with torch.random.fork_rng(devices=[]):
