@@ -14,7 +14,7 @@ the caller), never the environment: resources turn configuration into stages.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -37,6 +37,49 @@ class Partition:
 
     def __str__(self) -> str:
         return self.release if self.shard is None else f"{self.release}|{self.shard}"
+
+
+def chunks(items: list, size: int) -> Iterator[list]:
+    """``items`` in consecutive lists of ``size``: what bounds a stage's memory by its batch."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def fingerprint_unless_error(row: dict) -> str | None:
+    """A model-calling stage's row is reusable by its fingerprint unless it recorded an error."""
+    return row["fingerprint"] if row["status"] != "error" else None
+
+
+def reusable_results(
+    lake: Lake,
+    table: str,
+    partition: Partition,
+    key: Callable[[dict], str | None],
+    children: str | None = None,
+    this_release: bool = True,
+) -> dict[str, tuple[dict, list[dict]]]:
+    """Per-image results an earlier run left that a stage may carry instead of computing again,
+    by ``key`` (a fingerprint of the inputs and settings; None: not reusable, e.g. an error).
+
+    Read from the previous release with ``table`` and then, with ``this_release``, from this
+    partition itself (a rerun), so a rerun's own rows win. Each row comes with its rows in the
+    ``children`` table under the same (pmcid, image_file): a figure with its panels or pairs."""
+    found: dict[str, tuple[dict, list[dict]]] = {}
+    previous = lake.previous_release(table, partition.release)
+    releases = [previous] + ([partition.release] if this_release else [])
+    for release in [r for r in releases if r]:
+        rows = lake.read_table(table, release, partition.shard)
+        child_rows = lake.read_table(children, release, partition.shard) if children else None
+        if rows is None or (children and child_rows is None):
+            continue
+        by_image: dict[tuple[str, str], list[dict]] = {}
+        for row in child_rows.to_pylist() if child_rows is not None else []:
+            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
+        for row in rows.to_pylist():
+            k = key(row)
+            if k:
+                found[k] = (row, by_image.get((row["pmcid"], row["image_file"]), []))
+    return found
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,19 @@ from pipelines.panels.captions import normalize_caption
 from pipelines.release.samples import caption_of
 from pipelines.release.stats import _png
 from pipelines.schemas import TABLES, Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.stage import (
+    Check,
+    Compute,
+    Markdown,
+    Partition,
+    Preview,
+    Stage,
+    StageInputError,
+    StageResult,
+    chunks,
+    fingerprint_unless_error,
+    reusable_results,
+)
 from pipelines.vlm.canary import canary_check, require_structured_outputs
 from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fingerprint, fingerprint, provenance
 from pipelines.vlm.grounding import parse_json
@@ -157,14 +169,9 @@ class LongCapStage(Stage):
         return engine_fingerprint(self.engine, prompt=PROMPT_VERSION, settings=self.settings.as_dict())
 
     def _known(self, lake: Lake, partition: Partition) -> dict[str, dict]:
-        known: dict[str, dict] = {}
-        previous = lake.previous_release(Table.LONG_CAPTIONS, partition.release)
-        for release in [r for r in (previous, partition.release) if r]:
-            table = lake.read_table(Table.LONG_CAPTIONS, release, partition.shard)
-            for row in table.to_pylist() if table is not None else []:
-                if row["status"] != "error" and row["fingerprint"]:
-                    known[row["fingerprint"]] = row
-        return known
+        """Captions already refined from the same inputs and settings (a rerun, the previous release)."""
+        known = reusable_results(lake, Table.LONG_CAPTIONS, partition, fingerprint_unless_error)
+        return {fp: row for fp, (row, _) in known.items()}
 
     def _items(self, lake: Lake, partition: Partition, tokenizer: TextTokenizer) -> list[_Item]:
         release, shard = partition.release, partition.shard
@@ -225,8 +232,7 @@ class LongCapStage(Stage):
         if todo:
             canary = require_structured_outputs(self.engine, self.settings.require_canary)
         with RawReader(lake) as reader:
-            for start in range(0, len(todo), self.settings.figures_per_batch):
-                chunk = todo[start : start + self.settings.figures_per_batch]
+            for chunk in chunks(todo, self.settings.figures_per_batch):
                 ready = []
                 for item in chunk:
                     ref = item.ref

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
@@ -41,7 +41,18 @@ from pipelines.panels.captions import normalize_caption, split_caption
 from pipelines.panels.types import Box, Panel
 from pipelines.release.samples import caption_of
 from pipelines.schemas import TABLES, Table
-from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.stage import (
+    Check,
+    Compute,
+    Partition,
+    Preview,
+    Stage,
+    StageInputError,
+    StageResult,
+    chunks,
+    fingerprint_unless_error,
+    reusable_results,
+)
 from pipelines.vlm.canary import canary_check, require_structured_outputs
 from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fingerprint, fingerprint, provenance
 from pipelines.vlm.grounding import parse_boxes, parse_json
@@ -176,11 +187,6 @@ def _inputs_fingerprint(item: dict, settings: str) -> str:
     )
 
 
-def _chunks(items: list, size: int) -> Iterator[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
 def _inside(box: Box, parent: Box) -> bool:
     return parent[0] <= box[0] < box[2] <= parent[2] and parent[1] <= box[1] < box[3] <= parent[3]
 
@@ -245,21 +251,8 @@ class MiningStage(Stage):
 
     def _known(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
         """Figures already mined with the same inputs and settings, in this partition (a rerun)
-        or the previous release, by fingerprint."""
-        known: dict[str, tuple[dict, list[dict]]] = {}
-        previous = lake.previous_release(Table.MINING_FIGURES, partition.release)
-        for release in [r for r in (previous, partition.release) if r]:
-            figures = lake.read_table(Table.MINING_FIGURES, release, partition.shard)
-            pairs = lake.read_table(Table.PAIRS, release, partition.shard)
-            if figures is None or pairs is None:
-                continue
-            by_image = defaultdict(list)
-            for row in pairs.to_pylist():
-                by_image[(row["pmcid"], row["image_file"])].append(row)
-            for row in figures.to_pylist():
-                if row["status"] != "error" and row["fingerprint"]:
-                    known[row["fingerprint"]] = (row, by_image.get((row["pmcid"], row["image_file"]), []))
-        return known
+        or the previous release, by fingerprint, with their pairs."""
+        return reusable_results(lake, Table.MINING_FIGURES, partition, fingerprint_unless_error, Table.PAIRS)
 
     # ---- the run ------------------------------------------------------------------------------
 
@@ -286,7 +279,7 @@ class MiningStage(Stage):
             canary = require_structured_outputs(self.engine, self.settings.require_canary)
         provenance_columns = provenance(self.engine, prompts.PROMPT_VERSION)
         with RawReader(lake) as reader:
-            for chunk in _chunks(todo, self.settings.figures_per_batch):
+            for chunk in chunks(todo, self.settings.figures_per_batch):
                 figures = []
                 for item, fp in chunk:
                     image, reason = decode_image(reader.read(item["tar_path"], item["offset"], item["size"]))

@@ -30,7 +30,7 @@ from pipelines.panels.postprocess import consensus, finalize, iou
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
 from pipelines.release.samples import JPEG_QUALITY, caption_of
 from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult
+from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
 
 GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
@@ -133,21 +133,15 @@ class PanelStage(Stage):
 
     def _previous(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
         """Results of the previous release made with the same settings, by image sha256."""
-        previous = lake.previous_release(Table.PANEL_FIGURES, partition.release)
-        if previous is None:
-            return {}
-        figures = lake.read_table(Table.PANEL_FIGURES, previous, partition.shard)
-        panels = lake.read_table(Table.PANELS, previous, partition.shard)
-        if figures is None or panels is None:
-            return {}
-        by_image: dict[tuple[str, str], list[dict]] = {}
-        for row in panels.to_pylist():
-            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
-        return {
-            f["sha256"]: (f, by_image.get((f["pmcid"], f["image_file"]), []))
-            for f in figures.to_pylist()
-            if f["sha256"] and f["settings"] == self.settings.fingerprint
-        }
+        fp = self.settings.fingerprint
+        return reusable_results(
+            lake,
+            Table.PANEL_FIGURES,
+            partition,
+            lambda f: f["sha256"] if f["settings"] == fp else None,
+            Table.PANELS,
+            this_release=False,
+        )
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
