@@ -1,5 +1,7 @@
 """Evaluation of CLIP checkpoints on what the release produced, as a launched GPU job."""
 
+from typing import Any
+
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 
 from assets.partitions import releases_partitions
@@ -15,7 +17,9 @@ class EvaluationSettings(Config):
     """``model``: an OpenCLIP name (with ``pretrained``), ``hf-hub:<id>`` or ``local-dir:<dir>``
     (a training run's exported ``model/``); ``baseline``: a checkpoint evaluated in the same run
     for comparison; ``share``: record a new article-disjoint held-out split of that share first
-    (0: use the release's recorded split)."""
+    (0: use the release's recorded split); ``benchmarks``: extra datasets, each
+    ``{kind: vqa-rad | slake | medmnist | hf | image-folder | manifest, path: ..., <options>}``
+    (paths as the job's machine sees them)."""
 
     model: str = "ViT-L-14"
     pretrained: str = "commonpool_xl_s13b_b90k"
@@ -27,6 +31,7 @@ class EvaluationSettings(Config):
     batch_size: int = 64
     n_resamples: int = 1000
     seed: int = 0
+    benchmarks: list[dict[str, Any]] = []
 
 
 @asset(
@@ -62,6 +67,7 @@ def clip_evaluation(
         "seed": config.seed,
         "device": "cuda" if launcher.gpus else "cpu",
         "synthetic": models.synthetic,
+        "benchmarks": config.benchmarks,
     }
     result = launcher.run(context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"))
     return result.get_materialize_result()

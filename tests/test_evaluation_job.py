@@ -1,5 +1,6 @@
 """The ``clip_evaluation`` asset launches the evaluation job through the job launcher (a
-subprocess here) and shows its report; the job reads the release's shards from the lake."""
+subprocess here) and shows its report; the job reads the release's shards from the lake and the
+benchmarks named in its config (one run covers both: each launch costs a Python start-up)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from resources.launcher import JobLauncherResource
 from resources.settings import REPO
 from tests.helpers import materialize_one
 from tests.test_evaluation import TINY, _release_lake
+from tests.test_evaluation_benchmarks import write_vqa_rad
 
 
 def test_clip_evaluation_asset_launches_the_job_and_reports(tmp_path):
@@ -31,13 +33,31 @@ def test_clip_evaluation_asset_launches_the_job_and_reports(tmp_path):
         "models": ModelsResource(synthetic=True),
         "launcher": JobLauncherResource(backend="subprocess", cwd=str(REPO), env={"PYTHONPATH": str(REPO)}),
     }
-    config = {"model": f"local-dir:{model}", "pretrained": "", "baseline": f"local-dir:{model}", "n_resamples": 20}
+    benchmarks = [  # a VQA-RAD folder written by hand; an absent MedMNIST file
+        {"kind": "vqa-rad", "path": str(write_vqa_rad(tmp_path / "vqarad"))},
+        {"kind": "medmnist", "path": str(tmp_path / "absent" / "pathmnist.npz"), "name": "pathmnist"},
+    ]
+    config = {
+        "model": f"local-dir:{model}",
+        "pretrained": "",
+        "baseline": f"local-dir:{model}",
+        "n_resamples": 20,
+        "benchmarks": benchmarks,
+    }
     result = materialize_one(clip_evaluation, "2025", instance, resources, config)
     assert result.success
     (event,) = result.get_asset_materialization_events()
     metadata = event.materialization.metadata
-    # the figure level (k01, k03 held out; k09 undecodable) and long-caption retrieval (one pair per article)
-    assert metadata["datasets"].value == 2 and metadata["synthetic"].value is True
+    # the figure level (k01, k03 held out; k09 undecodable), long-caption retrieval (one pair per
+    # article) and vqa-rad; the absent benchmark has no rows
+    assert metadata["datasets"].value == 3 and metadata["synthetic"].value is True
     assert "image_to_text_R@1" in metadata["report"].value
     reports = list((tmp_path / "lake" / "models" / "eval" / "2025").glob("*/report.json"))
     assert len(reports) == 1
+    report = json.loads(reports[0].read_text())
+    vqa = [r for r in report["rows"] if r["dataset"] == "vqa-rad"]
+    # closed questions 1, 2 and 6 of the hand-written file; marked synthetic like the run
+    assert [(r["metric"], r["n"], r["synthetic"]) for r in vqa] == [("accuracy", 3, True)]
+    errors = {(d, k): reason for d, k, reason in report["errors"]}
+    assert errors[("vqa-rad", "4")] == "image not found: synpic999.jpg"
+    assert errors[("pathmnist", "*")].startswith("benchmark not loaded:")

@@ -4,7 +4,9 @@ GPU the model was trained on).
 
 The config names the lake, the release, the model (an OpenCLIP name with ``pretrained``, an
 ``hf-hub:`` id or a ``local-dir:`` directory, e.g. a training run's exported ``model/``) and an
-optional baseline checkpoint evaluated in the same run; the report (Markdown table with 95%
+optional baseline checkpoint evaluated in the same run, and ``benchmarks``: a list of
+``{kind, path, ...options}`` read by ``benchmarks_formats.load_benchmark`` (``vqa-rad``, ``slake``,
+``medmnist``, ``hf``, ``image-folder``, ``manifest``); the report (Markdown table with 95%
 bootstrap intervals, deltas against the baseline, plots) comes back as the asset's metadata and
 stays in ``models/eval/<release>/<run id>/``.
 """
@@ -15,6 +17,7 @@ import argparse
 from dataclasses import dataclass
 
 from pipelines import launch
+from pipelines.evaluation.benchmarks_formats import load_benchmarks
 from pipelines.evaluation.harness import evaluate_release, load_clip
 from pipelines.lake import Lake
 
@@ -22,7 +25,8 @@ from pipelines.lake import Lake
 @dataclass(frozen=True)
 class EvalJobConfig:
     """``share``: record a new held-out split of that share of articles first (None: use the
-    release's recorded split); ``limit``: at most this many pairs per retrieval set."""
+    release's recorded split); ``limit``: at most this many pairs per retrieval set;
+    ``benchmarks``: extra datasets as ``{kind, path, ...options}`` (paths on the job's machine)."""
 
     lake: str
     release: str
@@ -38,6 +42,7 @@ class EvalJobConfig:
     seed: int = 0
     device: str = "cpu"
     synthetic: bool = False
+    benchmarks: tuple[dict, ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict) -> EvalJobConfig:
@@ -58,6 +63,7 @@ def run(config: EvalJobConfig, run_id: str, run_dir: str | None = None) -> dict:
         baseline,
         run_id=run_id,
         license_group=config.license_group,
+        extra=load_benchmarks(config.benchmarks, config.synthetic),
         share=config.share,
         limit=config.limit,
         batch_size=config.batch_size,
