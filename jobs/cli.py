@@ -68,7 +68,10 @@ def setup_instance(settings) -> int:
     if not home:
         print("DAGSTER_HOME is not set: point it at the directory of your Dagster instance", file=sys.stderr)
         return 2
-    if settings.profile == "cluster" and (missing := missing_postgres_env(os.environ)):
+    # a file already there is kept (the user's own, or the one Dagster's Helm chart mounts, which
+    # writes the connection into the file): only the shipped cluster file needs the variables
+    installs_cluster_file = settings.profile == "cluster" and not (Path(home) / "dagster.yaml").exists()
+    if installs_cluster_file and (missing := missing_postgres_env(os.environ)):
         print(
             f"PANELFORGE_PROFILE=cluster keeps Dagster's instance in PostgreSQL: set {', '.join(missing)}",
             file=sys.stderr,

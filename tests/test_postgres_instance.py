@@ -89,6 +89,29 @@ def test_setup_instance_installs_the_postgres_file_and_sets_pools_there(pg, tmp_
     assert pg.password not in done.stdout + done.stderr
 
 
+def test_an_instance_file_already_there_is_kept_and_used(pg, tmp_path):
+    """As in a pod of Dagster's Helm chart: the chart mounts its own dagster.yaml, with the host
+    written in and only the password in the environment."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    chart_file = f"""storage:
+  postgres:
+    postgres_db:
+      hostname: {pg.host}
+      port: {pg.port}
+      username: {pg.user}
+      password: {{env: DAGSTER_PG_PASSWORD}}
+      db_name: {pg.db}
+      scheme: postgresql+psycopg2
+"""
+    (home / "dagster.yaml").write_text(chart_file)
+    env = {**CLEAN_ENV, "DAGSTER_PG_PASSWORD": pg.password, "DAGSTER_HOME": str(home), "PANELFORGE_PROFILE": "cluster"}
+    done = setup_instance(env)
+    assert done.returncode == 0, done.stderr
+    assert (home / "dagster.yaml").read_text() == chart_file
+    assert query(pg, 'SELECT "limit" FROM concurrency_limits WHERE concurrency_key = %s', "gpu") == [(1,)]
+
+
 def test_cluster_instance_file_reads_every_connection_setting_from_the_environment():
     config = yaml.safe_load(CLUSTER_INSTANCE_FILE.read_text())
     db = config["storage"]["postgres"]["postgres_db"]
@@ -100,8 +123,11 @@ def test_cluster_instance_file_reads_every_connection_setting_from_the_environme
         "db_name": {"env": "DAGSTER_PG_DB"},
         "scheme": "postgresql+psycopg2",  # SQLAlchemy 2.1's bare postgresql:// wants psycopg 3
     }
-    # the same concurrency as the single-machine file: the cluster only moves the storage
-    assert config["concurrency"] == yaml.safe_load(INSTANCE_FILE.read_text())["concurrency"]
+    # the single-machine file's pools and run limit, plus room kept beside backfills
+    single = yaml.safe_load(INSTANCE_FILE.read_text())["concurrency"]
+    assert config["concurrency"]["pools"] == single["pools"]
+    assert config["concurrency"]["runs"]["max_concurrent_runs"] == single["runs"]["max_concurrent_runs"]
+    assert config["concurrency"]["runs"]["tag_concurrency_limits"] == [{"key": "dagster/backfill", "limit": 6}]
 
 
 def test_the_instance_opens_all_three_storages_in_postgres(pg, tmp_path, monkeypatch):
