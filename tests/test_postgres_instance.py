@@ -279,3 +279,6 @@ def test_a_partition_materialized_through_the_web_server_lives_in_postgres(pg, t
         assert events == [{"partition": "2026", "runId": run_id}]
     finally:
         dev.stop()
+    # the password reached every process through the environment and no log line
+    logs = [tmp_path / "first.log", tmp_path / "second.log", *sorted((home / "storage").rglob("*.*"))]
+    assert not [log for log in logs if log.is_file() and pg.password in log.read_text(errors="replace")]
