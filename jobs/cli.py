@@ -1,6 +1,7 @@
 """The command line for people without the UI: open a release, then materialize or backfill it.
 
     python -m jobs.cli setup-instance            # once per DAGSTER_HOME: instance file, pool limits
+                                                 # (cluster profile: PostgreSQL, DAGSTER_PG_* variables)
     python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
     dagster asset materialize -m jobs.definitions --select pmc_inventory --partition 2027
     dagster asset materialize -m jobs.definitions --select pmc_raw_articles --partition '2027|000'
@@ -25,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add = sub.add_parser("add-release", help="open a release: add it and its shards as partitions")
     add.add_argument("release", help="the release key, a year such as 2027")
-    sub.add_parser("setup-instance", help="install deploy/dagster.yaml into DAGSTER_HOME and set the pool limits")
+    sub.add_parser(
+        "setup-instance",
+        help="install the profile's instance file (deploy/dagster.yaml; cluster: deploy/dagster-cluster.yaml) "
+        "into DAGSTER_HOME and set the pool limits",
+    )
     args = parser.parse_args(argv)
 
     from dagster import DagsterInstance
@@ -47,22 +52,61 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def setup_instance(settings) -> int:
+    """Install the profile's instance file, then set the pool limits in that instance's storage.
+
+    With the cluster profile the storage is PostgreSQL: a missing ``DAGSTER_PG_*`` variable or an
+    unreachable server is reported in one line naming the host and port, never the password.
+    """
     import os
     from pathlib import Path
 
     from dagster import DagsterInstance
 
-    from jobs.instance import configure_pools, install_instance_file
+    from jobs.instance import configure_pools, install_instance_file, missing_postgres_env
 
     home = os.environ.get("DAGSTER_HOME")
     if not home:
         print("DAGSTER_HOME is not set: point it at the directory of your Dagster instance", file=sys.stderr)
         return 2
-    print(f"instance file: {install_instance_file(Path(home))}")
-    with DagsterInstance.get() as instance:
-        for pool, limit in configure_pools(instance, settings).items():
-            print(f"pool {pool}: {limit}")
+    # a file already there is kept (the user's own, or the one Dagster's Helm chart mounts, which
+    # writes the connection into the file): only the shipped cluster file needs the variables
+    installs_cluster_file = settings.profile == "cluster" and not (Path(home) / "dagster.yaml").exists()
+    if installs_cluster_file and (missing := missing_postgres_env(os.environ)):
+        print(
+            f"PANELFORGE_PROFILE=cluster keeps Dagster's instance in PostgreSQL: set {', '.join(missing)}",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"instance file: {install_instance_file(Path(home), settings.profile)}")
+    try:
+        with DagsterInstance.get() as instance:
+            for pool, limit in configure_pools(instance, settings).items():
+                print(f"pool {pool}: {limit}")
+    except Exception as exc:  # noqa: BLE001 - any storage failure ends here, with a readable line
+        reason = _connection_failure(exc, os.environ.get("DAGSTER_PG_PASSWORD"))
+        if reason is None:
+            raise
+        where = f"{os.environ.get('DAGSTER_PG_HOST')}:{os.environ.get('DAGSTER_PG_PORT')}"
+        print(f"cannot open the instance's PostgreSQL at {where}: {reason}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _connection_failure(exc: BaseException, password: str | None) -> str | None:
+    """The driver's first line when ``exc`` is a database that cannot be reached or refuses the
+    login (dagster-postgres wraps it after its retries), else None.
+
+    The password is masked even though libpq does not echo it: a secret never reaches a log.
+    """
+    import sqlalchemy.exc
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.OperationalError):
+            line = (str(seen.orig) or type(seen.orig).__name__).strip().splitlines()[0]
+            return line.replace(password, "***") if password else line
+        seen = seen.__cause__
+    return None
 
 
 if __name__ == "__main__":
