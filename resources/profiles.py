@@ -91,6 +91,7 @@ def build_resources(settings: Settings | None = None) -> dict:
             ray_address=settings.ray_address,
             replicas=settings.vlm_replicas,
             tensor_parallel_size=settings.vlm_tensor_parallel,
+            vllm_env=settings.vllm_env,
             **SYNTHETIC_VLM if settings.synthetic else {},
         ),
     }

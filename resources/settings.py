@@ -84,6 +84,7 @@ class Settings:
     vlm_url: str | None = None
     vlm_replicas: int = 1
     vlm_tensor_parallel: int = 1
+    vllm_env: str = "pip"
     text_tokenizer: str = "openclip"
     text_context: int = 512
 
@@ -126,6 +127,7 @@ class Settings:
             vlm_url=_vlm_url(env),
             vlm_replicas=env.integer("PANELFORGE_VLM_REPLICAS", minimum=1, default=1),
             vlm_tensor_parallel=env.integer("PANELFORGE_VLM_TENSOR_PARALLEL", minimum=1, default=1),
+            vllm_env=_vllm_env(env.get("PANELFORGE_VLLM_ENV") or "pip"),
             text_tokenizer=_tokenizer(env.get("PANELFORGE_TEXT_TOKENIZER") or "openclip"),
             text_context=env.integer("PANELFORGE_TEXT_CONTEXT", minimum=8, default=512),
         )
@@ -234,6 +236,14 @@ def _tokenizer(spec: str) -> str:
     if spec in ("openclip", "tiny") or (spec.startswith("hf:") and len(spec) > 3):
         return spec
     raise SettingsError(f"PANELFORGE_TEXT_TOKENIZER must be openclip, tiny or hf:<id or path>, got {spec!r}")
+
+
+def _vllm_env(spec: str) -> str:
+    """How vLLM reaches the Ray workers: ``pip`` (Ray installs it), ``image`` (the workers have
+    it) or the absolute path of a Python that has it (a second venv in the worker image)."""
+    if spec in ("pip", "image") or spec.startswith("/"):
+        return spec
+    raise SettingsError(f"PANELFORGE_VLLM_ENV must be pip, image or the absolute path of a Python, got {spec!r}")
 
 
 def _detector(value: str | None) -> str | None:

@@ -68,6 +68,7 @@ class VlmEngineResource(ConfigurableResource):
     replicas: int = 1
     tensor_parallel_size: int = 1
     accelerator_type: str | None = None
+    vllm_env: str = "pip"
 
     def engine_config(self, model: str | None = None) -> EngineConfig:
         model = model or self.model
@@ -117,7 +118,7 @@ class VlmEngineResource(ConfigurableResource):
                 retries=self.retries,
                 structured=self.structured,
             )
-        from pipelines.vlm.ray_llm import RayVllmEngine, RayVllmSettings
+        from pipelines.vlm.ray_llm import RayVllmEngine, RayVllmSettings, runtime_env_for
 
         settings = RayVllmSettings(
             address=self.ray_address,
@@ -125,5 +126,6 @@ class VlmEngineResource(ConfigurableResource):
             tensor_parallel_size=self.tensor_parallel_size,
             accelerator_type=self.accelerator_type,
             batch_size=self.batch_size,
+            runtime_env=runtime_env_for(self.vllm_env),
         )
         return RayVllmEngine(config, settings)

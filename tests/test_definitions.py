@@ -165,6 +165,11 @@ def test_vlm_and_text_encoder_settings_are_validated():
         Settings.from_env({"PANELFORGE_VLM_BACKEND": "openai", "PANELFORGE_VLM_URL": "localhost:8000"})
     with pytest.raises(SettingsError, match="PANELFORGE_TEXT_TOKENIZER must be"):
         Settings.from_env({"PANELFORGE_TEXT_TOKENIZER": "bert"})
+    with pytest.raises(SettingsError, match="PANELFORGE_VLLM_ENV must be"):
+        Settings.from_env({"PANELFORGE_VLLM_ENV": "opt/vllm-venv/bin/python"})  # relative: ambiguous on a worker
+    assert Settings.from_env({}).vllm_env == "pip"
+    venv = "/opt/vllm-venv/bin/python"
+    assert Settings.from_env({"PANELFORGE_VLLM_ENV": venv}).vllm_env == venv
     server = Settings.from_env({"PANELFORGE_VLM_BACKEND": "openai", "PANELFORGE_VLM_URL": "http://gpu-1:8000"})
     assert (server.vlm_backend, server.vlm_url) == ("openai", "http://gpu-1:8000")
     assert Settings.from_env({"PANELFORGE_PROFILE": "cluster"}).vlm_backend == "ray"

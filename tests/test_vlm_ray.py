@@ -32,7 +32,9 @@ from pipelines.vlm.ray_llm import (
     preprocess,
     processor_config,
     request_row,
+    runtime_env_for,
 )
+from resources.vlm import VlmEngineResource
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data.llm")  # needs aiohttp
@@ -119,6 +121,18 @@ def test_defaults_pin_vllm_through_pip_and_leave_vllm_defaults_alone():
     assert engine.info()["backend"] == "ray-vllm"
     image = RayVllmEngine(config, RayVllmSettings(runtime_env=None))
     assert image.backend_version() == f"vllm (version set by the worker image) (ray data llm {ray.__version__})"
+
+
+def test_the_vllm_env_setting_becomes_the_llm_stages_runtime_env():
+    assert runtime_env_for("pip") == {"pip": {"packages": ["vllm==0.29.0"], "pip_check": False}}
+    assert runtime_env_for("image") is None
+    assert runtime_env_for("/opt/vllm-venv/bin/python") == {"py_executable": "/opt/vllm-venv/bin/python"}
+    with pytest.raises(ValueError, match="absolute path"):
+        runtime_env_for("vllm")
+    resource = VlmEngineResource(backend="ray", vllm_env="/opt/vllm-venv/bin/python")
+    engine = resource.engine()
+    assert engine.settings.runtime_env == {"py_executable": "/opt/vllm-venv/bin/python"}
+    assert engine.backend_version().startswith("vllm (version set by the worker image)")
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,19 @@ def default_runtime_env() -> dict:
     return {"pip": {"packages": [f"vllm=={VLLM_VERSION}"], "pip_check": False}}
 
 
+def runtime_env_for(vllm_env: str) -> dict | None:
+    """The LLM stages' ``runtime_env`` for ``PANELFORGE_VLLM_ENV``: ``pip`` → the default above,
+    ``image`` → None (the worker image has vLLM), an absolute path → that Python
+    (``py_executable``: a second venv in the worker image, see deploy/docker/Dockerfile.gpu)."""
+    if vllm_env == "pip":
+        return default_runtime_env()
+    if vllm_env == "image":
+        return None
+    if vllm_env.startswith("/"):
+        return {"py_executable": vllm_env}
+    raise ValueError(f"vllm_env must be pip, image or an absolute path to a Python, got {vllm_env!r}")
+
+
 @dataclass(frozen=True)
 class RayVllmSettings:
     """How the vLLM engines run on the cluster.
