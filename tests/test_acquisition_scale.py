@@ -97,6 +97,19 @@ def test_transport_keeps_at_most_max_in_flight_requests_at_the_server(tmp_path, 
     assert peak == 2  # twelve callers, two places: never more, and both used
 
 
+def test_requests_of_a_thread_reuse_one_connection(tmp_path, cloud_mirror):
+    limiter = RateLimiter(10_000, key="keepalive", state_dir=tmp_path)
+    keys = sorted(p.relative_to(cloud_mirror).as_posix() for p in cloud_mirror.glob("*/*.json"))[:12]
+    with S3LoopbackServer(cloud_mirror) as server:
+        transport = HttpTransport(server.url, limiter, RetryPolicy(attempts=1), max_in_flight=2)
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(transport.read_bytes, keys))
+        for i, key in enumerate(keys[:3]):  # streamed downloads too
+            transport.download(key, tmp_path / f"object-{i}")
+        assert server.plan.count() == 15
+        assert 1 <= server.connections <= 3  # two pool threads and the main thread, one each
+
+
 def test_download_stage_respects_the_source_concurrency(tmp_path, cloud_mirror):
     lake = Lake(tmp_path / "lake")
     with S3LoopbackServer(cloud_mirror, plan=FaultPlan(latency=0.02)) as server:

@@ -41,6 +41,7 @@ class S3LoopbackServer(LoopbackHttpServer):
         self.plan = plan or FaultPlan()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.connections = 0  # TCP connections accepted: fewer than requests means keep-alive
         self._flight_lock = threading.Lock()
 
     def _enter(self) -> None:
@@ -64,6 +65,11 @@ class S3LoopbackServer(LoopbackHttpServer):
 
             def log_message(self, *args) -> None:  # keep test output quiet
                 pass
+
+            def setup(self) -> None:  # once per connection, however many requests it carries
+                with server._flight_lock:
+                    server.connections += 1
+                super().setup()
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 server._enter()
