@@ -33,6 +33,7 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.acquisition
+	$(BIN)/python -m benchmarks.acquisition_scale
 	$(BIN)/python -m benchmarks.parsing
 	$(BIN)/python -m benchmarks.entrez
 	$(BIN)/python -m benchmarks.embeddings

@@ -31,7 +31,8 @@ def instance_file(profile: str) -> Path:
 
 
 def pool_limits(settings: Settings) -> dict[str, int]:
-    return {PMC_POOL: 1, EUTILS_POOL: 1, GPU_POOL: settings.gpu_slots}
+    # pmc_source: one downloading host for mirrors, PANELFORGE_CLOUD_HOSTS for the AWS bucket
+    return {PMC_POOL: settings.source_policy().hosts, EUTILS_POOL: 1, GPU_POOL: settings.gpu_slots}
 
 
 def install_instance_file(dagster_home: Path, profile: str = "local") -> Path:

@@ -10,13 +10,17 @@ from pipelines.acquire.source import PmcSource, open_source
 
 class PmcSourceResource(ConfigurableResource):
     """``url`` picks transport and layout; ``rate_limit`` (requests/s) holds host-wide through
-    the slot files in ``rate_dir``. ``ftp_password`` arrives as ``EnvVar``."""
+    the slot files in ``rate_dir``; ``concurrency`` bounds the requests in flight per run;
+    unset, both come from the source's policy (``pipelines.acquire.source.DEFAULT_POLICIES``).
+    ``hosts`` is the ``pmc_source`` pool limit the instance was set up with (s3:// only).
+    ``ftp_password`` arrives as ``EnvVar``."""
 
     url: str
     rate_limit: float | None = None
     outage_retries: int = 0  # runs are retried this often when the service is unreachable
     outage_retry_delay_s: float = 300.0
-    concurrency: int = 4
+    concurrency: int | None = None
+    hosts: int = 1
     timeout_s: float = 60.0
     attempts: int = 5
     backoff_base_s: float = 0.5
@@ -34,4 +38,6 @@ class PmcSourceResource(ConfigurableResource):
             rate_state_dir=self.rate_dir,
             ftp_user=self.ftp_user,
             ftp_password=self.ftp_password or "anonymous@",
+            concurrency=self.concurrency,
+            hosts=self.hosts,
         )

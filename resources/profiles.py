@@ -6,7 +6,7 @@ Profiles only change defaults (``PROFILE_DEFAULTS`` in ``resources/settings.py``
 resource               demo                         local                   cluster
 =====================  ===========================  ======================  ======================
 lake                   ./data, 4 shards             ./data, 256 shards      PANELFORGE_HOME (s3://)
-pmc_source             sample mirror on disk        s3://pmc-oa-opendata    s3://pmc-oa-opendata, 8 transfers
+pmc_source             sample mirror on disk        s3://pmc-oa-opendata    s3://pmc-oa-opendata (340/s, 64 in flight)
 eutils                 NCBI_EUTILS_URL              NCBI                    NCBI (+ NCBI_API_KEY)
 models                 tiny random (synthetic)      DINOv2 by id or path    DINOv2 by id or path
 ray                    in-process, CPU              in-process, CPU         PANELFORGE_RAY_ADDRESS, 1 GPU/actor
@@ -69,8 +69,9 @@ def build_resources(settings: Settings | None = None) -> dict:
         "hub": HuggingFaceHubResource(repo_id=settings.hf_repo, token=_secret("HF_TOKEN")),
         "pmc_source": PmcSourceResource(
             url=settings.pmc_source,
-            rate_limit=settings.rate_limit,
-            concurrency=settings.concurrency,
+            rate_limit=settings.source_policy().rate,
+            concurrency=settings.source_policy().concurrency,
+            hosts=settings.source_policy().hosts,
             rate_dir=settings.rate_dir,
             ftp_user=settings.ftp_user,
             ftp_password=_secret("PANELFORGE_FTP_PASSWORD"),

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.acquire.source import S3_GET_PER_PREFIX, SourcePolicy, source_policy
+
 PROFILES = ("demo", "local", "cluster")
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / ".demo"
@@ -58,6 +60,9 @@ class Settings:
     pmc_source: str = "s3://pmc-oa-opendata"
     rate_limit: float | None = None
     concurrency: int = 4
+    cloud_rps: float | None = None
+    cloud_concurrency: int | None = None
+    cloud_hosts: int = 1
     rate_dir: str = str(Path(tempfile.gettempdir()) / "panelforge-ratelimit")
     ftp_user: str = "anonymous"
     eutils_url: str = DEFAULT_EUTILS_URL
@@ -102,6 +107,9 @@ class Settings:
             pmc_source=_source_url(env.text("PANELFORGE_PMC_SOURCE")),
             rate_limit=env.number("PANELFORGE_RATE_LIMIT", None, positive=True),
             concurrency=env.integer("PANELFORGE_CONCURRENCY", minimum=1),
+            cloud_rps=env.number("PANELFORGE_CLOUD_RPS", None, positive=True),
+            cloud_concurrency=_optional_integer(env, "PANELFORGE_CLOUD_CONCURRENCY"),
+            cloud_hosts=env.integer("PANELFORGE_CLOUD_HOSTS", minimum=1, default=1),
             rate_dir=env.get("PANELFORGE_RATE_DIR") or cls.rate_dir,
             ftp_user=env.get("PANELFORGE_FTP_USER") or "anonymous",
             eutils_url=_http_url("NCBI_EUTILS_URL", env.get("NCBI_EUTILS_URL") or DEFAULT_EUTILS_URL),
@@ -130,7 +138,37 @@ class Settings:
             vllm_env=_vllm_env(env.get("PANELFORGE_VLLM_ENV") or "pip"),
             text_tokenizer=_tokenizer(env.get("PANELFORGE_TEXT_TOKENIZER") or "openclip"),
             text_context=env.integer("PANELFORGE_TEXT_CONTEXT", minimum=8, default=512),
-        )
+        )._checked_source_policy()
+
+    @property
+    def is_cloud_bucket(self) -> bool:
+        return urllib.parse.urlsplit(self.pmc_source).scheme == "s3"
+
+    def source_policy(self) -> SourcePolicy:
+        """The rate, in-flight requests and downloading hosts for ``pmc_source``: the AWS bucket
+        has its own settings (``PANELFORGE_CLOUD_*``); mirrors keep the strict ones."""
+        if self.is_cloud_bucket:
+            rate = self.cloud_rps or self.rate_limit
+            return source_policy(self.pmc_source, rate, self.cloud_concurrency, self.cloud_hosts)
+        return source_policy(self.pmc_source, self.rate_limit, self.concurrency)
+
+    def _checked_source_policy(self) -> Settings:
+        """Refuse a cluster that could send one partitioned S3 prefix more than AWS documents it
+        serves, and several hosts against a mirror whose limit is not per host."""
+        if not self.is_cloud_bucket:
+            if self.cloud_hosts > 1:
+                raise SettingsError(
+                    f"PANELFORGE_CLOUD_HOSTS={self.cloud_hosts} applies only to an s3:// source; "
+                    f"{self.pmc_source} is downloaded by one host at a time"
+                )
+            return self
+        policy = self.source_policy()
+        if policy.cluster_rate > S3_GET_PER_PREFIX:
+            raise SettingsError(
+                f"PANELFORGE_CLOUD_HOSTS x PANELFORGE_CLOUD_RPS = {self.cloud_hosts} x {policy.rate:g} = "
+                f"{policy.cluster_rate:g} requests/s exceeds S3's {S3_GET_PER_PREFIX} GET/s per prefix"
+            )
+        return self
 
 
 class _Env:
@@ -194,6 +232,10 @@ class _Env:
         if raw.lower() not in ("0", "1", "true", "false", "yes", "no"):
             raise SettingsError(f"{name} must be 1 or 0, got {raw!r}")
         return raw.lower() in ("1", "true", "yes")
+
+
+def _optional_integer(env: _Env, name: str) -> int | None:
+    return env.integer(name, minimum=1) if env.get(name) is not None else None
 
 
 def _source_url(url: str) -> str:

@@ -3,8 +3,10 @@
 Every caller takes the next free slot from a small state file under an exclusive ``flock``:
 slots are spaced ``1.02/rate`` seconds apart, so no one-second window ever holds more than
 ``rate`` requests, however many threads or processes (Dagster runs, Ray workers) share
-the host. Across a cluster the limit is per host: PanelForge runs downloads in a Dagster
-concurrency pool of size 1 (see the README), which makes one host the only client.
+the host. Across a cluster the limit is per host: the Dagster pool ``pmc_source`` caps how many
+runs (hence hosts) download at once, so the cluster's rate is at most ``pool limit x rate``
+(1 for FTP mirrors and HTTPS mirrors, ``PANELFORGE_CLOUD_HOSTS`` for the AWS bucket; see
+``pipelines.acquire.source.SourcePolicy``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -26,7 +29,16 @@ def _default_state_dir() -> Path:
 class RateLimiter:
     """Spaces calls to :meth:`acquire` at least ``1/rate`` seconds apart host-wide, per ``key``."""
 
-    def __init__(self, rate: float, key: str, state_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        rate: float,
+        key: str,
+        state_dir: str | os.PathLike[str] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        # The slot file holds wall-clock times that other processes compare with their own
+        # clock, so ``clock`` must be wall-clock time; tests inject a fake clock and sleep.
         if rate <= 0:
             raise ValueError(f"rate limit must be positive, got {rate}")
         self.rate = float(rate)
@@ -39,6 +51,7 @@ class RateLimiter:
         name = hashlib.sha1(key.encode()).hexdigest()[:16]
         self.path = state / f"{name}.slot"
         self._lock = threading.Lock()
+        self._clock, self._sleep = clock, sleep
         self.count = 0
 
     def acquire(self) -> float:
@@ -49,7 +62,7 @@ class RateLimiter:
                 fh.seek(0)
                 data = fh.read(8)
                 next_free = struct.unpack("d", data)[0] if len(data) == 8 else 0.0
-                now = time.time()
+                now = self._clock()
                 slot = max(now, next_free)
                 fh.seek(0)
                 fh.truncate()
@@ -57,9 +70,9 @@ class RateLimiter:
                 fh.flush()
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
-        delay = slot - time.time()
+        delay = slot - self._clock()
         if delay > 0:
-            time.sleep(delay)
+            self._sleep(delay)
         self.count += 1
         return slot
 

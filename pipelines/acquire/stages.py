@@ -74,7 +74,7 @@ class AcquireStage(Stage):
     unchanged ones, and verify the raw layer the manifest points at."""
 
     source: PmcSource
-    concurrency: int = 4
+    concurrency: int | None = None  # articles fetched at once; None: the source policy's
 
     name = "pmc_raw_articles"
     reads = (Table.INVENTORY, Table.RAW_MANIFEST, Table.RAW_FILES)
@@ -88,7 +88,13 @@ class AcquireStage(Stage):
             raise StageInputError(f"no inventory for release {release}: run the inventory of {release} first")
         previous = lake.previous_release(Table.RAW_MANIFEST, release)
         shard_result = acquire_shard(
-            lake, self.source, release, shard, inventory.to_pylist(), previous, self.concurrency
+            lake,
+            self.source,
+            release,
+            shard,
+            inventory.to_pylist(),
+            previous,
+            self.concurrency or self.source.concurrency,
         )
         manifest = shard_result.manifest
         errors = [r for r in manifest if r["status"] == "error"]

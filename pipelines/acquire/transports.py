@@ -17,6 +17,7 @@ import threading
 import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import ftputil
@@ -47,12 +48,31 @@ class Transport(ABC):
     scheme = "abstract"
     where = "?"  # names the source in SourceUnavailableError
 
-    def __init__(self, limiter: RateLimiter, retry: RetryPolicy):
+    def __init__(self, limiter: RateLimiter, retry: RetryPolicy, max_in_flight: int | None = None):
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.limiter = limiter
         self.retry = retry
+        self.max_in_flight = max_in_flight
+        self._gate = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
         self._counter_lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
+
+    @contextmanager
+    def _in_flight(self) -> Iterator[None]:
+        """Hold one of ``max_in_flight`` places while a request and its body are on the wire.
+
+        Taken *before* the rate-limit slot: a request that took its slot and then waited here
+        would go out late, and late requests bunch up at the server above the rate. Streaming
+        bodies keep their place until the last chunk is on disk, so a process holds at most
+        ``max_in_flight`` connections busy and ``max_in_flight x CHUNK`` bytes of bodies.
+        """
+        if self._gate is None:
+            yield
+            return
+        with self._gate:
+            yield
 
     def _request(self) -> None:
         self.limiter.acquire()
@@ -103,8 +123,15 @@ class HttpTransport(Transport):
 
     scheme = "http"
 
-    def __init__(self, base_url: str, limiter: RateLimiter, retry: RetryPolicy, timeout: float = 60.0):
-        super().__init__(limiter, retry)
+    def __init__(
+        self,
+        base_url: str,
+        limiter: RateLimiter,
+        retry: RetryPolicy,
+        timeout: float = 60.0,
+        max_in_flight: int | None = None,
+    ):
+        super().__init__(limiter, retry, max_in_flight)
         self.base_url = base_url.rstrip("/")
         self.where = urllib.parse.urlsplit(self.base_url).netloc or self.base_url
         self.timeout = timeout
@@ -112,6 +139,8 @@ class HttpTransport(Transport):
 
     @property
     def _session(self) -> requests.Session:
+        """One keep-alive session per thread: a thread's requests reuse its connection (no TCP or
+        TLS handshake per object), and no session is shared across threads."""
         if not hasattr(self._local, "session"):
             self._local.session = requests.Session()
         return self._local.session
@@ -146,15 +175,17 @@ class HttpTransport(Transport):
                 params["delimiter"] = delimiter
             if token:
                 params["continuation-token"] = token
-            body = self._retry(
-                lambda p=dict(params): self._get(f"{self.base_url}/", params=p).content, f"list {prefix!r}"
-            )
+            body = self._retry(lambda p=dict(params): self._list_page(p), f"list {prefix!r}")
             root = etree.fromstring(body, SAFE_XML)
             ns = S3_NS if root.tag.startswith(S3_NS) else ""
             yield root, ns
             if root.findtext(f"{ns}IsTruncated") != "true":
                 return
             token = root.findtext(f"{ns}NextContinuationToken")
+
+    def _list_page(self, params: dict) -> bytes:
+        with self._in_flight(), self._get(f"{self.base_url}/", params=params) as response:
+            return self._read_body(response, self.base_url)
 
     def list(self, directory: str) -> Iterator[str]:
         prefix = directory.strip("/") + "/" if directory.strip("/") else ""
@@ -170,7 +201,7 @@ class HttpTransport(Transport):
                 yield node.findtext(f"{ns}Key"), (node.findtext(f"{ns}ETag") or "").strip('"')
 
     def _read_once(self, path: str) -> bytes:
-        with self._get(self._url(path)) as response:
+        with self._in_flight(), self._get(self._url(path)) as response:
             data = self._read_body(response, self._url(path))
         self._received(len(data))
         return data
@@ -183,6 +214,11 @@ class HttpTransport(Transport):
             raise TransientError(f"connection dropped while reading {url}") from exc
 
     def _download_once(self, path: str, partial: Path) -> None:
+        with self._in_flight():
+            self._stream_to(path, partial)
+
+    def _stream_to(self, path: str, partial: Path) -> None:
+        """GET ``path`` into ``partial`` chunk by chunk: memory is one chunk, whatever the size."""
         offset = partial.stat().st_size if partial.exists() else 0
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         url = self._url(path)

@@ -2,13 +2,16 @@
 
 Path-style bucket URLs (``http://127.0.0.1:PORT/<bucket>``), anonymous access, ``GET`` of
 objects with ``Range``, and ListObjectsV2 (``?list-type=2`` with prefix, delimiter,
-max-keys and continuation tokens) answered with the real S3 XML namespace.
+max-keys and continuation tokens) answered with the real S3 XML namespace. The server counts
+the requests it is answering at once (``max_in_flight``), which is how tests check a client's
+concurrency bound; the plan's ``latency`` holds every answer back, as S3's first-byte latency.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -36,6 +39,19 @@ class S3LoopbackServer(LoopbackHttpServer):
         self.root = Path(root)
         self.bucket = bucket
         self.plan = plan or FaultPlan()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.connections = 0  # TCP connections accepted: fewer than requests means keep-alive
+        self._flight_lock = threading.Lock()
+
+    def _enter(self) -> None:
+        with self._flight_lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _leave(self) -> None:
+        with self._flight_lock:
+            self.in_flight -= 1
 
     @property
     def url(self) -> str:
@@ -50,7 +66,19 @@ class S3LoopbackServer(LoopbackHttpServer):
             def log_message(self, *args) -> None:  # keep test output quiet
                 pass
 
+            def setup(self) -> None:  # once per connection, however many requests it carries
+                with server._flight_lock:
+                    server.connections += 1
+                super().setup()
+
             def do_GET(self) -> None:  # noqa: N802 - http.server API
+                server._enter()
+                try:
+                    self._answer()
+                finally:
+                    server._leave()
+
+            def _answer(self) -> None:
                 parts = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
                 path = urllib.parse.unquote(parts.path)
