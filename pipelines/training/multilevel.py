@@ -932,12 +932,22 @@ class Trainer:
 
     # -- one step
 
-    def train_step(self) -> dict[str, float]:
+    def plan(self) -> tuple[list[str], dict[str, float], random.Random]:
+        """The current step's levels, loss weights and text-sampling generator."""
         c = self.config
         levels = levels_at(self.step, c.schedule, c.schedule_every)
         weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps)
         rng = random.Random(c.seed * 1_000_003 + self.step + self.info.rank * 100_003)  # same texts on a re-run
-        inputs = self.inputs(levels, weights, rng)
+        return levels, weights, rng
+
+    def train_step(self) -> dict[str, float]:
+        levels, weights, rng = self.plan()
+        return self.compute(self.inputs(levels, weights, rng), weights)
+
+    def compute(self, inputs: StepInputs, weights: dict[str, float]) -> dict[str, float]:
+        """Forward, backward and update on inputs already read (split from the reading so the
+        training benchmark can time the two apart)."""
+        c = self.config
         self.step_module.train()
         autocast = torch.autocast(
             "cuda", dtype=torch.bfloat16, enabled=c.precision == "bf16" and self.device.type == "cuda"
