@@ -75,6 +75,9 @@ def test_region_box_moves_into_its_panel_frame_and_bad_regions_are_refused():
     panel = Decoded("f_p000", None, "panel", size=(300, 200), meta=json.dumps({"box": [100, 40, 400, 240]}))
     assert box_in_parent(region, figure) == (120.0, 60.0, 180.0, 90.0)
     assert box_in_parent(region, panel) == (20.0, 20.0, 80.0, 50.0)
+    # the same panel stored at half its size: the offsets halve too
+    small = Decoded("f_p000", None, "panel", size=(150, 100), meta=json.dumps({"box": [100, 40, 400, 240]}))
+    assert box_in_parent(region, small) == (10.0, 10.0, 40.0, 25.0)
     config = MultilevelConfig(run_dir="unused", region_description_prob=0.0)
     import random
 

@@ -4,13 +4,12 @@ protocol, a feature gather that keeps the local slice's gradient, and each rank'
 The launcher (``resources/launcher.py``) runs a job with more than one GPU under
 ``python -m torch.distributed.run --standalone --nproc-per-node=<gpus>``; torchrun sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous variables that ``init_process_group`` reads
-(``env://``). This module is plain Python (no Dagster); it reads the environment only through
-``torch.distributed`` and ``LOCAL_RANK`` (the launch protocol, like ``pipelines.launch``).
+(``env://``). This module is plain Python (no Dagster) and reads the launch protocol only through
+``torch.distributed``, like ``pipelines.launch``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +46,13 @@ def init_from_env(device: str) -> DistInfo:
     asks for the rank, so the backend matches the trainer's device."""
     if not (dist.is_available() and dist.is_torchelastic_launched()):
         return DistInfo()
+    local_rank = dist.get_node_local_rank(fallback_rank=0)  # torchrun's LOCAL_RANK
     if not dist.is_initialized():
-        dist.init_process_group(backend_for(device))
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        backend = backend_for(device)
+        if backend == "nccl":  # NCCL's collectives (barriers included) run on the current device
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def rank_device(device: str, info: DistInfo) -> str:
@@ -94,16 +97,6 @@ def gather_objects(value: Any, info: DistInfo) -> list[Any]:
 def barrier(info: DistInfo) -> None:
     if info.distributed:
         dist.barrier()
-
-
-def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
-    """True when ``flag`` is true on some rank: a backward pass must run on every rank or none,
-    or DDP's gradient all-reduce waits forever for the rank that skipped it."""
-    if not info.distributed:
-        return flag
-    value = torch.tensor(int(flag), device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def shutdown(info: DistInfo) -> None:

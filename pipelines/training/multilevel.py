@@ -79,7 +79,7 @@ from torch.nn import functional
 
 from pipelines import launch
 from pipelines.training import clip, roi
-from pipelines.training.distributed import DistInfo
+from pipelines.training.distributed import DistInfo, share
 
 FIGURE, PANEL, REGION = "figure", "panel", "region"
 LEVELS = (FIGURE, PANEL, REGION)
@@ -387,7 +387,7 @@ class LevelReader:
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
         shards = [url for pattern in self.patterns for url in braceexpand.braceexpand(pattern)]
         self.by_shard = len(shards) >= self.info.world
-        self.urls = shards[self.info.rank :: self.info.world] if self.by_shard else shards
+        self.urls = share(shards, self.info) if self.by_shard else shards
         self._wds = wds
         self._it = self._samples()
         for _ in range(skip):
@@ -507,11 +507,15 @@ def decode_roi(sample: dict, config: MultilevelConfig, rng: random.Random) -> Ro
 
 def box_in_parent(region: RoiRegion, parent: Decoded) -> tuple[float, float, float, float]:
     """The region's figure-pixel box moved into its parent's frame: a panel's JSON ``box`` (also in
-    figure pixels) gives the panel's origin; a figure is its own frame."""
+    figure pixels) gives the panel's origin and extent, scaled to the panel image as stored (a
+    crop kept at its size scales by 1); a figure is its own frame."""
     meta = json.loads(parent.meta or "{}")
-    origin = meta.get("box") if isinstance(meta.get("box"), list) and len(meta["box"]) == 4 else [0, 0]
+    frame = meta.get("box")
     x1, y1, x2, y2 = region.box
-    return (x1 - origin[0], y1 - origin[1], x2 - origin[0], y2 - origin[1])
+    if not (isinstance(frame, list) and len(frame) == 4 and frame[2] > frame[0] and frame[3] > frame[1]):
+        return (x1, y1, x2, y2)
+    sx, sy = parent.size[0] / (frame[2] - frame[0]), parent.size[1] / (frame[3] - frame[1])
+    return ((x1 - frame[0]) * sx, (y1 - frame[1]) * sy, (x2 - frame[0]) * sx, (y2 - frame[1]) * sy)
 
 
 # ----------------------------------------------------------------------------------- the model
