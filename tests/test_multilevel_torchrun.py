@@ -42,6 +42,8 @@ def test_torchrun_two_cpu_ranks_train_checkpoint_once_and_resume(data, tiny, tmp
     # per step each rank reads 2 figures and 2 regions: 8 samples a rank in 2 steps
     assert report["ranks"] == 2 and json.loads(report["samples_by_rank"]) == [8, 8]
     assert math.isfinite(report["final_loss"]) and report["loss_region"] > 0
+    # gather_across_ranks (default): the figure and region logits have both ranks' 2 + 2 texts as columns
+    assert json.loads(report["logit_columns"]) == {"figure": 4, "region": 4}
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-00000002.pt"]
     with fsspec.open(launch.latest_checkpoint(str(run / "checkpoints")), "rb") as f:
         saved = torch.load(f, map_location="cpu", weights_only=False)

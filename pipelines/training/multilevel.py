@@ -598,6 +598,7 @@ class StepModel(torch.nn.Module):
         super().__init__()
         self.model, self.config, self.info = model, config, info
         self.roi_processor: roi.RoiProcessor | None = None
+        self.columns: dict[str, int] = {}  # each term's latest logit columns: the global batch when gathered
         if config.roi_mode:
             visual = model.visual
             if getattr(visual, "proj", None) is None or not hasattr(visual, "grid_size"):
@@ -639,8 +640,8 @@ class StepModel(torch.nn.Module):
         return functional.normalize(vectors @ self.model.visual.proj, dim=-1)
 
     def forward(self, inputs: StepInputs, weights: dict[str, float]) -> dict[str, torch.Tensor]:
-        """The step's loss terms by name, plus ``anchor``: zero times every embedding, so each
-        rank's total reaches the same parameters whatever terms its data produced."""
+        """The step's loss terms by name, plus ``anchor``: zero times every embedding and the logit
+        scale, so each rank's total reaches the same parameters whatever terms its data produced."""
         scale = self.model.logit_scale.exp()
         terms: dict[str, torch.Tensor] = {}
         anchors: list[torch.Tensor] = []
@@ -652,7 +653,9 @@ class StepModel(torch.nn.Module):
             txt = self.encode_texts(batch.tokens)
             anchors += [img, txt]
             if weights[level] > 0:
-                terms[level] = clip_loss(self.gather(img), self.gather(txt), scale)
+                every_txt = self.gather(txt)
+                terms[level] = clip_loss(self.gather(img), every_txt, scale)
+                self.columns[level] = every_txt.shape[0]
             if batch.negatives is not None:
                 terms[NEGATIVE] = self._negative(img, txt, batch.negatives, batch.negative_mask, scale)
             if level in CHILD and CHILD[level][1] in inputs.children:
@@ -662,7 +665,7 @@ class StepModel(torch.nn.Module):
                     terms[term] = found
             if roi_here:
                 terms |= self._roi_terms(tokens, inputs.roi, weights, scale, anchors)
-        terms["anchor"] = sum((a.sum() for a in anchors), torch.zeros((), device=scale.device)) * 0.0
+        terms["anchor"] = sum((a.sum() for a in anchors), scale) * 0.0
         return terms
 
     def _cross_level(self, img, txt, children: Batch | None, groups: list[int], scale, anchors) -> torch.Tensor | None:
@@ -684,6 +687,7 @@ class StepModel(torch.nn.Module):
         every_emb, every_txt = self.gather(emb), self.gather(txt)
         if weights[REGION] > 0 and every_emb.shape[0] > 0:
             out[REGION] = clip_loss(every_emb, every_txt, scale)
+            self.columns[REGION] = every_txt.shape[0]
         if batch.negatives is not None and batch.tokens is not None:
             out[NEGATIVE] = self._negative(emb, txt, batch.negatives, batch.negative_mask, scale)
         return out
@@ -737,13 +741,17 @@ class Trainer:
         self.last_terms: dict[str, float] = {}  # each loss term's latest value in this run
 
     def wrap(self) -> None:
-        """DDP after the weights are final (loaded from a checkpoint on every rank). Unused
-        parameters are expected: the ROI processor before the region stage, the levels a step skips."""
+        """DDP after the weights are final (loaded from a checkpoint on every rank). The anchor term
+        reaches every tower parameter each step; only the ROI processor sits unused (before the
+        region stage, or on a rank whose parents found no region), so only then does DDP search
+        the graph for unused parameters."""
         if self.info.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.step_module = DistributedDataParallel(self.core, device_ids=ids, find_unused_parameters=True)
+            self.step_module = DistributedDataParallel(
+                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None
+            )
 
     # -- state
 
@@ -1019,6 +1027,7 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
         "linked_children": json.dumps({k: sum(r["linked"][k] for r in by_rank) for k in trainer.linked}),
         "consumed": json.dumps(trainer.consumed()),
         "samples_by_rank": json.dumps([sum(r["consumed"].values()) for r in by_rank]),
+        "logit_columns": json.dumps(trainer.core.columns),
         "trainable_params": trainer.params["trainable"],
         "frozen_params": trainer.params["frozen"],
         "checkpoint": launch.latest_checkpoint(trainer.ckpt_dir),
