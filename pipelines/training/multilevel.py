@@ -380,12 +380,12 @@ class LevelReader:
     ``world``-th sample (a small subset of one shard still feeds every rank, read by all)."""
 
     def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None):
-        import braceexpand
         import webdataset as wds
+        from webdataset.shardlists import expand_urls
 
         self.level, self.consumed, self.info = level, 0, info or DistInfo()
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
-        shards = [url for pattern in self.patterns for url in braceexpand.braceexpand(pattern)]
+        shards = [url for pattern in self.patterns for url in expand_urls(pattern)]
         self.by_shard = len(shards) >= self.info.world
         self.urls = share(shards, self.info) if self.by_shard else shards
         self._wds = wds
