@@ -23,8 +23,17 @@ One trainer, two recipes (``preset`` in the config; every knob is a :class:`Mult
   negative pairs", so the default negative loss is the logistic pairwise form
   -log sigma((s(r, t+) - s(r, t-)) / tau) (:func:`negative_sigmoid_loss`); the NegCLIP form, the
   negatives as extra logits in the region's softmax (:func:`negative_softmax_loss`), is the
-  other choice. The paper's ROI processor (attention over ROI features) is not reproduced: the
-  ROI crops go through the same image tower.
+  other choice.
+
+Region features (``region_features``): ``crop`` (default) sends the region crops through the image
+tower; ``roi_pool`` pools the parent image's patch tokens inside the region's box (Panel2Patch's
+ROI pooling) and ``roi_processor`` adds RegionMed-CLIP's ROI processor, an attention layer from
+the ROI to the parent's tokens (``pipelines/training/roi.py``, which says what the papers leave
+open). In the ROI modes a region is read with its parent (``roi_parent``: the figure, whose pixel
+frame the release's region ``box`` is in, or the panel) in the same step, through a buffer keyed
+by the parent's key like the cross-level children; its crop is not decoded. The processor's
+weights train only while a region term is on (the curriculum's region stage) and are checkpointed
+beside the CLIP weights; the export holds the CLIP weights alone.
 
 Data: each level reads its WebDataset subset(s) with ``webdataset`` (a release folder with
 ``sizes.json``, or a brace pattern of tars). The cross-level terms need a parent's children in
@@ -37,7 +46,16 @@ Checkpoints go to the lake every ``checkpoint_every`` steps through ``pipelines.
 (``ckpt-<steps done>.pt``: weights, optimizer, lr schedule and how many samples each reader
 consumed), so a preempted run resumes at the saved step and data position. The final weights
 are exported to ``<run_dir>/model`` with :func:`pipelines.training.clip.export_wise_ft`.
-Single process: multi-GPU (DDP) is not implemented; under the launcher's torchrun rank 0 trains.
+
+Multi-GPU: the launcher runs the module under torchrun when the job has more than one GPU; every
+rank joins the process group (NCCL on CUDA, gloo on CPU), wraps the model in
+DistributedDataParallel (the whole step is one ``forward``, :class:`StepModel`), reads its own
+disjoint share of each subset (:class:`LevelReader`), and with ``gather_across_ranks`` (default)
+computes the contrastive terms over every rank's features (OpenCLIP's ``gather_features``: the
+logits have the global batch, ``batch_size`` x ranks, as columns). ``batch_size`` is per rank.
+Rank 0 alone writes checkpoints (between barriers), the export and the report; every rank loads
+the same checkpoint on resume and continues from its own saved data position. The hard-negative
+terms stay per rank (each region against its own negatives).
 """
 
 from __future__ import annotations
@@ -50,7 +68,7 @@ import random
 import re
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -60,15 +78,19 @@ import torch
 from torch.nn import functional
 
 from pipelines import launch
-from pipelines.training import clip
+from pipelines.training import clip, roi
+from pipelines.training.distributed import DistInfo, share
 
 FIGURE, PANEL, REGION = "figure", "panel", "region"
 LEVELS = (FIGURE, PANEL, REGION)
 FIGURE_PANEL, PANEL_REGION, NEGATIVE = "figure_panel", "panel_region", "negative"
+ROI_REGION = "roi_region"  # regions read with their parent in the ROI modes
 WEIGHT_KEYS = (FIGURE, PANEL, REGION, FIGURE_PANEL, PANEL_REGION, NEGATIVE)
 CHILD = {FIGURE: (PANEL, FIGURE_PANEL), PANEL: (REGION, PANEL_REGION)}  # parent level -> (child level, term)
 PARENT_SUFFIX = {PANEL: re.compile(r"^(.+)_p\d{3}$"), REGION: re.compile(r"^(.+_p\d{3})_r\d{2}$")}
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+REGION_FEATURES = ("crop", "roi_pool", "roi_processor")
+FIGURE_OF_REGION = re.compile(r"^(.+)_p\d{3}_r\d{2}$")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "zoom-in": {  # Panel2Patch, "Loss & Training"
@@ -147,6 +169,11 @@ class MultilevelConfig:
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
     gpus: int = 1
     shard_name: str = clip.SHARD_NAME
+    gather_across_ranks: bool = True  # contrastive terms over the global batch (all ranks' features)
+    region_features: str = "crop"  # "crop" (region crops through the tower), "roi_pool" or "roi_processor"
+    roi_parent: str = FIGURE  # whose patch tokens the ROI modes pool: figure (boxes as released) or panel
+    roi_heads: int = 8  # the ROI processor's attention heads (RegionMed-CLIP: 8)
+    roi_output_size: int = 2  # RoIAlign bins per side, averaged into one vector
 
     @classmethod
     def from_dict(cls, data: dict) -> MultilevelConfig:
@@ -184,8 +211,29 @@ class MultilevelConfig:
             raise ValueError(f"negative_loss must be sigmoid or softmax, got {self.negative_loss!r}")
         if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:
             raise ValueError("region_description_prob and wise_ft_alpha must be in [0, 1]")
+        self._validate_roi()
         if self.steps < 1 or self.batch_size < 1 or self.schedule_every < 1 or self.checkpoint_every < 1:
             raise ValueError("steps, batch_size, schedule_every and checkpoint_every must be at least 1")
+
+    @property
+    def roi_mode(self) -> bool:
+        return self.region_features != "crop"
+
+    def _validate_roi(self) -> None:
+        if self.region_features not in REGION_FEATURES:
+            raise ValueError(f"region_features must be one of {REGION_FEATURES}, got {self.region_features!r}")
+        if not self.roi_mode:
+            return
+        if self.roi_parent not in (FIGURE, PANEL):
+            raise ValueError(f"roi_parent must be figure or panel, got {self.roi_parent!r}")
+        for slot in self.schedule:
+            if REGION in slot and self.roi_parent not in slot:
+                raise ValueError(
+                    f"region_features {self.region_features}: a schedule slot training region must also train "
+                    f"its roi_parent {self.roi_parent} (the ROI features come from the parent's tokens): {slot}"
+                )
+        if self.roi_output_size < 1 or self.roi_heads < 1:
+            raise ValueError("roi_output_size and roi_heads must be at least 1")
 
 
 # ----------------------------------------------------------------------------------- schedules
@@ -236,7 +284,7 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float) -> 
 def pooled_children(children: torch.Tensor, groups: list[int], parents: int) -> torch.Tensor:
     """Average pooling of each parent's child embeddings (Panel2Patch's v-bar), re-normalized so
     the CLIP loss compares cosines; ``groups[k]`` is the parent index of child ``k``."""
-    index = torch.tensor(groups, device=children.device)
+    index = torch.tensor(groups, device=children.device, dtype=torch.long)
     sums = torch.zeros(parents, children.shape[1], device=children.device, dtype=children.dtype)
     sums = sums.index_add(0, index, children)
     return functional.normalize(sums, dim=-1)
@@ -249,16 +297,22 @@ def cross_level_loss(
     child_txt: torch.Tensor,
     groups: list[int],
     scale: torch.Tensor | float,
-) -> torch.Tensor:
+    gather: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> torch.Tensor | None:
     """Panel2Patch's L_inter = L_CLIP({v_parent}, {mean v_child}) + L_CLIP({t_parent}, {mean t_child})
-    over the parents that have at least one child in ``groups`` (key design 3)."""
+    over the parents that have at least one child in ``groups`` (key design 3). ``gather`` joins
+    the (parent, pooled children) rows of every rank before the loss (DDP); None when no rank
+    has a parent with children."""
     present = sorted(set(groups))
     remap = {p: i for i, p in enumerate(present)}
     local = [remap[g] for g in groups]
-    keep = torch.tensor(present, device=parent_img.device)
+    keep = torch.tensor(present, device=parent_img.device, dtype=torch.long)
     v_bar = pooled_children(child_img, local, len(present))
     t_bar = pooled_children(child_txt, local, len(present))
-    return clip_loss(parent_img[keep], v_bar, scale) + clip_loss(parent_txt[keep], t_bar, scale)
+    rows = [gather(x) for x in (parent_img[keep], v_bar, parent_txt[keep], t_bar)]
+    if rows[0].shape[0] == 0:
+        return None
+    return clip_loss(rows[0], rows[1], scale) + clip_loss(rows[2], rows[3], scale)
 
 
 def negative_sigmoid_loss(
@@ -304,15 +358,36 @@ def shard_pattern(source: str, shard_name: str) -> str:
     return clip.subset_data(source, shard_name)[0]
 
 
+def roi_parent_key(key: str, parent: str) -> str | None:
+    """The key of the image whose tokens a region's ROI features pool: its figure or its panel."""
+    if parent == FIGURE:
+        match = FIGURE_OF_REGION.match(key)
+        return match.group(1) if match else None
+    return parent_key(key, REGION)
+
+
+def _keep_all(src: Iterator, group: Any = None) -> Iterator:
+    """webdataset's node splitter, disabled: ``LevelReader`` gives each rank its share itself."""
+    return src
+
+
 class LevelReader:
     """An endless reader of one level's subsets (pass after pass, in shard order) that counts
-    what it hands out, so a resumed run skips exactly that many samples."""
+    what it hands out, so a resumed run skips exactly that many samples.
 
-    def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0):
+    Under DDP each rank reads a disjoint share: every ``world``-th shard from its rank when there
+    are at least as many shards as ranks (each rank opens only its own files), else every
+    ``world``-th sample (a small subset of one shard still feeds every rank, read by all)."""
+
+    def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None):
         import webdataset as wds
+        from webdataset.shardlists import expand_urls
 
-        self.level, self.consumed = level, 0
+        self.level, self.consumed, self.info = level, 0, info or DistInfo()
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
+        shards = [url for pattern in self.patterns for url in expand_urls(pattern)]
+        self.by_shard = len(shards) >= self.info.world
+        self.urls = share(shards, self.info) if self.by_shard else shards
         self._wds = wds
         self._it = self._samples()
         for _ in range(skip):
@@ -320,15 +395,16 @@ class LevelReader:
         self.consumed = skip
 
     def _samples(self) -> Iterator[dict]:
+        stride = 1 if self.by_shard else self.info.world
         while True:
             seen = 0
-            for pattern in self.patterns:
-                dataset = self._wds.WebDataset(pattern, shardshuffle=False)
-                for sample in dataset:
+            dataset = self._wds.WebDataset(self.urls, shardshuffle=False, nodesplitter=_keep_all)
+            for index, sample in enumerate(dataset):
+                if index % stride == self.info.rank % stride:
                     seen += 1
                     yield sample
             if seen == 0:
-                raise ValueError(f"the {self.level} subsets {self.patterns} hold no sample")
+                raise ValueError(f"the {self.level} subsets {self.patterns} hold no sample for rank {self.info.rank}")
 
     def next(self) -> dict:
         self.consumed += 1
@@ -373,6 +449,8 @@ class Decoded:
     image: Any  # a preprocessed tensor
     text: str
     negatives: list[str] = field(default_factory=list)
+    size: tuple[int, int] = (0, 0)  # the image's (width, height) before the transform
+    meta: str = ""  # the sample's JSON member as text
 
 
 def _text(sample: dict, ext: str) -> str:
@@ -402,7 +480,42 @@ def decode(sample: dict, level: str, preprocess, config: MultilevelConfig, rng: 
     if not text.strip():
         raise ValueError("empty text")
     negatives = [n.strip() for n in _text(sample, "neg.txt").splitlines() if n.strip()][: config.max_negatives]
-    return Decoded(sample["__key__"], preprocess(image), text.strip(), negatives)
+    return Decoded(sample["__key__"], preprocess(image), text.strip(), negatives, image.size, _text(sample, "json"))
+
+
+@dataclass
+class RoiRegion:
+    key: str
+    box: tuple[float, float, float, float]  # in the parent's pixel frame
+    text: str
+    negatives: list[str]
+
+
+def decode_roi(sample: dict, config: MultilevelConfig, rng: random.Random) -> RoiRegion:
+    """A region for the ROI modes: its texts and its box (the JSON ``box``, in the figure's
+    pixels); its crop is not decoded. Raises ValueError for a region without a usable box or text."""
+    meta = json.loads(_text(sample, "json") or "{}")
+    box = meta.get("box")
+    if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, int | float) for v in box):
+        raise ValueError(f"no [x1, y1, x2, y2] box in the region JSON (got {box!r})")
+    text = region_text(sample, config.region_description_prob, rng)
+    if not text:
+        raise ValueError("empty text")
+    negatives = [n.strip() for n in _text(sample, "neg.txt").splitlines() if n.strip()][: config.max_negatives]
+    return RoiRegion(sample["__key__"], tuple(float(v) for v in box), text, negatives)
+
+
+def box_in_parent(region: RoiRegion, parent: Decoded) -> tuple[float, float, float, float]:
+    """The region's figure-pixel box moved into its parent's frame: a panel's JSON ``box`` (also in
+    figure pixels) gives the panel's origin and extent, scaled to the panel image as stored (a
+    crop kept at its size scales by 1); a figure is its own frame."""
+    meta = json.loads(parent.meta or "{}")
+    frame = meta.get("box")
+    x1, y1, x2, y2 = region.box
+    if not (isinstance(frame, list) and len(frame) == 4 and frame[2] > frame[0] and frame[3] > frame[1]):
+        return (x1, y1, x2, y2)
+    sx, sy = parent.size[0] / (frame[2] - frame[0]), parent.size[1] / (frame[3] - frame[1])
+    return ((x1 - frame[0]) * sx, (y1 - frame[1]) * sy, (x2 - frame[0]) * sx, (y2 - frame[1]) * sy)
 
 
 # ----------------------------------------------------------------------------------- the model
@@ -443,75 +556,252 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
+# ----------------------------------------------------------------------------------- one step's inputs
+
+
+@dataclass
+class Batch:
+    """A batch ready for the towers (on the device): images, text tokens, and for regions their
+    hard negatives' tokens ``(n * K, ctx)`` with the mask of real ones ``(n, K)``."""
+
+    images: torch.Tensor
+    tokens: torch.Tensor
+    negatives: torch.Tensor | None = None
+    negative_mask: torch.Tensor | None = None
+
+
+@dataclass
+class RoiBatch:
+    """The regions of a step's parents: boxes in patch-grid cells, each box's parent row, and
+    their texts; ``tokens`` is None when this rank found no region for its parents."""
+
+    boxes: torch.Tensor
+    parents: torch.Tensor
+    tokens: torch.Tensor | None
+    negatives: torch.Tensor | None = None
+    negative_mask: torch.Tensor | None = None
+
+
+@dataclass
+class StepInputs:
+    levels: dict[str, Batch] = field(default_factory=dict)
+    children: dict[str, tuple[Batch | None, list[int]]] = field(default_factory=dict)  # term -> (children, parent)
+    roi: RoiBatch | None = None
+
+
+class StepModel(torch.nn.Module):
+    """The CLIP model plus the ROI processor, with the whole step's loss terms as ``forward``: DDP
+    synchronises gradients through the wrapped module's ``forward``, so every tower pass of a step
+    (levels, children, negatives, ROIs) runs inside one call."""
+
+    def __init__(self, model: torch.nn.Module, config: MultilevelConfig, info: DistInfo):
+        super().__init__()
+        self.model, self.config, self.info = model, config, info
+        self.roi_processor: roi.RoiProcessor | None = None
+        self.columns: dict[str, int] = {}  # each term's latest logit columns: the global batch when gathered
+        if config.roi_mode:
+            visual = model.visual
+            if getattr(visual, "proj", None) is None or not hasattr(visual, "grid_size"):
+                raise ValueError(f"{config.model}: region_features roi_* needs an OpenCLIP ViT with a projection")
+            rows, columns = visual.grid_size
+            self.grid = (columns, rows)
+            if config.region_features == "roi_processor":
+                self.roi_processor = roi.RoiProcessor(visual.proj.shape[0], config.roi_heads)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.config.gather_across_ranks:
+            return x
+        from pipelines.training.distributed import gather_features
+
+        return gather_features(x, self.info)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return functional.normalize(self.model.encode_image(images), dim=-1)
+
+    def encode_texts(self, tokens: torch.Tensor) -> torch.Tensor:
+        return functional.normalize(self.model.encode_text(tokens), dim=-1)
+
+    def encode_with_tokens(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pooled embedding and the patch tokens (after ``ln_post``) of one tower pass."""
+        visual = self.model.visual
+        visual.output_tokens = True
+        try:
+            pooled, tokens = visual(images)
+        finally:
+            visual.output_tokens = False
+        return functional.normalize(pooled, dim=-1), tokens
+
+    def roi_embeddings(self, tokens: torch.Tensor, batch: RoiBatch) -> torch.Tensor:
+        vectors = roi.roi_pool(
+            roi.token_grid(tokens, self.grid), batch.boxes, batch.parents, self.config.roi_output_size
+        )
+        if self.roi_processor is not None:
+            vectors = self.roi_processor(vectors, tokens[batch.parents])
+        return functional.normalize(vectors @ self.model.visual.proj, dim=-1)
+
+    def forward(self, inputs: StepInputs, weights: dict[str, float]) -> dict[str, torch.Tensor]:
+        """The step's loss terms by name, plus ``anchor``: zero times every embedding and the logit
+        scale, so each rank's total reaches the same parameters whatever terms its data produced."""
+        scale = self.model.logit_scale.exp()
+        terms: dict[str, torch.Tensor] = {}
+        anchors: list[torch.Tensor] = []
+        for level, batch in inputs.levels.items():
+            roi_here = inputs.roi is not None and level == self.config.roi_parent
+            img, tokens = (
+                self.encode_with_tokens(batch.images) if roi_here else (self.encode_images(batch.images), None)
+            )
+            txt = self.encode_texts(batch.tokens)
+            anchors += [img, txt]
+            if weights[level] > 0:
+                every_txt = self.gather(txt)
+                terms[level] = clip_loss(self.gather(img), every_txt, scale)
+                self.columns[level] = every_txt.shape[0]
+            if batch.negatives is not None:
+                terms[NEGATIVE] = self._negative(img, txt, batch.negatives, batch.negative_mask, scale)
+            if level in CHILD and CHILD[level][1] in inputs.children:
+                term = CHILD[level][1]
+                found = self._cross_level(img, txt, *inputs.children[term], scale, anchors)
+                if found is not None:
+                    terms[term] = found
+            if roi_here:
+                terms |= self._roi_terms(tokens, inputs.roi, weights, scale, anchors)
+        terms["anchor"] = sum((a.sum() for a in anchors), scale) * 0.0
+        return terms
+
+    def _cross_level(self, img, txt, children: Batch | None, groups: list[int], scale, anchors) -> torch.Tensor | None:
+        if children is None:  # none here; the other ranks' rows still join the gathered loss
+            child_img = child_txt = img[:0]
+        else:
+            child_img, child_txt = self.encode_images(children.images), self.encode_texts(children.tokens)
+            anchors += [child_img, child_txt]
+        return cross_level_loss(img, txt, child_img, child_txt, groups, scale, self.gather)
+
+    def _roi_terms(self, tokens, batch: RoiBatch, weights, scale, anchors) -> dict[str, torch.Tensor]:
+        if batch.tokens is None:
+            dim = self.model.visual.proj.shape[1]
+            emb = txt = tokens.new_zeros((0, dim))
+        else:
+            emb, txt = self.roi_embeddings(tokens, batch), self.encode_texts(batch.tokens)
+            anchors += [emb, txt]
+        out: dict[str, torch.Tensor] = {}
+        every_emb, every_txt = self.gather(emb), self.gather(txt)
+        if weights[REGION] > 0 and every_emb.shape[0] > 0:
+            out[REGION] = clip_loss(every_emb, every_txt, scale)
+            self.columns[REGION] = every_txt.shape[0]
+        if batch.negatives is not None and batch.tokens is not None:
+            out[NEGATIVE] = self._negative(emb, txt, batch.negatives, batch.negative_mask, scale)
+        return out
+
+    def _negative(self, img, txt, negatives: torch.Tensor, mask: torch.Tensor, scale) -> torch.Tensor:
+        """Each region's hard negatives, against its own positive (local to the rank)."""
+        neg = self.encode_texts(negatives).view(img.shape[0], mask.shape[1], -1)
+        if self.config.negative_loss == "softmax":
+            return negative_softmax_loss(img, txt, neg, mask, scale)
+        return negative_sigmoid_loss(img, txt, neg, mask, self.config.negative_temperature)
+
+
 # ----------------------------------------------------------------------------------- the trainer
 
 
 class Trainer:
-    def __init__(self, config: MultilevelConfig):
+    def __init__(self, config: MultilevelConfig, info: DistInfo | None = None):
         import open_clip
 
-        self.config = config
-        torch.manual_seed(config.seed)
-        self.device = torch.device(config.device)  # no silent CPU fallback on a GPU job
+        from pipelines.training.distributed import rank_device
+
+        self.config, self.info = config, info or DistInfo()
+        torch.manual_seed(config.seed)  # the same initial weights on every rank
+        self.device = torch.device(rank_device(config.device, self.info))  # no silent CPU fallback on a GPU job
         tag = None if config.model.startswith(clip.LOCAL_DIR) else (config.pretrained or None)
-        self.model, self.preprocess, _ = open_clip.create_model_and_transforms(config.model, pretrained=tag)
-        self.model.to(self.device)
+        model, self.preprocess, _ = open_clip.create_model_and_transforms(config.model, pretrained=tag)
         if config.temperature_init is not None:
             with torch.no_grad():
-                self.model.logit_scale.fill_(math.log(1.0 / config.temperature_init))
+                model.logit_scale.fill_(math.log(1.0 / config.temperature_init))
         self.tokenizer = open_clip.get_tokenizer(config.model)
-        self.params = set_trainable(self.model, config)
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.params = set_trainable(model, config)
+        self.core = StepModel(model, config, self.info).to(self.device)
+        self.model = self.core.model
+        self.parent_preprocess = (
+            roi.squash_transform(self.preprocess, model.visual.image_size) if config.roi_mode else self.preprocess
+        )
+        if self.core.roi_processor is not None:
+            self.params["trainable"] += sum(p.numel() for p in self.core.roi_processor.parameters())
+        trainable = [p for p in self.core.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=config.lr, betas=(config.beta1, config.beta2), weight_decay=config.wd
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, config.warmup, config.steps)
         )
+        self.step_module: torch.nn.Module = self.core
         self.ckpt_dir = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
         self.step = 0
         self.skipped = 0
-        self.linked = {FIGURE_PANEL: 0, PANEL_REGION: 0}
+        self.linked = {FIGURE_PANEL: 0, PANEL_REGION: 0} | ({ROI_REGION: 0} if config.roi_mode else {})
         self.last_terms: dict[str, float] = {}  # each loss term's latest value in this run
+
+    def wrap(self) -> None:
+        """DDP after the weights are final (loaded from a checkpoint on every rank). The anchor term
+        reaches every tower parameter each step; only the ROI processor sits unused (before the
+        region stage, or on a rank whose parents found no region), so only then does DDP search
+        the graph for unused parameters."""
+        if self.info.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.step_module = DistributedDataParallel(
+                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None
+            )
 
     # -- state
 
     def levels_used(self) -> set[str]:
         return {lv for slot in self.config.schedule for lv in slot}
 
+    def _reader(self, level: str, skip: int) -> LevelReader:
+        return LevelReader(level, self.config.data_of(level), self.config.shard_name, skip, self.info)
+
     def open_readers(self, consumed: dict[str, int]) -> None:
         c = self.config
-        self.readers = {lv: LevelReader(lv, c.data_of(lv), c.shard_name, consumed.get(lv, 0)) for lv in LEVELS
-                        if lv in self.levels_used()}  # fmt: skip
+        own = self.levels_used() - ({REGION} if c.roi_mode else set())
+        self.readers = {lv: self._reader(lv, consumed.get(lv, 0)) for lv in LEVELS if lv in own}
         self.links: dict[str, LevelReader] = {}
         self.buffers: dict[str, ChildBuffer] = {}
         for parent in self.levels_used() & set(CHILD):
             child, term = CHILD[parent]
             if c.loss_weights.get(term, 0.0) > 0 or any(term in s.get("weights", {}) for s in c.curriculum):
                 if c.data_of(child):
-                    name = f"link_{child}"
-                    self.links[child] = LevelReader(child, c.data_of(child), c.shard_name, consumed.get(name, 0))
+                    self.links[child] = self._reader(child, consumed.get(f"link_{child}", 0))
                     self.buffers[child] = ChildBuffer(c.link_buffer)
+        if c.roi_mode and REGION in self.levels_used():
+            self.roi_reader = self._reader(REGION, consumed.get(ROI_REGION, 0))
+            self.roi_buffer = ChildBuffer(c.link_buffer)
 
     def consumed(self) -> dict[str, int]:
         out = {lv: r.consumed for lv, r in self.readers.items()}
         out |= {f"link_{lv}": r.consumed for lv, r in self.links.items()}
+        if getattr(self, "roi_reader", None) is not None:
+            out[ROI_REGION] = self.roi_reader.consumed
         return out
 
-    def state(self) -> dict:
+    def state(self, consumed_by_rank: list[dict[str, int]]) -> dict:
         return {
             "step": self.step,
             "state_dict": self.model.state_dict(),
+            "roi_processor": None if self.core.roi_processor is None else self.core.roi_processor.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "consumed": self.consumed(),
+            "consumed": consumed_by_rank[0],
+            "consumed_by_rank": consumed_by_rank,
             "skipped": self.skipped,
             "linked": dict(self.linked),
             "config": asdict(self.config),
         }
 
     def resume(self) -> int | None:
-        """Load the newest lake checkpoint; returns its step (None on a first launch). The
+        """Load the newest lake checkpoint (every rank the same file); returns its step (None on a
+        first launch). Each rank resumes its own data position; a run resumed on a different number
+        of ranks re-splits the data and restarts every rank at rank 0's position (logged). The
         children waiting in the link buffers are not saved: they are re-read as the run goes on."""
         newest = launch.latest_checkpoint(self.ckpt_dir) if self.config.resume else None
         if newest is None:
@@ -520,120 +810,169 @@ class Trainer:
         with fsspec.open(newest, "rb") as f:
             state = torch.load(io.BytesIO(f.read()), map_location=self.device, weights_only=False)
         self.model.load_state_dict(state["state_dict"])
+        if self.core.roi_processor is not None and state.get("roi_processor") is not None:
+            self.core.roi_processor.load_state_dict(state["roi_processor"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.skipped, self.linked = state["step"], state["skipped"], state["linked"]
-        self.open_readers(state["consumed"])
+        self.step, self.skipped, self.linked = state["step"], state["skipped"], {**self.linked, **state["linked"]}
+        by_rank = state.get("consumed_by_rank") or [state["consumed"]]
+        if len(by_rank) != self.info.world:
+            launch.log(
+                f"checkpoint from {len(by_rank)} rank(s), resumed on {self.info.world}: data restarts", "warning"
+            )
+            by_rank = [by_rank[0]] * self.info.world
+        self.open_readers(by_rank[self.info.rank])
         return self.step
 
-    def save(self) -> str:
-        buffer = io.BytesIO()
-        torch.save(self.state(), buffer)
-        url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
-        if self.config.keep_last_checkpoint_only:
-            fs, root = fsspec.core.url_to_fs(self.ckpt_dir)
-            for name in fs.ls(root, detail=False):
-                base = name.rstrip("/").rsplit("/", 1)[-1]
-                if launch.CHECKPOINT_RE.match(base) and launch.checkpoint_step(base) < self.step:
-                    fs.rm(name)
+    def save(self) -> str | None:
+        """Rank 0 writes the checkpoint between two barriers: every rank has finished the step (and
+        sent its data position) before the write, and none reads the folder before it is whole."""
+        from pipelines.training.distributed import barrier, gather_objects
+
+        consumed_by_rank = gather_objects(self.consumed(), self.info)
+        barrier(self.info)
+        url = None
+        if self.info.is_main:
+            buffer = io.BytesIO()
+            torch.save(self.state(consumed_by_rank), buffer)
+            url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
+            if self.config.keep_last_checkpoint_only:
+                self._drop_older()
+        barrier(self.info)
         return url
 
-    # -- one step
+    def _drop_older(self) -> None:
+        fs, root = fsspec.core.url_to_fs(self.ckpt_dir)
+        for name in fs.ls(root, detail=False):
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if launch.CHECKPOINT_RE.match(base) and launch.checkpoint_step(base) < self.step:
+                fs.rm(name)
+
+    # -- one step's data
 
     def _batch(self, reader: LevelReader, level: str, n: int, rng: random.Random) -> list[Decoded]:
         """``n`` decoded samples; an unusable one is logged, counted and replaced by the next."""
+        preprocess = self.parent_preprocess if level == self.config.roi_parent else self.preprocess
         out: list[Decoded] = []
         while len(out) < n:
             sample = reader.next()
             try:
-                out.append(decode(sample, level, self.preprocess, self.config, rng))
+                out.append(decode(sample, level, preprocess, self.config, rng))
             except Exception as exc:  # noqa: BLE001 - a bad sample is skipped, never the run
-                self.skipped += 1
-                launch.log(f"skipped {level} sample {sample.get('__key__')}: {exc}", "warning")
-                if self.skipped > 100 * self.config.batch_size:
-                    raise RuntimeError(
-                        f"more than {self.skipped} unusable samples: is the {level} subset right?"
-                    ) from exc
+                self._skip(level, sample, exc)
         return out
+
+    def _skip(self, level: str, sample: dict, exc: Exception) -> None:
+        self.skipped += 1
+        launch.log(f"skipped {level} sample {sample.get('__key__')}: {exc}", "warning")
+        if self.skipped > 100 * self.config.batch_size:
+            raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?") from exc
 
     def _children(self, parent_level: str, parents: list[Decoded], rng: random.Random) -> list[tuple[int, Decoded]]:
         child, _ = CHILD[parent_level]
-        reader, buffer = self.links[child], self.buffers[child]
-        for sample in reader.take(self.config.link_pull or self.config.batch_size):
-            key = sample.get("__key__", "")
-            parent = parent_key(key, child)
-            if parent is not None:
-                buffer.add(parent, key, sample)
-        found = buffer.take([p.key for p in parents], self.config.max_children or self.config.batch_size)
+        found = self._linked(self.links[child], self.buffers[child], parents, lambda k: parent_key(k, child))
         out = []
         for index, sample in found:
             try:
                 out.append((index, decode(sample, child, self.preprocess, self.config, rng)))
             except Exception as exc:  # noqa: BLE001
-                self.skipped += 1
-                launch.log(f"skipped {child} sample {sample.get('__key__')}: {exc}", "warning")
+                self._skip(child, sample, exc)
         return out
 
-    def _encode(self, items: list[Decoded]) -> tuple[torch.Tensor, torch.Tensor]:
-        images = torch.stack([d.image for d in items]).to(self.device)
+    def _linked(self, reader: LevelReader, buffer: ChildBuffer, parents: list[Decoded], key_of) -> list:
+        """Pull the next child samples into ``buffer`` and take those of ``parents``."""
+        for sample in reader.take(self.config.link_pull or self.config.batch_size):
+            key = sample.get("__key__", "")
+            parent = key_of(key)
+            if parent is not None:
+                buffer.add(parent, key, sample)
+        return buffer.take([p.key for p in parents], self.config.max_children or self.config.batch_size)
+
+    def _tensors(self, items: list, negatives: bool = False) -> Batch:
         tokens = self.tokenizer([d.text for d in items]).to(self.device)
-        return self.encode_images(images), self.encode_texts(tokens)
+        images = torch.stack([d.image for d in items]).to(self.device) if hasattr(items[0], "image") else None
+        batch = Batch(images, tokens)
+        k = max((len(d.negatives) for d in items), default=0) if negatives else 0
+        if k:
+            texts = [d.negatives[j] if j < len(d.negatives) else "" for d in items for j in range(k)]
+            batch.negatives = self.tokenizer(texts).to(self.device)
+            batch.negative_mask = torch.tensor([[j < len(d.negatives) for j in range(k)] for d in items])
+            batch.negative_mask = batch.negative_mask.to(self.device)
+        return batch
 
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        return functional.normalize(self.model.encode_image(images), dim=-1)
+    def _roi_batch(self, parents: list[Decoded], rng: random.Random, negatives: bool) -> RoiBatch:
+        """The regions of ``parents`` found in the ROI buffer, their boxes in the parent's grid;
+        a region with a missing or out-of-frame box is skipped and logged."""
+        c = self.config
+        found = self._linked(self.roi_reader, self.roi_buffer, parents, lambda k: roi_parent_key(k, c.roi_parent))
+        regions, boxes, index = [], [], []
+        for i, sample in found:
+            try:
+                region = decode_roi(sample, c, rng)
+                boxes.append(roi.box_to_grid(box_in_parent(region, parents[i]), parents[i].size, self.core.grid))
+            except Exception as exc:  # noqa: BLE001
+                self._skip(REGION, sample, exc)
+                continue
+            regions.append(region)
+            index.append(i)
+        self.linked[ROI_REGION] += len(regions)
+        box_tensor = torch.tensor(boxes, dtype=torch.float32, device=self.device).reshape(-1, 4)
+        parent_tensor = torch.tensor(index, dtype=torch.long, device=self.device)
+        if not regions:
+            return RoiBatch(box_tensor, parent_tensor, None)
+        batch = self._tensors(regions, negatives)
+        return RoiBatch(box_tensor, parent_tensor, batch.tokens, batch.negatives, batch.negative_mask)
 
-    def encode_texts(self, tokens: torch.Tensor) -> torch.Tensor:
-        return functional.normalize(self.model.encode_text(tokens), dim=-1)
-
-    def losses(self, levels: list[str], weights: dict[str, float], rng: random.Random) -> dict[str, torch.Tensor]:
-        c, scale = self.config, self.model.logit_scale.exp()
-        terms: dict[str, torch.Tensor] = {}
+    def inputs(self, levels: list[str], weights: dict[str, float], rng: random.Random) -> StepInputs:
+        """Everything the step's tower passes need, read and decoded before the forward pass."""
+        c = self.config
+        out = StepInputs()
         for level in levels:
+            if level not in self.readers:
+                continue  # regions in an ROI mode: read with their parent below
             batch = self._batch(self.readers[level], level, c.batch_size, rng)
-            img, txt = self._encode(batch)
-            if weights[level] > 0:
-                terms[level] = clip_loss(img, txt, scale)
-            if level == REGION and weights[NEGATIVE] > 0:
-                terms[NEGATIVE] = self._negative(batch, img, txt, scale)
+            out.levels[level] = self._tensors(batch, negatives=level == REGION and weights[NEGATIVE] > 0)
             if level in CHILD and CHILD[level][0] in self.links and weights[CHILD[level][1]] > 0:
                 children = self._children(level, batch, rng)
-                if children:
-                    child_img, child_txt = self._encode([d for _, d in children])
-                    groups = [i for i, _ in children]
-                    terms[CHILD[level][1]] = cross_level_loss(img, txt, child_img, child_txt, groups, scale)
-                    self.linked[CHILD[level][1]] += len(children)
-        return terms
+                tensors = self._tensors([d for _, d in children]) if children else None
+                out.children[CHILD[level][1]] = (tensors, [i for i, _ in children])
+                self.linked[CHILD[level][1]] += len(children)
+            roi_active = weights[REGION] > 0 or weights[NEGATIVE] > 0
+            if c.roi_mode and level == c.roi_parent and REGION in levels and roi_active:
+                out.roi = self._roi_batch(batch, rng, weights[NEGATIVE] > 0)
+        return out
 
-    def _negative(self, batch: list[Decoded], img: torch.Tensor, txt: torch.Tensor, scale) -> torch.Tensor:
-        k = max((len(d.negatives) for d in batch), default=0)
-        if k == 0:
-            return img.sum() * 0.0
-        texts = [d.negatives[j] if j < len(d.negatives) else "" for d in batch for j in range(k)]
-        mask = torch.tensor([[j < len(d.negatives) for j in range(k)] for d in batch], device=self.device)
-        neg = self.encode_texts(self.tokenizer(texts).to(self.device)).view(len(batch), k, -1)
-        if self.config.negative_loss == "softmax":
-            return negative_softmax_loss(img, txt, neg, mask, scale)
-        return negative_sigmoid_loss(img, txt, neg, mask, self.config.negative_temperature)
+    # -- one step
 
-    def train_step(self) -> dict[str, float]:
+    def plan(self) -> tuple[list[str], dict[str, float], random.Random]:
+        """The current step's levels, loss weights and text-sampling generator."""
         c = self.config
         levels = levels_at(self.step, c.schedule, c.schedule_every)
         weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps)
-        rng = random.Random(c.seed * 1_000_003 + self.step)  # the same texts when a step is re-run
-        self.model.train()
+        rng = random.Random(c.seed * 1_000_003 + self.step + self.info.rank * 100_003)  # same texts on a re-run
+        return levels, weights, rng
+
+    def train_step(self) -> dict[str, float]:
+        levels, weights, rng = self.plan()
+        return self.compute(self.inputs(levels, weights, rng), weights)
+
+    def compute(self, inputs: StepInputs, weights: dict[str, float]) -> dict[str, float]:
+        """Forward, backward and update on inputs already read (split from the reading so the
+        training benchmark can time the two apart)."""
+        c = self.config
+        self.step_module.train()
         autocast = torch.autocast(
             "cuda", dtype=torch.bfloat16, enabled=c.precision == "bf16" and self.device.type == "cuda"
         )
         with autocast:
-            terms = self.losses(levels, weights, rng)
-            total = sum((weights[k] * v for k, v in terms.items()), torch.zeros((), device=self.device))
+            terms = self.step_module(inputs, weights)
+            anchor = terms.pop("anchor")
+            total = sum((weights[k] * v for k, v in terms.items()), anchor)
         self.optimizer.zero_grad(set_to_none=True)
         if total.requires_grad:
             total.backward()
             if c.grad_clip_norm:
-                torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.requires_grad], c.grad_clip_norm
-                )
+                torch.nn.utils.clip_grad_norm_([p for p in self.core.parameters() if p.requires_grad], c.grad_clip_norm)
             self.optimizer.step()
         self.scheduler.step()
         self.step += 1
@@ -646,42 +985,63 @@ class Trainer:
         return metrics
 
 
-def train(config: MultilevelConfig) -> dict:
-    """Train (or resume) to ``config.steps``, checkpointing to the lake; export; the report."""
+def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
+    """Train (or resume) to ``config.steps``, checkpointing to the lake; export; the report (rank 0
+    exports; every rank returns the report, with each rank's sample counts)."""
+    from pipelines.training.distributed import barrier, gather_objects
+
     config.validate()
-    trainer = Trainer(config)
+    trainer = Trainer(config, info)
+    info = trainer.info
     resumed = trainer.resume()
+    trainer.wrap()
     if resumed is not None:
         launch.log(f"resumed from step {resumed} ({trainer.ckpt_dir})")
     first, metrics = trainer.step, {}
-    launch.log(f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps}, {trainer.params}")
+    launch.log(
+        f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps} on {info.world} rank(s), "
+        f"{trainer.params}"
+    )
     while trainer.step < config.steps:
         metrics = trainer.train_step()
         if trainer.step % config.log_every == 0 or trainer.step == config.steps:
             launch.report_progress(trainer.step, metrics)
         if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
             trainer.save()
-    checkpoint = launch.latest_checkpoint(trainer.ckpt_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        final = Path(tmp, "final.pt")
-        torch.save({"state_dict": {k: v.cpu() for k, v in trainer.model.state_dict().items()}}, final)
-        model_dir = clip.export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
+    by_rank = gather_objects({"consumed": trainer.consumed(), "linked": trainer.linked}, info)
+    model_dir = None
+    if info.is_main:
+        model_dir = _export(config, trainer)
+    barrier(info)
     return {
         "preset": config.preset,
         "model": config.model,
+        "region_features": config.region_features,
+        "ranks": info.world,
         "steps": trainer.step,
         "resumed_from_step": resumed,
         "first_step": first,
         "final_loss": metrics.get("loss"),
         **trainer.last_terms,
         "skipped_samples": trainer.skipped,
-        "linked_children": json.dumps(trainer.linked),
+        "linked_children": json.dumps({k: sum(r["linked"][k] for r in by_rank) for k in trainer.linked}),
         "consumed": json.dumps(trainer.consumed()),
+        "samples_by_rank": json.dumps([sum(r["consumed"].values()) for r in by_rank]),
+        "logit_columns": json.dumps(trainer.core.columns),
         "trainable_params": trainer.params["trainable"],
         "frozen_params": trainer.params["frozen"],
-        "checkpoint": checkpoint,
+        "checkpoint": launch.latest_checkpoint(trainer.ckpt_dir),
         "model_dir": model_dir,
     }
+
+
+def _export(config: MultilevelConfig, trainer: Trainer) -> str:
+    """The CLIP weights as an OpenCLIP model folder (WiSE-FT with the base); the ROI processor is
+    a training-time head and stays in the checkpoint."""
+    with tempfile.TemporaryDirectory() as tmp:
+        final = Path(tmp, "final.pt")
+        torch.save({"state_dict": {k: v.cpu() for k, v in trainer.model.state_dict().items()}}, final)
+        return clip.export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
 
 
 def config_from_job(data: dict[str, Any]) -> MultilevelConfig:
@@ -695,16 +1055,21 @@ def config_from_job(data: dict[str, Any]) -> MultilevelConfig:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
+    """Every rank trains; rank 0 alone reports (``pipelines.launch`` is silent on the others)."""
+    from pipelines.training.distributed import init_from_env, shutdown
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="JSON file (local path or fsspec URL) of MultilevelConfig")
     args = parser.parse_args(argv)
     config = config_from_job(launch.load_config(args.config))
-    with launch.session():
-        if launch.job_rank() != 0:
-            return None  # single-process trainer: the other ranks of a launcher's torchrun wait out
-        report = train(config)
-        launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
-    return report
+    info = init_from_env(config.device)
+    try:
+        with launch.session():
+            report = train(config, info)
+            launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
+    finally:
+        shutdown(info)
+    return report if info.is_main else None
 
 
 if __name__ == "__main__":
