@@ -4,7 +4,10 @@ launches a materialization with the mouse. Screenshots land in the test's tmp fo
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,15 @@ pytestmark = pytest.mark.e2e
 RELEASE = "2026"
 SHARDS = ["000", "001", "002", "003"]  # PANELFORGE_SHARDS=4
 SAMPLE_ARTICLES = 38  # sample/SOURCES.md: 38 articles in the bundled release
+# set to a folder (e.g. docs/screenshots) to keep this run's screenshots there as well
+SCREENSHOTS_ENV = "PANELFORGE_UI_SCREENSHOTS"
+
+
+def shoot(page, tmp: Path, name: str, full_page: bool = False) -> None:
+    page.screenshot(path=str(tmp / name), full_page=full_page)
+    if os.environ.get(SCREENSHOTS_ENV):
+        Path(os.environ[SCREENSHOTS_ENV]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp / name, Path(os.environ[SCREENSHOTS_ENV]) / name)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +64,7 @@ def server(tmp_path_factory, cloud_mirror):
 
 
 @pytest.fixture(scope="module")
-def launched(server, browser) -> str:
+def launched(browser, server) -> str:
     """pmc_inventory[2026] materialized from the UI; the id of its run."""
     from testing.ui import materialize, new_page
 
@@ -63,7 +75,7 @@ def launched(server, browser) -> str:
     return run_id
 
 
-def test_lineage_shows_every_asset(server, browser):
+def test_lineage_shows_every_asset(browser, server):
     from jobs.definitions import ASSETS
     from testing.ui import GRAPH_VIEWPORT, SIDEBAR_VIEWPORT, graph_labels, label_shows, new_page, open_lineage
 
@@ -75,7 +87,7 @@ def test_lineage_shows_every_asset(server, browser):
     page = new_page(browser, GRAPH_VIEWPORT)
     open_lineage(page, dev.base_url)
     labels = graph_labels(page)
-    page.screenshot(path=str(tmp / "asset-graph.png"))
+    shoot(page, tmp, "asset-graph.png")
     assert len(labels) == len(defined), labels
     assert [n for n in sorted(defined) if not any(label_shows(lb, n) for lb in labels)] == []
     page.close()
@@ -88,7 +100,7 @@ def test_lineage_shows_every_asset(server, browser):
     page.close()
 
 
-def test_launch_from_the_ui_and_read_the_run(server, browser, launched):
+def test_launch_from_the_ui_and_read_the_run(browser, server, launched):
     from playwright.sync_api import expect
 
     from testing.ui import filter_log, new_page, wait_run_status
@@ -98,7 +110,7 @@ def test_launch_from_the_ui_and_read_the_run(server, browser, launched):
     page.goto(f"{dev.base_url}/runs/{launched}")
     wait_run_status(page, "Success")
     expect(page.get_by_text(f"partition: {RELEASE}").first).to_be_visible()
-    page.screenshot(path=str(tmp / "run.png"))
+    shoot(page, tmp, "run.png")
     # the stage's summary line (assets/report.py), written to the run log by the run's process
     filter_log(page, "ok, 0 failed")
     expect(page.get_by_text(f"pmc_inventory[{RELEASE}]: {SAMPLE_ARTICLES} ok, 0 failed, 0 skipped")).to_be_visible()
@@ -107,7 +119,7 @@ def test_launch_from_the_ui_and_read_the_run(server, browser, launched):
     assert status["runOrError"]["status"] == "SUCCESS"
 
 
-def test_partitioned_asset_shows_the_release_and_its_shards(server, browser, launched):
+def test_partitioned_asset_shows_the_release_and_its_shards(browser, server, launched):
     from playwright.sync_api import expect
 
     from testing.ui import new_page, open_partitions
@@ -118,11 +130,11 @@ def test_partitioned_asset_shows_the_release_and_its_shards(server, browser, lau
     expect(page.get_by_text("Missing (4)", exact=True)).to_be_visible()
     for key in [RELEASE, *SHARDS]:
         expect(page.get_by_text(key, exact=True).first).to_be_visible()
-    page.screenshot(path=str(tmp / "partitioned-asset.png"))
+    shoot(page, tmp, "partitioned-asset.png")
     page.close()
 
 
-def test_metadata_panel_renders_the_counts_and_a_table(server, browser, launched):
+def test_metadata_panel_renders_the_counts_and_a_table(browser, server, launched):
     from playwright.sync_api import expect
 
     from testing.ui import new_page, open_partitions, wait_run_status
@@ -140,5 +152,5 @@ def test_metadata_panel_renders_the_counts_and_a_table(server, browser, launched
     expect(preview).to_be_visible()
     # the preview's rows are sample articles: PMC ids in the first column
     expect(preview.get_by_role("cell", name=re.compile(r"^PMC\d+$")).first).to_be_visible()
-    page.screenshot(path=str(tmp / "metadata.png"), full_page=True)
+    shoot(page, tmp, "metadata.png", full_page=True)
     page.close()
