@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF_HUB_OFFLINE=1
 
-.PHONY: install demo test ui lint format bench clean
+.PHONY: install demo test ui screenshots lint format bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
@@ -24,6 +24,10 @@ test: $(STAMP)
 ui: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m jobs.cli setup-instance
 	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml
+
+# docs/screenshots/*.png from the demo's instance (run `make demo` first; needs Debian's chromium)
+screenshots: $(STAMP)
+	$(DEMO_ENV) $(BIN)/python -m testing.screenshots
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -146,7 +146,7 @@ def run_stage(
     fails the run; nothing was written as the items' final state. Anything else fails the run
     with its traceback."""
     try:
-        result = stage.run(lake, partition_of(context))
+        result = stage.run(lake, partition_of(context), progress=context.log.info)
     except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
         raise Failure(str(exc), allow_retries=False) from exc
     except (SourceUnavailableError, EntrezUnavailableError, VlmOutage) as exc:

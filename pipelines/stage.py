@@ -13,14 +13,26 @@ the caller), never the environment: resources turn configuration into stages.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipelines.lake import Lake
 
 RELEASE, SHARD = "release", "shard"
+PROGRESS_INTERVAL_S = 30.0
+
+ProgressSink = Callable[[str], None]
+# Where progress lines go during ``Stage.run``: the run log when an asset runs the stage. A context
+# variable, so a stage deep in its helpers reports without every signature passing a callback.
+_progress_sink: ContextVar[ProgressSink | None] = ContextVar("panelforge_progress_sink", default=None)
+_log = logging.getLogger("panelforge.progress")
 
 
 class StageInputError(RuntimeError):
@@ -165,6 +177,84 @@ class StageResult:
         }
 
 
+class Progress:
+    """How far a long stage is, told to a person watching the run: a line when ``interval_s`` has
+    passed since the last one, and one at the end.
+
+    Lines go to the sink ``Stage.run`` was given (the run log), else to the ``panelforge.progress``
+    logger. ``advance`` may be called from worker threads. ``heartbeat()`` adds a thread that
+    writes the line even while no item finishes (one slow download, Ray starting its actors), so
+    a run log is never silent for longer than the interval. ``clock`` is for tests."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "items",
+        *,
+        sink: ProgressSink | None = None,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.label, self.total, self.unit = label, total, unit
+        self.sink = sink or _progress_sink.get() or _log.info
+        self.interval_s, self.clock = interval_s, clock
+        self.done = 0
+        self.counts: Counter[str] = Counter()
+        self.lines = 0
+        self._started = self._last = clock()
+        self._lock = threading.Lock()
+
+    def advance(self, n: int = 1, **counts: int) -> None:
+        """``n`` more items done; ``counts`` add to the named tallies shown on the line."""
+        with self._lock:
+            self.done += n
+            self.counts.update(counts)
+        self.beat()
+
+    def beat(self) -> None:
+        """Write the line if the interval has passed since the last one."""
+        with self._lock:
+            now = self.clock()
+            if now - self._last < self.interval_s:
+                return
+            self._last = now
+            self.lines += 1
+            line = self._line(now)
+        self.sink(line)
+
+    def finish(self) -> None:
+        """The last line, always written."""
+        with self._lock:
+            self.lines += 1
+            line = self._line(self.clock(), final=True)
+        self.sink(line)
+
+    @contextmanager
+    def heartbeat(self, poll_s: float = 1.0) -> Iterator[Progress]:
+        """Beat from a background thread while the block runs, then write the final line."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(min(poll_s, self.interval_s)):
+                self.beat()
+
+        thread = threading.Thread(target=loop, name=f"progress {self.label}", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
+        self.finish()
+
+    def _line(self, now: float, final: bool = False) -> str:
+        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        tallies = "".join(f", {k} {v}" for k, v in sorted(self.counts.items()))
+        state = "done" if final else "progress"
+        return f"{self.label} {state}: {self.done}/{self.total} {self.unit}{share}{tallies}; {now - self._started:.0f}s"
+
+
 class Stage:
     """Base class of every stage. Subclasses set the class attributes and implement
     ``process``; callers use ``run``."""
@@ -175,11 +265,17 @@ class Stage:
     writes: ClassVar[tuple[str, ...]] = ()
     compute: Compute = Compute()
 
-    def run(self, lake: Lake, partition: Partition) -> StageResult:
+    def run(self, lake: Lake, partition: Partition, progress: ProgressSink | None = None) -> StageResult:
+        """``progress`` receives the lines of the stage's :class:`Progress` reports (the asset
+        passes the run log's ``info``)."""
         if (partition.shard is None) != (self.level == RELEASE):
             raise ValueError(f"stage {self.name} runs per {self.level}, not on partition {partition}")
         started = time.perf_counter()
-        result = self.process(lake, partition)
+        token = _progress_sink.set(progress)
+        try:
+            result = self.process(lake, partition)
+        finally:
+            _progress_sink.reset(token)
         if any(table in lake.tables for table in self.writes):
             lake.refresh_catalog()
         result.seconds = time.perf_counter() - started

@@ -1,5 +1,6 @@
 """``dagster dev`` (web server + daemon) started on a free loopback port for end-to-end tests,
-loading this checkout's code location, with GraphQL and the server's log at hand."""
+loading this checkout's code location, with GraphQL and the server's log at hand; and the
+environment of a fresh instance and lake those tests (and ``make screenshots``) start it in."""
 
 from __future__ import annotations
 
@@ -23,31 +24,51 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class DagsterDev:
-    """``dagster dev`` (web server + daemon) on a free port, loading this checkout's code."""
+def instance_env(tmp: Path, pmc_source: str, **overrides: str) -> dict[str, str]:
+    """The environment of a user's fresh instance under ``tmp``: its own ``DAGSTER_HOME`` and lake,
+    the PMC source at ``pmc_source``, 4 shards; ``overrides`` win. Every end-to-end test starts
+    from this, so they differ only in what they override."""
+    home = tmp / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "PANELFORGE_HOME": str(tmp / "lake"),
+        "PANELFORGE_PMC_SOURCE": pmc_source,
+        "PANELFORGE_SHARDS": "4",
+        "PANELFORGE_RATE_LIMIT": "100",
+        **overrides,
+    }
 
-    def __init__(self, env: dict, log: Path):
+
+def cli(env: dict[str, str], *args: str) -> str:
+    """``python -m jobs.cli ARGS`` as a user runs it (a separate process, the instance of ``env``);
+    its output, or an AssertionError with its stderr."""
+    done = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"jobs.cli {' '.join(args)} failed:\n{done.stderr}"
+    return done.stdout
+
+
+class DagsterDev:
+    """``dagster dev`` (web server + daemon) on a free port, loading this checkout's code.
+    ``daemon=False`` starts the web server alone: enough to look at an instance, and it launches
+    nothing on its own (no sensors, no automation ticks)."""
+
+    def __init__(self, env: dict, log: Path, daemon: bool = True):
         self.port = free_port()
         self.log_path = log
         self.log = open(log, "wb")
+        command = [DAGSTER, "dev"] if daemon else [str(Path(sys.executable).with_name("dagster-webserver"))]
         self.proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("dagster")),
-                "dev",
-                "-w",
-                "workspace.yaml",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-            ],
+            [*command, "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
             cwd=REPO,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.url = f"http://127.0.0.1:{self.port}/graphql"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{self.base_url}/graphql"
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.time() + timeout

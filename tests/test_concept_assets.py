@@ -78,6 +78,8 @@ def test_two_releases_of_concepts(concept_lake):
     folder = lake.path("review", version)
     assert lake.exists(f"{folder}/index.html") and lake.exists(f"{folder}/annotator_1.csv")
     assert len(lake.fs.glob(f"{folder}/cluster_*.png")) == 4 - review["empty_clusters"].value
+    # the largest cluster's sheet, shown in the UI's metadata panel as a Markdown image
+    assert review["contact_sheet"].value.startswith("![contact sheet](data:image/jpeg;base64,")
 
     # the template names the model version and each cluster's fingerprint (members in the sample)
     template = list(csv.DictReader(io.StringIO(lake.fs.cat(f"{folder}/annotations_template.csv").decode())))

@@ -1,18 +1,14 @@
 """The path a user takes in the UI: `dagster dev` (web server + daemon), GraphQL launches, the lake."""
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipelines.lake import Lake
-from testing.dagster_dev import DagsterDev
+from testing.dagster_dev import DagsterDev, cli, instance_env
 from testing.loopback.s3_server import S3LoopbackServer
 
-REPO = Path(__file__).resolve().parents[1]
 LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 SHARDS = ["000", "001", "002", "003"]
 
@@ -33,23 +29,11 @@ def wait_run(gql, run_id: str, timeout: float = 300) -> str:
 
 @pytest.fixture
 def dagster_dev(tmp_path, cloud_mirror):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
     with S3LoopbackServer(cloud_mirror) as server:
-        env = {
-            **os.environ,
-            "DAGSTER_HOME": str(home),
-            "PANELFORGE_HOME": str(tmp_path / "lake"),
-            "PANELFORGE_PMC_SOURCE": server.url,
-            "PANELFORGE_SHARDS": "4",
-            "PANELFORGE_RATE_LIMIT": "100",
-        }
+        env = instance_env(tmp_path, server.url)
         # the instance users get: the shipped dagster.yaml and its pool limits, set by the command line
-        setup = subprocess.run(
-            [sys.executable, "-m", "jobs.cli", "setup-instance"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        assert setup.returncode == 0, setup.stderr
-        assert "pool pmc_source: 1" in setup.stdout and (home / "dagster.yaml").exists()
+        assert "pool pmc_source: 1" in cli(env, "setup-instance")
+        assert (Path(env["DAGSTER_HOME"]) / "dagster.yaml").exists()
         dev = DagsterDev(env, tmp_path / "dagster_dev.log")
         try:
             dev.wait_ready()

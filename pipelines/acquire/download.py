@@ -29,6 +29,7 @@ from pipelines.acquire.rawstore import verify_raw, write_part
 from pipelines.acquire.retry import PermanentError, SourceUnavailableError
 from pipelines.acquire.source import PmcSource
 from pipelines.lake import Lake
+from pipelines.stage import Progress
 
 log = logging.getLogger(__name__)
 DONE = ("ok", "carried")
@@ -161,9 +162,16 @@ def acquire_shard(
             log.exception("unexpected failure fetching %s", record["pmcid"])
             return record, None, f"unexpected {type(exc).__name__}: {exc}"
 
+    progress = Progress(f"download {release}|{shard}", len(to_fetch), "articles")
+
+    def fetch_counted(record: dict) -> tuple[dict, StagedArticle | None, str | None]:
+        outcome = fetch(record)
+        progress.advance(1, **({"failed": 1} if outcome[2] else {"staged": 1} if outcome[1] else {}))
+        return outcome
+
     fetched: list[tuple[dict, StagedArticle]] = []
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        outcomes = list(pool.map(fetch, to_fetch))
+    with progress.heartbeat(), ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        outcomes = list(pool.map(fetch_counted, to_fetch))
     if outages:
         staged_count = sum(1 for _, staged, _ in outcomes if staged is not None)
         log.warning("%s; %d of %d articles staged for the rerun", outages[0], staged_count, len(to_fetch))

@@ -20,6 +20,7 @@ from pipelines.acquire.rawstore import read_raw_file
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
 from pipelines.lake import Lake
+from pipelines.stage import Progress
 
 EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
 
@@ -140,17 +141,22 @@ def embed_images(
         address,
     )
     rows = []
-    for batch in batches:
-        for i in range(len(batch["sha256"])):
-            rows.append(
-                {
-                    "pmcid": str(batch["pmcid"][i]),
-                    "fig_id": batch["fig_id"][i],
-                    "image_file": str(batch["image_file"][i]),
-                    "sha256": str(batch["sha256"][i]),
-                    "vector": bytes(batch["vector"][i]) or None,
-                    "dim": int(batch["dim"][i]),
-                    "error": batch["error"][i] or None,
-                }
-            )
+    progress = Progress("embedding", len(refs), "images")
+    with progress.heartbeat():
+        for batch in batches:
+            rows.extend(_batch_rows(batch))
+            progress.advance(len(batch["sha256"]), failed=sum(1 for e in batch["error"] if e))
     return sorted(rows, key=lambda r: (r["pmcid"], r["fig_id"] or "", r["image_file"]))
+
+
+def _batch_rows(batch: dict) -> Iterator[dict]:
+    for i in range(len(batch["sha256"])):
+        yield {
+            "pmcid": str(batch["pmcid"][i]),
+            "fig_id": batch["fig_id"][i],
+            "image_file": str(batch["image_file"][i]),
+            "sha256": str(batch["sha256"][i]),
+            "vector": bytes(batch["vector"][i]) or None,
+            "dim": int(batch["dim"][i]),
+            "error": batch["error"][i] or None,
+        }

@@ -26,7 +26,14 @@ from pipelines.concepts.model import (
     scree_png,
 )
 from pipelines.concepts.propagate import propagate
-from pipelines.concepts.review import SHEET_SIZE, contact_sheet, group_members, index_html, seeded_sample
+from pipelines.concepts.review import (
+    SHEET_SIZE,
+    contact_sheet,
+    group_members,
+    index_html,
+    seeded_sample,
+    sheet_preview,
+)
 from pipelines.concepts.shard import embed_shard, raw_locations
 from pipelines.lake import Lake
 from pipelines.schemas import Table
@@ -194,12 +201,14 @@ class ConceptReviewStage(Stage):
             sizes.setdefault(c, 0)
         directory = lake.path("review", version)
         samples = {c: seeded_sample(m, SHEET_SIZE, self.seed) for c, m in clusters.items()}
-        written = 0
+        written, largest = 0, None
         for cluster, members in samples.items():
             sheet = contact_sheet(lake, cluster, members, sizes[cluster])
             with lake.atomic_local_file(f"{directory}/cluster_{cluster:04d}.png") as tmp:
                 Path(tmp).write_bytes(sheet)
             written += len(sheet)
+            if largest is None or sizes[cluster] > sizes[largest[0]]:
+                largest = (cluster, sheet)
         template = template_csv(sizes, version, model.fingerprints())
         outputs = {"index.html": index_html(version, samples, sizes), "annotations_template.csv": template}
         outputs.update({f"{name}.csv": template for name in self.annotators})
@@ -214,6 +223,11 @@ class ConceptReviewStage(Stage):
                 "version": version,
                 "clusters": len(sizes),
                 "empty_clusters": sum(1 for n in sizes.values() if n == 0),
+                **(
+                    {"largest_cluster": largest[0], "contact_sheet": Markdown(sheet_preview(largest[1]))}
+                    if largest
+                    else {}
+                ),
             },
             paths={"index": f"{directory}/index.html", "annotations_folder": lake.path("annotations", version)},
         )

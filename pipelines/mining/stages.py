@@ -46,6 +46,7 @@ from pipelines.stage import (
     Compute,
     Partition,
     Preview,
+    Progress,
     Stage,
     StageInputError,
     StageResult,
@@ -278,7 +279,8 @@ class MiningStage(Stage):
         if todo:
             canary = require_structured_outputs(self.engine, self.settings.require_canary)
         provenance_columns = provenance(self.engine, prompts.PROMPT_VERSION)
-        with RawReader(lake) as reader:
+        progress = Progress(f"mining {partition}", len(todo), "figures")
+        with RawReader(lake) as reader, progress.heartbeat():
             for chunk in chunks(todo, self.settings.figures_per_batch):
                 figures = []
                 for item, fp in chunk:
@@ -294,6 +296,12 @@ class MiningStage(Stage):
                         pair.update(provenance_columns)
                     pair_rows.extend(figure.pairs)
                     figure_rows.append(self._figure_row(figure.item, fp, "mined", figure.reasons, engine, figure))
+                progress.advance(
+                    len(chunk),
+                    unreadable=len(chunk) - len(figures),
+                    pairs=sum(len(f.pairs) for f, _ in figures),
+                    vlm_requests=sum(engine.meter.requests.values()) - progress.counts["vlm_requests"],
+                )
         lake.write_table(Table.MINING_FIGURES, release, shard, figure_rows)
         lake.write_table(Table.PAIRS, release, shard, pair_rows)
         return self._result(partition, figure_rows, pair_rows, errors, carried, canary, engine)
