@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
@@ -43,6 +44,8 @@ from dagster_pipes import (
     open_dagster_pipes,
 )
 from fsspec.implementations.local import LocalFileSystem
+
+from pipelines.stage import PROGRESS_INTERVAL_S, Progress
 
 FSSPEC_URL_KEY = "fsspec_url"  # message params key: write numbered chunks under this fsspec URL
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d{8})\.[A-Za-z0-9]+$")
@@ -177,19 +180,32 @@ class LaunchMessageWriter(PipesMessageWriter):
             yield channel
 
 
+_steps: Progress | None = None  # the open session's step count, for its heartbeat lines
+_log_lock = threading.Lock()
+
+
 def _pipes() -> PipesContext | None:
     return PipesContext.get() if PipesContext.is_initialized() else None
 
 
 @contextlib.contextmanager
-def session() -> Iterator[PipesContext | None]:
+def session(heartbeat_s: float = PROGRESS_INTERVAL_S) -> Iterator[PipesContext | None]:
     """Open Dagster Pipes for the job's lifetime when launched by Pipes and this is rank 0;
-    yields the Pipes context or None. An exception inside is reported to Dagster, then raised."""
+    yields the Pipes context or None. An exception inside is reported to Dagster, then raised.
+    A line with the steps reported so far reaches the run log every ``heartbeat_s`` seconds."""
+    global _steps
     if job_rank() != 0 or not PipesEnvVarParamsLoader().is_dagster_pipes_process():
         yield None
         return
     with open_dagster_pipes(message_writer=LaunchMessageWriter()) as pipes:
-        yield pipes
+        # A step can outlast the run log's 30-second promise (a first CUDA compile, a checkpoint
+        # upload): the heartbeat keeps writing while the job is alive.
+        _steps = Progress("job", 0, "steps reported", sink=log, interval_s=heartbeat_s)
+        try:
+            with _steps.heartbeat():
+                yield pipes
+        finally:
+            _steps = None
 
 
 def log(msg: str, level: str = "info") -> None:
@@ -197,10 +213,11 @@ def log(msg: str, level: str = "info") -> None:
     if job_rank() != 0:
         return
     pipes = _pipes()
-    if pipes is None:
-        print(msg, flush=True)
-    else:
-        getattr(pipes.log, level)(msg)
+    with _log_lock:  # the heartbeat thread writes too; not every Pipes channel is thread-safe
+        if pipes is None:
+            print(msg, flush=True)
+        else:
+            getattr(pipes.log, level)(msg)
 
 
 def report_progress(step: int, metrics: Mapping[str, float]) -> None:
@@ -209,6 +226,8 @@ def report_progress(step: int, metrics: Mapping[str, float]) -> None:
         return
     line = f"step {step}: " + ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
     log(line)
+    if _steps is not None:
+        _steps.advance()
     pipes = _pipes()
     if pipes is not None:
         pipes.report_custom_message({"step": step, "metrics": dict(metrics)})

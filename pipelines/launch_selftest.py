@@ -6,7 +6,7 @@ step and a final report. With ``fail_at_step: k`` it exits non-zero after checkp
 ``k - 1``, once: a marker file in the run dir records the failure, so the next launch resumes at
 step ``k`` and finishes, as a preempted training job would.
 
-Config: ``{"steps": N, "fail_at_step": k | null, "sleep_s": 0.0, "launch": {...}}`` (the launcher
+Config: ``{"steps": N, "fail_at_step": k | null, "sleep_s": 0.0, "heartbeat_s": 30, "launch": {...}}`` (the launcher
 adds ``launch``: ``run_id``, ``run_dir``, ``gpus``, ``dagster_run_id``).
 """
 
@@ -31,6 +31,7 @@ from pipelines.launch import (
     save_checkpoint,
     session,
 )
+from pipelines.stage import PROGRESS_INTERVAL_S
 
 FAILED_MARKER = "failed-once.marker"
 EXIT_INJECTED = 3
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, ckpt_dir = launch["run_dir"], f"{launch['run_dir']}/checkpoints"
     steps, fail_at = int(config.get("steps", 5)), config.get("fail_at_step")
 
-    with session():
+    with session(float(config.get("heartbeat_s", PROGRESS_INTERVAL_S))):
         last = latest_checkpoint(ckpt_dir)
         if last is None:
             start, total = 0, 0.0

@@ -249,10 +249,11 @@ class Progress:
         self.finish()
 
     def _line(self, now: float, final: bool = False) -> str:
-        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        count = f"{self.done}/{self.total} {self.unit} ({self.done / self.total:.0%})" if self.total else ""
+        count = count or f"{self.done} {self.unit}"  # an open-ended count: a job's steps
         tallies = "".join(f", {k} {v}" for k, v in sorted(self.counts.items()))
         state = "done" if final else "progress"
-        return f"{self.label} {state}: {self.done}/{self.total} {self.unit}{share}{tallies}; {now - self._started:.0f}s"
+        return f"{self.label} {state}: {count}{tallies}; {now - self._started:.0f}s"
 
 
 class Stage:

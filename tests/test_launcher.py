@@ -95,6 +95,18 @@ def test_subprocess_clean_run_reports_every_step(tmp_path):
     assert meta["start_step"] == 0 and meta["total"] == 3 and meta["launch_backend"] == "subprocess"
 
 
+def test_a_slow_step_still_writes_heartbeat_lines(tmp_path):
+    # one step of 1.5 s with a 0.2 s heartbeat: the run log hears from the job while it computes
+    config = {"steps": 1, "sleep_s": 1.5, "heartbeat_s": 0.2}
+    with DagsterInstance.ephemeral() as instance:
+        result = _materialize(str(tmp_path / "runs"), config, _launcher("subprocess"), instance)
+        assert result.success
+        logs = _messages(instance, result)
+    beats = [line for line in logs if line.startswith("job progress: 0 steps reported")]
+    assert len(beats) >= 2, logs  # 1.5 s / 0.2 s: several before step 0 is reported
+    assert any(line.startswith("job done: 1 steps reported") for line in logs), logs
+
+
 def test_changed_config_is_a_new_training(tmp_path):
     with DagsterInstance.ephemeral() as instance:
         for steps in (2, 3):
