@@ -52,7 +52,7 @@ def figure_embeddings(
     config = models.dinov2_config()
     if config.synthetic:
         context.log.info("embedding with a tiny RANDOM DINOv2 (synthetic): vectors are marked synthetic=True")
-    stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address)
+    stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address, dict(ray.actor_resources))
     return run_stage(context, stage, lake.lake(), quality.max_error_rate)
 
 

@@ -57,7 +57,10 @@ def build_resources(settings: Settings | None = None) -> dict:
             text_context=settings.text_context,
         ),
         "ray": RayResource(
-            address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor
+            address=settings.ray_address,
+            actors=settings.ray_actors,
+            gpus_per_actor=settings.gpus_per_actor,
+            actor_resources=dict(settings.ray_actor_resources),
         ),
         "eutils": EutilsResource(
             base_url=settings.eutils_url,

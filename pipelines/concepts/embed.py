@@ -11,7 +11,7 @@ CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors o
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 
 import numpy as np
@@ -52,11 +52,16 @@ def actor_pool_batches(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: Mapping[str, float] | None = None,
 ) -> Iterator[dict]:
     """``rows`` through Ray Data: ``prepare`` (CPU tasks: read and decode) then a pool of
     ``actors`` instances of ``actor`` (each holding its model once, ``gpus_per_actor`` GPUs);
     yields the output as numpy batches. Every model stage (embeddings, panel detection) runs
-    through here, so they pack GPUs and fail the same way."""
+    through here, so they pack GPUs and fail the same way.
+
+    ``actor_resources`` are Ray custom resources each actor also holds (``{"a100": 1}``): a
+    cluster whose GPU nodes advertise one keeps the model actors there and the CPU tasks
+    elsewhere; the multi-node test uses it to stand in for GPUs it does not have."""
     import ray
 
     ensure_ray(address)
@@ -74,6 +79,7 @@ def actor_pool_batches(
             batch_size=batch_size,
             compute=ray.data.ActorPoolStrategy(size=actors),
             num_gpus=gpus_per_actor or None,
+            resources=dict(actor_resources) if actor_resources else None,
             max_restarts=0,
         )
     yield from ds.iter_batches(batch_size=batch_size, batch_format="numpy")
@@ -120,6 +126,7 @@ def embed_images(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """Embed ``refs`` (rows with pmcid, fig_id, image_file, sha256, tar_path, offset, size).
 
@@ -138,6 +145,7 @@ def embed_images(
         actors,
         gpus_per_actor,
         address,
+        actor_resources,
     )
     rows = []
     for batch in batches:
