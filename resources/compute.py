@@ -25,6 +25,9 @@ class RayResource(ConfigurableResource):
     gpus_per_actor: float = 0.0
     batch_size: int = 32
     actor_resources: dict[str, float] = {}
+    # a node lost mid-partition (ComputeUnavailableError): retry the step this often, this far apart
+    outage_retries: int = 0
+    outage_retry_delay_s: float = 300.0
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         # A Ray started here uses token authentication, Ray's default for a new local cluster;

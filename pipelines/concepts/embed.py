@@ -24,6 +24,14 @@ from pipelines.lake import Lake
 EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
 
 
+class ComputeUnavailableError(RuntimeError):
+    """The Ray cluster lost what a partition was running on (a node, an actor, an object).
+
+    Nothing was written, since a stage writes its table only after the last batch, so the run is
+    retried like any outage (``run_stage``); a fresh run starts a new actor pool on the nodes left.
+    An actor whose constructor failed (weights missing, a bug) is not an outage: that fails as is."""
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     import logging
 
@@ -62,6 +70,31 @@ def actor_pool_batches(
     ``actor_resources`` are Ray custom resources each actor also holds (``{"a100": 1}``): a
     cluster whose GPU nodes advertise one keeps the model actors there and the CPU tasks
     elsewhere; the multi-node test uses it to stand in for GPUs it does not have."""
+    try:
+        yield from _run_pool(
+            rows, prepare, prepare_kwargs, actor, actor_kwargs, batch_size, actors, gpus_per_actor, address,
+            actor_resources,
+        )  # fmt: skip
+    except Exception as exc:
+        from pipelines.vlm.ray_llm import is_outage
+
+        if is_outage(exc):
+            raise ComputeUnavailableError(f"the Ray cluster lost part of the run: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def _run_pool(
+    rows: list[dict],
+    prepare,
+    prepare_kwargs: dict,
+    actor,
+    actor_kwargs: dict,
+    batch_size: int,
+    actors: int,
+    gpus_per_actor: float,
+    address: str | None,
+    actor_resources: Mapping[str, float] | None,
+) -> Iterator[dict]:
     import ray
 
     ensure_ray(address)
