@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +44,7 @@ class RayNode:
 
 class LocalRayCluster:
     """``with LocalRayCluster() as cluster:`` a head with ``head_cpus`` CPUs and no custom resources;
-    ``add_worker`` adds nodes; ``kill`` loses one; ``env`` is what a driver needs to connect."""
+    ``add_worker`` adds nodes; ``kill`` loses one; ``driver`` connects this process."""
 
     def __init__(self, head_cpus: int = 1, startup_timeout_s: float = 90.0):
         # Short and under /tmp: Ray's Unix sockets live in the session dir, and a socket path
@@ -57,6 +59,7 @@ class LocalRayCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         self.nodes: list[RayNode] = []
+        self.worker: RayNode | None = None  # the newest worker node
         self.head_cpus = head_cpus
 
     def __enter__(self) -> LocalRayCluster:
@@ -72,9 +75,10 @@ class LocalRayCluster:
 
     def add_worker(self, num_cpus: int = 1, resources: dict[str, float] | None = None) -> RayNode:
         name = f"worker{len(self.nodes)}"
-        return self._start(
+        self.worker = self._start(
             name, [f"--address={self.address}", f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources or {})}"]
         )
+        return self.worker
 
     def _start(self, name: str, args: list[str]) -> RayNode:
         temp_dir = self.root / name
@@ -111,6 +115,28 @@ class LocalRayCluster:
             raise RuntimeError(f"ray start for {name} failed ({code}):\n{log.read_text()[-3000:]}")
         return node
 
+    @contextmanager
+    def driver(self) -> Iterator[None]:
+        """This process as a driver of the cluster (``ray.init(address)`` inside): the cluster's
+        token in the environment meanwhile. Afterwards Ray is shut down, the environment restored
+        and Ray's cached token forgotten (Ray keeps the first token it read for the life of the
+        process), so a later local Ray in this process authenticates with its own token."""
+        import ray
+        from ray._raylet import AuthenticationTokenLoader
+
+        saved = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            AuthenticationTokenLoader.instance().reset_cache()
+
     def kill(self, node: RayNode) -> None:
         """Lose ``node`` as a crashed machine is lost: SIGKILL to all its processes at once."""
         _killpg(node.pgid, signal.SIGKILL)
@@ -130,7 +156,7 @@ class LocalRayCluster:
     def close(self) -> None:
         for node in reversed(self.nodes):
             _killpg(node.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5
         for node in self.nodes:
             while _exists(node.pgid) and time.monotonic() < deadline:
                 time.sleep(0.1)

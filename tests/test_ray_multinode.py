@@ -65,15 +65,10 @@ def cluster():
     """The two-node cluster, and this process as its driver (the same token as the nodes)."""
     if ray.is_initialized():  # an earlier test's local Ray in this process: it would be reused
         ray.shutdown()
-    with LocalRayCluster(head_cpus=1) as cluster, pytest.MonkeyPatch.context() as env:
-        for name, value in cluster.env.items():
-            env.setenv(name, value)
-        cluster.worker = cluster.add_worker(num_cpus=1, resources=GPU_LIKE)
+    with LocalRayCluster(head_cpus=1) as cluster, cluster.driver():
+        cluster.add_worker(num_cpus=1, resources=GPU_LIKE)
         ensure_ray(cluster.address)  # as a run connects (the stages call it again: a no-op)
-        try:
-            yield cluster
-        finally:
-            ray.shutdown()
+        yield cluster
 
 
 def _copy(template: Path, tmp_path: Path) -> Lake:
@@ -214,7 +209,7 @@ def _lose_the_worker_while_embedding(cluster: LocalRayCluster, lake: Lake, shard
             cluster.wait_alive(lost, alive=False)
             seen["rows_after_loss"] = _written(lake, shard)
             seen["files_after_loss"] = _files(lake)
-            cluster.worker = cluster.add_worker(num_cpus=1, resources=GPU_LIKE)
+            cluster.add_worker(num_cpus=1, resources=GPU_LIKE)
             seen["replacement"] = cluster.wait_alive(cluster.worker)["NodeID"]
             return
         time.sleep(0.1)
