@@ -5,7 +5,8 @@ resources, and a worker node with one CPU and two ``gpu_like`` units, each its o
 worker has, as ``num_gpus`` does on a real GPU cluster, so Ray must place them there. The first
 test backfills three partitions through the asset, as Dagster runs them, and reads from the GCS
 actor table where the actors ran; the second loses the worker node in the middle of a partition,
-and Dagster retries the step onto a replacement node. Vectors are compared with a run in this process that uses no Ray at all.
+and Dagster retries the step onto a replacement node. Vectors are compared with a run in this
+process that uses no Ray at all.
 """
 
 from __future__ import annotations
