@@ -14,7 +14,7 @@ from dagster import (
 
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import OutageRetry, error_rate_check, run_stage
 from pipelines.concepts.model import ConceptModelConfig
 from pipelines.concepts.stages import (
     ANNOTATIONS_MATCH,
@@ -52,8 +52,9 @@ def figure_embeddings(
     config = models.dinov2_config()
     if config.synthetic:
         context.log.info("embedding with a tiny RANDOM DINOv2 (synthetic): vectors are marked synthetic=True")
-    stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address)
-    return run_stage(context, stage, lake.lake(), quality.max_error_rate)
+    stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address, dict(ray.actor_resources))
+    retry = OutageRetry(ray.outage_retries, ray.outage_retry_delay_s)  # a Ray node lost mid-partition
+    return run_stage(context, stage, lake.lake(), quality.max_error_rate, retry)
 
 
 class ConceptModelSettings(Config):

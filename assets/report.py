@@ -20,6 +20,7 @@ from dagster import (
 from assets.partitions import partition_of
 from pipelines.acquire.retry import SourceUnavailableError
 from pipelines.concepts.annotations import AnnotationError
+from pipelines.concepts.embed import ComputeUnavailableError
 from pipelines.entrez.client import EntrezUnavailableError
 from pipelines.lake import Lake, LakeLayoutError
 from pipelines.release.hub import HubLimitError
@@ -142,14 +143,15 @@ def run_stage(
 
     Problems a person must fix (an upstream asset not materialized, annotations for another
     model, a setting missing) fail the run with their message and are not retried. An outage of
-    the PMC source, NCBI or the VLM engine is retried ``outage.retries`` times, ``outage.delay_s`` apart, then
-    fails the run; nothing was written as the items' final state. Anything else fails the run
+    the PMC source, NCBI, the VLM engine or the Ray cluster (a node lost mid-partition) is retried
+    ``outage.retries`` times, ``outage.delay_s`` apart, then fails the run; nothing was written as
+    the items' final state. Anything else fails the run
     with its traceback."""
     try:
         result = stage.run(lake, partition_of(context), progress=context.log.info)
     except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
         raise Failure(str(exc), allow_retries=False) from exc
-    except (SourceUnavailableError, EntrezUnavailableError, VlmOutage) as exc:
+    except (SourceUnavailableError, EntrezUnavailableError, VlmOutage, ComputeUnavailableError) as exc:
         context.log.warning(f"{stage.name}[{partition_of(context)}]: service unavailable: {exc}")
         raise RetryRequested(max_retries=outage.retries, seconds_to_wait=outage.delay_s) from exc
     return report(context, result, max_error_rate)

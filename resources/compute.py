@@ -16,12 +16,18 @@ class RayResource(ConfigurableResource):
 
     ``actors`` x ``gpus_per_actor`` is how a run packs the GPUs: e.g. 8 actors with 1 GPU each
     on an 8-GPU node, or 16 with 0.5 to put two small-model replicas on every GPU.
+    ``actor_resources`` adds Ray custom resources per actor (``{"a100": 1}``) to pin the model
+    actors to the nodes that advertise them; empty in production, where ``num_gpus`` suffices.
     """
 
     address: str | None = None
     actors: int = 1
     gpus_per_actor: float = 0.0
     batch_size: int = 32
+    actor_resources: dict[str, float] = {}
+    # a node lost mid-partition (ComputeUnavailableError): retry the step this often, this far apart
+    outage_retries: int = 0
+    outage_retry_delay_s: float = 300.0
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         # A Ray started here uses token authentication, Ray's default for a new local cluster;

@@ -57,7 +57,12 @@ def build_resources(settings: Settings | None = None) -> dict:
             text_context=settings.text_context,
         ),
         "ray": RayResource(
-            address=settings.ray_address, actors=settings.ray_actors, gpus_per_actor=settings.gpus_per_actor
+            address=settings.ray_address,
+            actors=settings.ray_actors,
+            gpus_per_actor=settings.gpus_per_actor,
+            actor_resources=dict(settings.ray_actor_resources),
+            outage_retries=settings.outage_retries,
+            outage_retry_delay_s=settings.outage_retry_delay_s,
         ),
         "eutils": EutilsResource(
             base_url=settings.eutils_url,

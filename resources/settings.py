@@ -10,11 +10,12 @@ run's process and never appear in run configuration, the launchpad or logs.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.acquire.source import S3_GET_PER_PREFIX, SourcePolicy, source_policy
@@ -73,6 +74,7 @@ class Settings:
     ray_address: str | None = None
     ray_actors: int = 1
     gpus_per_actor: float = 0.0
+    ray_actor_resources: dict[str, float] = field(default_factory=dict)
     taxonomy: str | None = None
     hf_repo: str | None = None
     max_error_rate: float = 0.05
@@ -120,6 +122,7 @@ class Settings:
             ray_address=env.get("PANELFORGE_RAY_ADDRESS") or None,
             ray_actors=env.integer("PANELFORGE_RAY_ACTORS", minimum=1, default=1),
             gpus_per_actor=env.number("PANELFORGE_GPUS_PER_ACTOR", minimum=0.0),
+            ray_actor_resources=_ray_resources(env.get("PANELFORGE_RAY_ACTOR_RESOURCES")),
             taxonomy=_existing_file("PANELFORGE_TAXONOMY", env.get("PANELFORGE_TAXONOMY")),
             hf_repo=env.get("PANELFORGE_HF_REPO") or None,
             max_error_rate=env.number("PANELFORGE_MAX_ERROR_RATE", 0.05, minimum=0.0, maximum=1.0),
@@ -236,6 +239,28 @@ class _Env:
 
 def _optional_integer(env: _Env, name: str) -> int | None:
     return env.integer(name, minimum=1) if env.get(name) is not None else None
+
+
+def _ray_resources(raw: str | None) -> dict[str, float]:
+    """A JSON object of Ray custom resources per actor, e.g. ``{"a100": 1}``. Checked here because
+    Ray would only refuse it inside a run, after the partition's images were read."""
+    name = "PANELFORGE_RAY_ACTOR_RESOURCES"
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise SettingsError(f'{name} must be a JSON object such as {{"gpu_like": 1}}, got {raw!r}') from None
+    if not isinstance(value, dict):
+        raise SettingsError(f'{name} must be a JSON object such as {{"gpu_like": 1}}, got {raw!r}')
+    resources = {}
+    for key, amount in value.items():
+        if key in ("CPU", "GPU", "memory", "object_store_memory"):
+            raise SettingsError(f"{name} names Ray's own resource {key!r}: use PANELFORGE_GPUS_PER_ACTOR for GPUs")
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not 0 < amount < float("inf"):
+            raise SettingsError(f"{name}: {key!r} must be a positive number, got {amount!r}")
+        resources[str(key)] = float(amount)
+    return resources
 
 
 def _source_url(url: str) -> str:

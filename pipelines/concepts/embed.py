@@ -11,7 +11,7 @@ CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors o
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 
 import numpy as np
@@ -23,6 +23,14 @@ from pipelines.lake import Lake
 from pipelines.stage import Progress
 
 EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
+
+
+class ComputeUnavailableError(RuntimeError):
+    """The Ray cluster lost what a partition was running on (a node, an actor, an object).
+
+    Nothing was written, since a stage writes its table only after the last batch, so the run is
+    retried like any outage (``run_stage``); a fresh run starts a new actor pool on the nodes left.
+    An actor whose constructor failed (weights missing, a bug) is not an outage: that fails as is."""
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -53,11 +61,41 @@ def actor_pool_batches(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: Mapping[str, float] | None = None,
 ) -> Iterator[dict]:
     """``rows`` through Ray Data: ``prepare`` (CPU tasks: read and decode) then a pool of
     ``actors`` instances of ``actor`` (each holding its model once, ``gpus_per_actor`` GPUs);
     yields the output as numpy batches. Every model stage (embeddings, panel detection) runs
-    through here, so they pack GPUs and fail the same way."""
+    through here, so they pack GPUs and fail the same way.
+
+    ``actor_resources`` are Ray custom resources each actor also holds (``{"a100": 1}``): a
+    cluster whose GPU nodes advertise one keeps the model actors there and the CPU tasks
+    elsewhere; the multi-node test uses it to stand in for GPUs it does not have."""
+    try:
+        yield from _run_pool(
+            rows, prepare, prepare_kwargs, actor, actor_kwargs, batch_size, actors, gpus_per_actor, address,
+            actor_resources,
+        )  # fmt: skip
+    except Exception as exc:
+        from pipelines.vlm.ray_llm import is_outage
+
+        if is_outage(exc):
+            raise ComputeUnavailableError(f"the Ray cluster lost part of the run: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def _run_pool(
+    rows: list[dict],
+    prepare,
+    prepare_kwargs: dict,
+    actor,
+    actor_kwargs: dict,
+    batch_size: int,
+    actors: int,
+    gpus_per_actor: float,
+    address: str | None,
+    actor_resources: Mapping[str, float] | None,
+) -> Iterator[dict]:
     import ray
 
     ensure_ray(address)
@@ -75,6 +113,7 @@ def actor_pool_batches(
             batch_size=batch_size,
             compute=ray.data.ActorPoolStrategy(size=actors),
             num_gpus=gpus_per_actor or None,
+            resources=dict(actor_resources) if actor_resources else None,
             max_restarts=0,
         )
     yield from ds.iter_batches(batch_size=batch_size, batch_format="numpy")
@@ -121,6 +160,7 @@ def embed_images(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """Embed ``refs`` (rows with pmcid, fig_id, image_file, sha256, tar_path, offset, size).
 
@@ -139,6 +179,7 @@ def embed_images(
         actors,
         gpus_per_actor,
         address,
+        actor_resources,
     )
     rows = []
     progress = Progress("embedding", len(refs), "images")

@@ -7,6 +7,7 @@ not embedded again; its vector is carried over.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipelines.concepts.dinov2 import EmbedderConfig
@@ -65,6 +66,7 @@ def embed_shard(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: Mapping[str, float] | None = None,
 ) -> EmbeddedShard:
     refs = image_refs(lake, release, shard)
     known: dict[str, dict] = {}
@@ -74,7 +76,7 @@ def embed_shard(
             if row["vector"] and row["model"] == config.model_label and row["pooling"] == config.pooling:
                 known.setdefault(row["sha256"], row)
     todo = [r for r in refs if r["sha256"] not in known]
-    fresh = embed_images(lake, todo, config, batch_size, actors, gpus_per_actor, address)
+    fresh = embed_images(lake, todo, config, batch_size, actors, gpus_per_actor, address, actor_resources)
     by_key: dict[tuple, list[dict]] = defaultdict(list)
     for row in fresh:
         by_key[(row["pmcid"], row["fig_id"], row["image_file"])].append(row)

@@ -89,6 +89,7 @@ class EmbedStage(Stage):
     actors: int = 1
     gpus_per_actor: float = 0.0
     address: str | None = None
+    actor_resources: dict[str, float] = field(default_factory=dict)  # Ray custom resources per actor
 
     name = "figure_embeddings"
     reads = (Table.FIGURES, Table.RAW_FILES, Table.EMBEDDINGS)
@@ -110,6 +111,7 @@ class EmbedStage(Stage):
             self.actors,
             self.gpus_per_actor,
             self.address,
+            self.actor_resources,
         )
         lake.write_table(Table.EMBEDDINGS, release, shard, embedded.rows)
         errors = [r for r in embedded.rows if r["error"]]
