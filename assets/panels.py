@@ -18,7 +18,7 @@ from dagster import (
 from assets.concepts import figure_concepts
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import OutageRetry, error_rate_check, run_stage
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
@@ -101,8 +101,10 @@ def panels(
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,
+        actor_resources=dict(ray.actor_resources),
     )
-    return run_stage(context, PanelStage(settings), lake.lake(), quality.max_error_rate)
+    retry = OutageRetry(ray.outage_retries, ray.outage_retry_delay_s)  # a Ray node lost mid-partition
+    return run_stage(context, PanelStage(settings), lake.lake(), quality.max_error_rate, retry)
 
 
 @asset(

@@ -385,6 +385,7 @@ def detect_images(
     actors: int = 1,
     gpus_per_actor: float = 0,
     address: str | None = None,
+    actor_resources: dict[str, float] | None = None,
 ) -> list[dict]:
     """Detect panels in ``refs`` (rows with ``tar_path``, ``offset``, ``size`` into the lake's raw
     tars, plus any identifying columns such as pmcid, fig_id, image_file, sha256, kept as given).
@@ -408,6 +409,7 @@ def detect_images(
         actors,
         gpus_per_actor,
         address,
+        actor_resources,
     )
     rows: list[dict | None] = [None] * len(refs)
     for batch in batches:

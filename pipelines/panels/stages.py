@@ -50,6 +50,7 @@ class PanelSettings:
     actors: int = 1
     gpus_per_actor: float = 0.0
     address: str | None = None
+    actor_resources: dict[str, float] = field(default_factory=dict)  # Ray custom resources per actor
 
     @property
     def fingerprint(self) -> str:
@@ -173,7 +174,14 @@ class PanelStage(Stage):
         if todo:
             refs = [{k: it[k] for k in ("pmcid", "image_file", "tar_path", "offset", "size")} for it in todo]
             for row in detect_images(
-                lake, refs, detector, settings.batch_size, settings.actors, settings.gpus_per_actor, settings.address
+                lake,
+                refs,
+                detector,
+                settings.batch_size,
+                settings.actors,
+                settings.gpus_per_actor,
+                settings.address,
+                settings.actor_resources,
             ):
                 detected[(row["pmcid"], row["image_file"])] = row
         figure_rows, panel_rows, caption_rows = [], [], []
