@@ -118,14 +118,16 @@ class LocalRayCluster:
     @contextmanager
     def driver(self) -> Iterator[None]:
         """This process as a driver of the cluster (``ray.init(address)`` inside): the cluster's
-        token in the environment meanwhile. Afterwards Ray is shut down, the environment restored
+        token in the environment meanwhile, any token cached before forgotten. Afterwards Ray is shut down, the environment restored
         and Ray's cached token forgotten (Ray keeps the first token it read for the life of the
         process), so a later local Ray in this process authenticates with its own token."""
         import ray
         from ray._raylet import AuthenticationTokenLoader
 
         saved = {name: os.environ.get(name) for name in self.env}
+        ray.shutdown()  # a local Ray an earlier test left running in this process
         os.environ.update(self.env)
+        AuthenticationTokenLoader.instance().reset_cache()  # and the token it cached
         try:
             yield
         finally:
