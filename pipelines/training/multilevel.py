@@ -61,6 +61,7 @@ terms stay per rank (each region against its own negatives).
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
@@ -68,7 +69,7 @@ import random
 import re
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,8 @@ from torch.nn import functional
 
 from pipelines import launch
 from pipelines.training import clip, roi
-from pipelines.training.distributed import DistInfo, share
+from pipelines.training.distributed import DistInfo
+from pipelines.training.loader import LevelDataset, LevelFeed, reader_share, resume_positions, samples
 
 FIGURE, PANEL, REGION = "figure", "panel", "region"
 LEVELS = (FIGURE, PANEL, REGION)
@@ -174,6 +176,11 @@ class MultilevelConfig:
     roi_parent: str = FIGURE  # whose patch tokens the ROI modes pool: figure (boxes as released) or panel
     roi_heads: int = 8  # the ROI processor's attention heads (RegionMed-CLIP: 8)
     roi_output_size: int = 2  # RoIAlign bins per side, averaged into one vector
+    workers: int | None = None  # DataLoader workers per level; None: 4 on CUDA, 0 (in process) on CPU
+    prefetch_factor: int = 2  # decoded batches each worker holds ready
+    pin_memory: bool | None = None  # None: on CUDA
+    persistent_workers: bool = True
+    epoch_steps: int | None = None  # steps per epoch, for curriculum stages given in epochs
 
     @classmethod
     def from_dict(cls, data: dict) -> MultilevelConfig:
@@ -366,45 +373,27 @@ def roi_parent_key(key: str, parent: str) -> str | None:
     return parent_key(key, REGION)
 
 
-def _keep_all(src: Iterator, group: Any = None) -> Iterator:
-    """webdataset's node splitter, disabled: ``LevelReader`` gives each rank its share itself."""
-    return src
-
-
 class LevelReader:
-    """An endless reader of one level's subsets (pass after pass, in shard order) that counts
-    what it hands out, so a resumed run skips exactly that many samples.
+    """An endless reader of one level's subsets in the training process (pass after pass, in shard
+    order) that counts what it hands out, so a resumed run skips exactly that many samples: the
+    cross-level children and the ROI regions, which are matched to the step's parents here (the
+    levels' own batches come from :class:`pipelines.training.loader.LevelFeed`).
 
-    Under DDP each rank reads a disjoint share: every ``world``-th shard from its rank when there
-    are at least as many shards as ranks (each rank opens only its own files), else every
-    ``world``-th sample (a small subset of one shard still feeds every rank, read by all)."""
+    Under DDP each rank reads a disjoint share (``loader.reader_share``): every ``world``-th shard
+    from its rank when there are at least as many shards as ranks (each rank opens only its own
+    files), else every ``world``-th sample (a small subset of one shard still feeds every rank)."""
 
     def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None):
-        import webdataset as wds
         from webdataset.shardlists import expand_urls
 
-        self.level, self.consumed, self.info = level, 0, info or DistInfo()
+        self.level, self.info = level, info or DistInfo()
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
         shards = [url for pattern in self.patterns for url in expand_urls(pattern)]
-        self.by_shard = len(shards) >= self.info.world
-        self.urls = share(shards, self.info) if self.by_shard else shards
-        self._wds = wds
-        self._it = self._samples()
+        what = f"the {level} subsets {self.patterns} for rank {self.info.rank}"
+        self._it = samples(reader_share(shards, self.info), what)
         for _ in range(skip):
             next(self._it)
         self.consumed = skip
-
-    def _samples(self) -> Iterator[dict]:
-        stride = 1 if self.by_shard else self.info.world
-        while True:
-            seen = 0
-            dataset = self._wds.WebDataset(self.urls, shardshuffle=False, nodesplitter=_keep_all)
-            for index, sample in enumerate(dataset):
-                if index % stride == self.info.rank % stride:
-                    seen += 1
-                    yield sample
-            if seen == 0:
-                raise ValueError(f"the {self.level} subsets {self.patterns} hold no sample for rank {self.info.rank}")
 
     def next(self) -> dict:
         self.consumed += 1
@@ -761,10 +750,38 @@ class Trainer:
     def _reader(self, level: str, skip: int) -> LevelReader:
         return LevelReader(level, self.config.data_of(level), self.config.shard_name, skip, self.info)
 
-    def open_readers(self, consumed: dict[str, int]) -> None:
+    @property
+    def workers(self) -> int:
+        """Loader workers per level (None in the config: 4 on CUDA, where decoding would stall the
+        GPU, 0 on CPU, where workers would compete with the step for the same cores)."""
+        if self.config.workers is not None:
+            return self.config.workers
+        return 4 if self.device.type == "cuda" else 0
+
+    def _feed(self, level: str, consumed: int, saved: dict | None) -> LevelFeed:
+        """The level's DataLoader, each worker resuming at its saved position (see ``loader``)."""
+        c = self.config
+        workers = self.workers
+        positions, rotation, batches, exact = resume_positions(saved, consumed, max(1, workers))
+        if not exact:
+            launch.log(f"{level}: data position saved with other loader workers, resumed approximately", "warning")
+        from webdataset.shardlists import expand_urls
+
+        shards = [url for source in c.data_of(level) for url in expand_urls(shard_pattern(source, c.shard_name))]
+        preprocess = self.parent_preprocess if level == c.roi_parent else self.preprocess
+        decoder = functools.partial(decode, level=level, preprocess=preprocess, config=c)
+        dataset = LevelDataset(
+            level, shards, self.info, decoder, c.batch_size, positions, rotation, c.seed, 100 * c.batch_size
+        )
+        pin = c.pin_memory if c.pin_memory is not None else self.device.type == "cuda"
+        return LevelFeed(dataset, batches, workers, c.prefetch_factor, pin, c.persistent_workers)
+
+    def open_readers(self, consumed: dict[str, int], loaders: dict[str, dict] | None = None) -> None:
         c = self.config
         own = self.levels_used() - ({REGION} if c.roi_mode else set())
-        self.readers = {lv: self._reader(lv, consumed.get(lv, 0)) for lv in LEVELS if lv in own}
+        loaders = loaders or {}
+        self.close()
+        self.readers = {lv: self._feed(lv, consumed.get(lv, 0), loaders.get(lv)) for lv in LEVELS if lv in own}
         self.links: dict[str, LevelReader] = {}
         self.buffers: dict[str, ChildBuffer] = {}
         for parent in self.levels_used() & set(CHILD):
@@ -784,7 +801,14 @@ class Trainer:
             out[ROI_REGION] = self.roi_reader.consumed
         return out
 
-    def state(self, consumed_by_rank: list[dict[str, int]]) -> dict:
+    def loader_state(self) -> dict[str, dict]:
+        return {lv: feed.state() for lv, feed in self.readers.items()}
+
+    def close(self) -> None:
+        for feed in getattr(self, "readers", {}).values():
+            feed.close()
+
+    def state(self, consumed_by_rank: list[dict[str, int]], loaders_by_rank: list[dict[str, dict]]) -> dict:
         return {
             "step": self.step,
             "state_dict": self.model.state_dict(),
@@ -793,6 +817,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "consumed": consumed_by_rank[0],
             "consumed_by_rank": consumed_by_rank,
+            "loaders_by_rank": loaders_by_rank,  # each level's loader position (per worker, batches used)
             "skipped": self.skipped,
             "linked": dict(self.linked),
             "config": asdict(self.config),
@@ -816,12 +841,13 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.skipped, self.linked = state["step"], state["skipped"], {**self.linked, **state["linked"]}
         by_rank = state.get("consumed_by_rank") or [state["consumed"]]
+        loaders = state.get("loaders_by_rank") or [{}] * len(by_rank)
         if len(by_rank) != self.info.world:
             launch.log(
                 f"checkpoint from {len(by_rank)} rank(s), resumed on {self.info.world}: data restarts", "warning"
             )
-            by_rank = [by_rank[0]] * self.info.world
-        self.open_readers(by_rank[self.info.rank])
+            by_rank, loaders = [by_rank[0]] * self.info.world, [loaders[0]] * self.info.world
+        self.open_readers(by_rank[self.info.rank], loaders[self.info.rank])
         return self.step
 
     def save(self) -> str | None:
@@ -829,12 +855,12 @@ class Trainer:
         sent its data position) before the write, and none reads the folder before it is whole."""
         from pipelines.training.distributed import barrier, gather_objects
 
-        consumed_by_rank = gather_objects(self.consumed(), self.info)
+        positions = gather_objects((self.consumed(), self.loader_state()), self.info)
         barrier(self.info)
         url = None
         if self.info.is_main:
             buffer = io.BytesIO()
-            torch.save(self.state(consumed_by_rank), buffer)
+            torch.save(self.state([p[0] for p in positions], [p[1] for p in positions]), buffer)
             url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
             if self.config.keep_last_checkpoint_only:
                 self._drop_older()
@@ -850,23 +876,24 @@ class Trainer:
 
     # -- one step's data
 
-    def _batch(self, reader: LevelReader, level: str, n: int, rng: random.Random) -> list[Decoded]:
-        """``n`` decoded samples; an unusable one is logged, counted and replaced by the next."""
-        preprocess = self.parent_preprocess if level == self.config.roi_parent else self.preprocess
-        out: list[Decoded] = []
-        while len(out) < n:
-            sample = reader.next()
-            try:
-                out.append(decode(sample, level, preprocess, self.config, rng))
-            except Exception as exc:  # noqa: BLE001 - a bad sample is skipped, never the run
-                self._skip(level, sample, exc)
-        return out
+    def _batch(self, level: str) -> tuple[list[Decoded], torch.Tensor]:
+        """The level's next decoded batch from its loader, images stacked; the samples its worker
+        could not use are logged and counted here (a worker never raises for one)."""
+        while True:
+            loaded = self.readers[level].next()
+            for key, reason in loaded.skips:
+                self._count_skip(level, key, reason)
+            if loaded.items:
+                return loaded.items, loaded.images
 
     def _skip(self, level: str, sample: dict, exc: Exception) -> None:
+        self._count_skip(level, str(sample.get("__key__")), str(exc))
+
+    def _count_skip(self, level: str, key: str, reason: str) -> None:
         self.skipped += 1
-        launch.log(f"skipped {level} sample {sample.get('__key__')}: {exc}", "warning")
+        launch.log(f"skipped {level} sample {key}: {reason}", "warning")
         if self.skipped > 100 * self.config.batch_size:
-            raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?") from exc
+            raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?")
 
     def _children(self, parent_level: str, parents: list[Decoded], rng: random.Random) -> list[tuple[int, Decoded]]:
         child, _ = CHILD[parent_level]
@@ -888,9 +915,11 @@ class Trainer:
                 buffer.add(parent, key, sample)
         return buffer.take([p.key for p in parents], self.config.max_children or self.config.batch_size)
 
-    def _tensors(self, items: list, negatives: bool = False) -> Batch:
+    def _tensors(self, items: list, negatives: bool = False, images: torch.Tensor | None = None) -> Batch:
         tokens = self.tokenizer([d.text for d in items]).to(self.device)
-        images = torch.stack([d.image for d in items]).to(self.device) if hasattr(items[0], "image") else None
+        if images is None and hasattr(items[0], "image"):
+            images = torch.stack([d.image for d in items])
+        images = images.to(self.device, non_blocking=True) if images is not None else None
         batch = Batch(images, tokens)
         k = max((len(d.negatives) for d in items), default=0) if negatives else 0
         if k:
@@ -930,8 +959,8 @@ class Trainer:
         for level in levels:
             if level not in self.readers:
                 continue  # regions in an ROI mode: read with their parent below
-            batch = self._batch(self.readers[level], level, c.batch_size, rng)
-            out.levels[level] = self._tensors(batch, negatives=level == REGION and weights[NEGATIVE] > 0)
+            batch, images = self._batch(level)
+            out.levels[level] = self._tensors(batch, level == REGION and weights[NEGATIVE] > 0, images)
             if level in CHILD and CHILD[level][0] in self.links and weights[CHILD[level][1]] > 0:
                 children = self._children(level, batch, rng)
                 tensors = self._tensors([d for _, d in children]) if children else None
@@ -1002,12 +1031,15 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
         f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps} on {info.world} rank(s), "
         f"{trainer.params}"
     )
-    while trainer.step < config.steps:
-        metrics = trainer.train_step()
-        if trainer.step % config.log_every == 0 or trainer.step == config.steps:
-            launch.report_progress(trainer.step, metrics)
-        if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-            trainer.save()
+    try:
+        while trainer.step < config.steps:
+            metrics = trainer.train_step()
+            if trainer.step % config.log_every == 0 or trainer.step == config.steps:
+                launch.report_progress(trainer.step, metrics)
+            if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
+                trainer.save()
+    finally:
+        trainer.close()
     by_rank = gather_objects({"consumed": trainer.consumed(), "linked": trainer.linked}, info)
     model_dir = None
     if info.is_main:
