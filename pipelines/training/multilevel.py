@@ -16,8 +16,10 @@ One trainer, two recipes (``preset`` in the config; every knob is a :class:`Mult
 * ``region-aware`` — RegionMed-CLIP (``shared/papers/002_027be0657a295389.txt``): global and ROI
   alignment in every step, plus hard-negative mining with each region's ``neg.txt`` ("ROI
   Processor: Region Alignment and Hard Negative Mining", eqs. 4-6), and the progressive
-  global -> region curriculum ("Progressive Multi-Stage Training"; stages of 2+8 / 8 / 8 epochs
-  in "Implementation") as a schedule of loss weights (:func:`curriculum_weights`). The
+  curriculum ("Progressive Multi-Stage Training" and "Implementation": warm-up 2 epochs, global
+  alignment 8, region refinement 8, joint fine-tuning 8), each stage a loss-weight override
+  (:func:`curriculum_weights`) and the parameter groups it trains (``train``: vision, text,
+  roi_processor; :meth:`Trainer.apply_stage`), lengths in ``epochs``, ``steps`` or ``fraction``. The
   equations themselves are lost in our copy of the paper; the text keeps "sigma is the sigmoid
   function and tau a temperature" and "the loss penalizes high similarity between positive and
   negative pairs", so the default negative loss is the logistic pairwise form
@@ -39,12 +41,18 @@ Data: each level reads its WebDataset subset(s) with ``webdataset`` (a release f
 ``sizes.json``, or a brace pattern of tars). The cross-level terms need a parent's children in
 the same step; the subsets are shuffled independently, so a second reader per child level
 fills a bounded buffer keyed by parent key (keys extend the figure key: ``<fig>_p003``,
-``<fig>_p003_r01``), and a step pairs its parents with the children found there. Memory is
-bounded by ``batch_size`` + ``link_buffer`` raw samples.
+``<fig>_p003_r01``), and a step pairs its parents with the children found there. Each level's
+own batches are decoded and transformed by ``workers`` DataLoader processes per level
+(``pipelines/training/loader.py``: shares, order, resume; ``prefetch_factor`` batches ready per
+worker, pinned on CUDA); the children and ROI regions are read raw in the training process and
+a child is decoded there once its parent is in the step (only the children that are used).
+Memory is bounded by ``batch_size`` x (``workers`` x ``prefetch_factor`` + 1) decoded samples
+per level + ``link_buffer`` raw samples.
 
 Checkpoints go to the lake every ``checkpoint_every`` steps through ``pipelines.launch``
-(``ckpt-<steps done>.pt``: weights, optimizer, lr schedule and how many samples each reader
-consumed), so a preempted run resumes at the saved step and data position. The final weights
+(``ckpt-<steps done>.pt``: weights, optimizer, lr schedule, how many samples each reader
+consumed and each loader worker's position), so a preempted run resumes at the saved step and
+data position: exactly with the same ``workers`` (0 included), approximately with another count. The final weights
 are exported to ``<run_dir>/model`` with :func:`pipelines.training.clip.export_wise_ft`.
 
 Multi-GPU: the launcher runs the module under torchrun when the job has more than one GPU; every
@@ -92,6 +100,7 @@ CHILD = {FIGURE: (PANEL, FIGURE_PANEL), PANEL: (REGION, PANEL_REGION)}  # parent
 PARENT_SUFFIX = {PANEL: re.compile(r"^(.+)_p\d{3}$"), REGION: re.compile(r"^(.+_p\d{3})_r\d{2}$")}
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REGION_FEATURES = ("crop", "roi_pool", "roi_processor")
+PARAM_GROUPS = ("vision", "text", "roi_processor")  # what a curriculum stage's "train" may name
 FIGURE_OF_REGION = re.compile(r"^(.+)_p\d{3}_r\d{2}$")
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -108,11 +117,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "region-aware": {  # RegionMed-CLIP, "Progressive Multi-Stage Training" and "Implementation"
         "schedule": [[FIGURE, REGION]],
         "loss_weights": {FIGURE: 1.0, PANEL: 0.0, REGION: 1.0, FIGURE_PANEL: 0.0, PANEL_REGION: 0.0, NEGATIVE: 1.0},
-        # warm-up + global alignment (2 + 8 of 26 epochs), then region refinement and joint
-        # fine-tuning (16 of 26) with the region and negative terms ramped in over a tenth of the run
+        # "Training proceeds in four stages: warmup (2 epochs ...), global alignment (8), region
+        # refinement (8), and joint fine-tuning (8)". Epochs are shares of ``steps`` unless
+        # ``epoch_steps`` is set. Warm-up and global: the global term alone, both towers.
+        # Region refinement "activates the ROI processor, introducing region-caption and negative
+        # caption pairs": the region and hard-negative terms alone, training the ROI processor and
+        # the image tower the region features come from, the text tower held (ours: the paper only
+        # implies that not every module trains before "all modules are jointly fine-tuned").
+        # Joint: every term, every module.
         "curriculum": [
-            {"fraction": 10 / 26, "weights": {REGION: 0.0, NEGATIVE: 0.0}},
-            {"fraction": 16 / 26, "weights": {}, "ramp_fraction": 0.1},
+            {"name": "warmup", "epochs": 2, "weights": {REGION: 0.0, NEGATIVE: 0.0}, "train": ["vision", "text"]},
+            {"name": "global", "epochs": 8, "weights": {REGION: 0.0, NEGATIVE: 0.0}, "train": ["vision", "text"]},
+            {"name": "region", "epochs": 8, "weights": {FIGURE: 0.0}, "train": ["vision", "roi_processor"]},
+            {"name": "joint", "epochs": 8, "weights": {}, "train": list(PARAM_GROUPS)},
         ],
         "unfreeze_last_blocks": None,
         "freeze_text": False,
@@ -212,8 +229,11 @@ class MultilevelConfig:
         if bad:
             raise ValueError(f"unknown loss weights {bad}; known: {WEIGHT_KEYS}")
         for stage in self.curriculum:
-            if ("steps" in stage) == ("fraction" in stage):
-                raise ValueError(f"a curriculum stage needs exactly one of steps or fraction: {stage}")
+            if sum(k in stage for k in ("steps", "fraction", "epochs")) != 1:
+                raise ValueError(f"a curriculum stage needs exactly one of steps, fraction or epochs: {stage}")
+            bad = sorted(set(stage.get("train", PARAM_GROUPS)) - set(PARAM_GROUPS))
+            if bad or "train" in stage and not stage["train"]:
+                raise ValueError(f"a curriculum stage's train lists groups of {PARAM_GROUPS}, got {stage['train']}")
         if self.negative_loss not in ("sigmoid", "softmax"):
             raise ValueError(f"negative_loss must be sigmoid or softmax, got {self.negative_loss!r}")
         if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:
@@ -251,17 +271,60 @@ def levels_at(step: int, schedule: list[list[str]], every: int = 1) -> list[str]
     return list(schedule[(step // every) % len(schedule)])
 
 
-def _stage_lengths(curriculum: list[dict], steps: int) -> list[tuple[int, int]]:
+def _epoch_lengths(curriculum: list[dict], steps: int, epoch_steps: int | None) -> dict[int, int]:
+    """Steps of the stages given in ``epochs``: ``epochs * epoch_steps``, or without
+    ``epoch_steps`` their share of the run's ``steps`` by epochs (the paper's 2 / 8 / 8 / 8 as
+    shares of 26), rounded at the cumulative boundaries so the lengths add up to ``steps``."""
+    indexed = [(i, float(stage["epochs"])) for i, stage in enumerate(curriculum) if "epochs" in stage]
+    if epoch_steps is not None:
+        return {i: round(epochs * epoch_steps) for i, epochs in indexed}
+    total = sum(epochs for _, epochs in indexed) or 1.0
+    out, done, start = {}, 0.0, 0
+    for i, epochs in indexed:
+        done += epochs
+        end = round(steps * done / total)
+        out[i], start = end - start, end
+    return out
+
+
+def _stage_lengths(curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> list[tuple[int, int]]:
     """(length, ramp) in steps for each stage; fractions are of the run's ``steps``."""
+    by_epochs = _epoch_lengths(curriculum, steps, epoch_steps)
     out = []
-    for stage in curriculum:
-        length = int(stage["steps"]) if "steps" in stage else round(stage["fraction"] * steps)
+    for index, stage in enumerate(curriculum):
+        if index in by_epochs:
+            length = by_epochs[index]
+        else:
+            length = int(stage["steps"]) if "steps" in stage else round(stage["fraction"] * steps)
         ramp = int(stage.get("ramp_steps", round(stage.get("ramp_fraction", 0.0) * steps)))
         out.append((length, ramp))
     return out
 
 
-def curriculum_weights(step: int, base: dict[str, float], curriculum: list[dict], steps: int) -> dict[str, float]:
+def stage_at(step: int, curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> int | None:
+    """The index of the curriculum stage ``step`` falls in (the last one past the end); None
+    without a curriculum."""
+    start = 0
+    for index, (length, _) in enumerate(_stage_lengths(curriculum, steps, epoch_steps)):
+        start += length
+        if step < start:
+            return index
+    return len(curriculum) - 1 if curriculum else None
+
+
+def param_group(name: str) -> str:
+    """A :class:`StepModel` parameter's curriculum group: ``vision`` (the image tower),
+    ``roi_processor``, or ``text`` (the text tower, its projection and the logit scale)."""
+    if name.startswith("model.visual."):
+        return "vision"
+    if name.startswith("roi_processor."):
+        return "roi_processor"
+    return "text"
+
+
+def curriculum_weights(
+    step: int, base: dict[str, float], curriculum: list[dict], steps: int, epoch_steps: int | None = None
+) -> dict[str, float]:
     """The loss weights at ``step``: ``base`` overridden by the stage the step falls in; a stage
     with a ramp moves linearly from the previous stage's weights to its own, reaching them at its
     ``ramp``-th step. Past the last stage its weights hold (progressive global -> region)."""
@@ -269,7 +332,7 @@ def curriculum_weights(step: int, base: dict[str, float], curriculum: list[dict]
     if not curriculum:
         return weights
     previous, start = weights, 0
-    for (length, ramp), stage in zip(_stage_lengths(curriculum, steps), curriculum, strict=True):
+    for (length, ramp), stage in zip(_stage_lengths(curriculum, steps, epoch_steps), curriculum, strict=True):
         own = {**weights, **{k: float(v) for k, v in stage.get("weights", {}).items()}}
         if step < start + length or stage is curriculum[-1]:
             t = 1.0 if ramp <= 0 else min(1.0, (step - start + 1) / ramp)
@@ -723,6 +786,8 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, config.warmup, config.steps)
         )
         self.step_module: torch.nn.Module = self.core
+        self.base_trainable = {name: p.requires_grad for name, p in self.core.named_parameters()}
+        self.stage_index: int | None = None
         self.ckpt_dir = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
         self.step = 0
         self.skipped = 0
@@ -732,15 +797,33 @@ class Trainer:
     def wrap(self) -> None:
         """DDP after the weights are final (loaded from a checkpoint on every rank). The anchor term
         reaches every tower parameter each step; only the ROI processor sits unused (before the
-        region stage, or on a rank whose parents found no region), so only then does DDP search
-        the graph for unused parameters."""
+        region stage, or on a rank whose parents found no region) and the groups a curriculum
+        stage freezes (``train``), so only then does DDP search the graph for unused parameters."""
         if self.info.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
+            staged = any("train" in stage for stage in self.config.curriculum)
             self.step_module = DistributedDataParallel(
-                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None
+                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None or staged
             )
+
+    def apply_stage(self) -> None:
+        """Freeze what the current curriculum stage does not train (its ``train`` groups, within
+        what the config lets train at all). The optimizer holds every parameter that may train and
+        skips those without a gradient, so a stage switch needs no new optimizer; DDP was built
+        with every such parameter and finds the frozen ones unused (``wrap``)."""
+        c = self.config
+        index = stage_at(self.step, c.curriculum, c.steps, c.epoch_steps)
+        if index == self.stage_index:
+            return
+        self.stage_index = index
+        groups = set(c.curriculum[index].get("train", PARAM_GROUPS)) if index is not None else set(PARAM_GROUPS)
+        for name, param in self.core.named_parameters():
+            param.requires_grad = self.base_trainable[name] and param_group(name) in groups
+        if index is not None:
+            name = c.curriculum[index].get("name", index)
+            launch.log(f"curriculum stage {name} from step {self.step}: trains {sorted(groups)}")
 
     # -- state
 
@@ -977,7 +1060,7 @@ class Trainer:
         """The current step's levels, loss weights and text-sampling generator."""
         c = self.config
         levels = levels_at(self.step, c.schedule, c.schedule_every)
-        weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps)
+        weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps, c.epoch_steps)
         rng = random.Random(c.seed * 1_000_003 + self.step + self.info.rank * 100_003)  # same texts on a re-run
         return levels, weights, rng
 
@@ -989,6 +1072,7 @@ class Trainer:
         """Forward, backward and update on inputs already read (split from the reading so the
         training benchmark can time the two apart)."""
         c = self.config
+        self.apply_stage()
         self.step_module.train()
         autocast = torch.autocast(
             "cuda", dtype=torch.bfloat16, enabled=c.precision == "bf16" and self.device.type == "cuda"
