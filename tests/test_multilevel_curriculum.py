@@ -119,3 +119,32 @@ def test_a_few_cpu_steps_run_through_all_four_stages(boxed, tiny, tmp_path):  # 
     assert changed(VISION, 0, 3) and changed(TEXT, 0, 3) and not changed(ROI, 0, 3)
     assert changed(VISION, 3, 6) and changed(ROI, 3, 6) and not changed(TEXT, 3, 6)  # the text tower held
     assert changed(TEXT, 6, 8) and changed(ROI, 6, 8)
+
+
+def test_two_ddp_ranks_with_loader_workers_run_the_four_stages(boxed, tiny, tmp_path):  # noqa: F811
+    """DDP must cope with the groups a stage freezes (found unused) and with loader workers."""
+    import json
+
+    import fsspec
+
+    from pipelines import launch
+    from tests.test_multilevel_torchrun import _torchrun
+
+    run = tmp_path / "ddp"
+    config = {
+        "preset": "region-aware", "region_features": "roi_processor", "roi_heads": 4, "run_dir": str(run),
+        "model": f"local-dir:{tiny}", "device": "cpu", "figure_data": [boxed["figure"]],
+        "region_data": [boxed["region"]], "batch_size": 2, "steps": 8, "warmup": 1, "lr": 1e-3,
+        "link_pull": 4, "max_children": 4, "negative_loss": "softmax", "checkpoint_every": 8, "log_every": 1,
+        "workers": 1,
+    }  # fmt: skip
+    done = _torchrun(config, tmp_path / "config.json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((run / "report.json").read_text())
+    assert report["ranks"] == 2 and report["steps"] == 8 and math.isfinite(report["final_loss"])
+    assert report["loss_figure"] > 0 and report["loss_region"] > 0  # the joint stage's terms
+    with fsspec.open(launch.latest_checkpoint(str(run / "checkpoints")), "rb") as f:
+        saved = torch.load(f, map_location="cpu", weights_only=False)
+    # one figure shard, two ranks: each rank every other figure; its one worker read 2 a step for 8 steps
+    assert saved["loaders_by_rank"] == [{"figure": {"workers": 1, "batches": 8, "positions": [16]}}] * 2
+    assert saved["roi_processor"]["attention.out_proj.weight"].abs().sum() > 0  # trained from the region stage
