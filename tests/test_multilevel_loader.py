@@ -37,6 +37,15 @@ def test_resume_positions_are_exact_only_with_the_same_workers():
     assert resume_positions(None, 6, 1) == ([6], 0, 0, True)  # a checkpoint from before the loaders
 
 
+def test_config_refuses_negative_workers(tmp_path):
+    base = {"run_dir": str(tmp_path), "schedule": [["figure"]], "figure_data": ["f"]}
+    with pytest.raises(ValueError, match="workers must be at least 0"):
+        MultilevelConfig.from_dict({**base, "workers": -1}).validate()
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        MultilevelConfig.from_dict({**base, "workers": 2, "prefetch_factor": 0}).validate()
+    MultilevelConfig.from_dict({**base, "workers": 0}).validate()
+
+
 # ----------------------------------------------------------------------------------- the trainer
 
 A = [f"PMCA-fig{i}" for i in range(4)]

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from pipelines.training.distributed import DistInfo
+from pipelines.training.distributed import DistInfo, share
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def reader_share(shards: list[str], info: DistInfo, worker: int = 0, workers: in
     """Rank share, then worker share: whole shards where there are enough of them (a reader opens
     only its own files), else every n-th sample (a small subset still feeds every reader)."""
     if len(shards) >= info.world:
-        urls, stride, offset = shards[info.rank :: info.world], 1, 0
+        urls, stride, offset = share(shards, info), 1, 0
     else:
         urls, stride, offset = shards, info.world, info.rank
     if workers <= 1:

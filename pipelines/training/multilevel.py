@@ -52,8 +52,9 @@ per level + ``link_buffer`` raw samples.
 Checkpoints go to the lake every ``checkpoint_every`` steps through ``pipelines.launch``
 (``ckpt-<steps done>.pt``: weights, optimizer, lr schedule, how many samples each reader
 consumed and each loader worker's position), so a preempted run resumes at the saved step and
-data position: exactly with the same ``workers`` (0 included), approximately with another count. The final weights
-are exported to ``<run_dir>/model`` with :func:`pipelines.training.clip.export_wise_ft`.
+data position: exactly with the same ``workers`` (0 included), approximately with another count.
+The final weights are exported to ``<run_dir>/model`` with
+:func:`pipelines.training.clip.export_wise_ft`.
 
 Multi-GPU: the launcher runs the module under torchrun when the job has more than one GPU; every
 rank joins the process group (NCCL on CUDA, gloo on CPU), wraps the model in
@@ -197,7 +198,7 @@ class MultilevelConfig:
     prefetch_factor: int = 2  # decoded batches each worker holds ready
     pin_memory: bool | None = None  # None: on CUDA
     persistent_workers: bool = True
-    epoch_steps: int | None = None  # steps per epoch, for curriculum stages given in epochs
+    epoch_steps: int | None = None  # steps per epoch, for curriculum stages given in epochs; None: shares of steps
 
     @classmethod
     def from_dict(cls, data: dict) -> MultilevelConfig:
@@ -239,6 +240,10 @@ class MultilevelConfig:
         if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:
             raise ValueError("region_description_prob and wise_ft_alpha must be in [0, 1]")
         self._validate_roi()
+        if (self.workers is not None and self.workers < 0) or self.prefetch_factor < 1:
+            raise ValueError("workers must be at least 0 and prefetch_factor at least 1")
+        if self.epoch_steps is not None and self.epoch_steps < 1:
+            raise ValueError("epoch_steps must be at least 1 (or unset: stage epochs as shares of steps)")
         if self.steps < 1 or self.batch_size < 1 or self.schedule_every < 1 or self.checkpoint_every < 1:
             raise ValueError("steps, batch_size, schedule_every and checkpoint_every must be at least 1")
 
