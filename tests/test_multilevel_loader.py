@@ -12,7 +12,7 @@ import webdataset as wds
 from pipelines.training.distributed import DistInfo
 from pipelines.training.loader import Share, reader_share, resume_positions
 from pipelines.training.multilevel import MultilevelConfig, Trainer, train
-from tests.test_multilevel_training import IMAGES, tiny  # noqa: F401 - the tiny model fixture
+from tests.test_multilevel_training import IMAGES, data, tiny  # noqa: F401 - module fixtures
 
 
 def test_reader_share_splits_ranks_then_workers():
@@ -128,3 +128,31 @@ def test_train_reports_the_samples_read_with_workers(figures, tiny, tmp_path):  
     # step 0: A0 A1 (worker 0), step 1: B0 B1 (worker 1); the broken sample comes after B1
     assert json.loads(report["consumed"]) == {"figure": 4}
     assert report["skipped_samples"] == 0 and report["steps"] == 2
+
+
+def test_children_decoded_by_threads_match_the_sequential_decode(data, tiny, tmp_path):  # noqa: F811
+    import random
+
+    from pipelines.training.multilevel import Decoded
+
+    def children(workers: int) -> list[tuple[int, str, str]]:
+        config = MultilevelConfig.from_dict({
+            "preset": "zoom-in", "run_dir": str(tmp_path / f"w{workers}"), "model": f"local-dir:{tiny}",
+            "device": "cpu", "figure_data": [data["figure"]], "panel_data": [data["panel"]],
+            "region_data": [data["region"]], "batch_size": 2, "link_pull": 4, "workers": workers,
+        })  # fmt: skip
+        trainer = Trainer(config)
+        trainer.resume()
+        try:
+            parents = [Decoded("PMC1-fig1_p000", None, "stained cells"), Decoded("PMC1-fig1_p001", None, "blot")]
+            found = trainer._children("panel", parents, random.Random(7))
+        finally:
+            trainer.close()
+        return [(i, d.key, d.text) for i, d in found]
+
+    sequential, threaded = children(0), children(2)
+    # the 4 regions are pulled; round-robin under the cap of 2: p000's first region, then p001's
+    assert [(i, k) for i, k, _ in sequential] == [(0, "PMC1-fig1_p000_r00"), (1, "PMC1-fig1_p001_r00")]
+    assert {t for _, _, t in sequential} <= {"arrows mark the nuclei", "bright round nuclei", "the upper band",
+                                             "a dark band"}  # fmt: skip
+    assert threaded == sequential  # the same texts whatever order the threads finish in

@@ -45,7 +45,8 @@ fills a bounded buffer keyed by parent key (keys extend the figure key: ``<fig>_
 own batches are decoded and transformed by ``workers`` DataLoader processes per level
 (``pipelines/training/loader.py``: shares, order, resume; ``prefetch_factor`` batches ready per
 worker, pinned on CUDA); the children and ROI regions are read raw in the training process and
-a child is decoded there once its parent is in the step (only the children that are used).
+a child is decoded there, by ``workers`` threads, once its parent is in the step (only the
+children that are used).
 Memory is bounded by ``batch_size`` x (``workers`` x ``prefetch_factor`` + 1) decoded samples
 per level + ``link_buffer`` raw samples.
 
@@ -79,6 +80,7 @@ import re
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -793,6 +795,7 @@ class Trainer:
         self.step_module: torch.nn.Module = self.core
         self.base_trainable = {name: p.requires_grad for name, p in self.core.named_parameters()}
         self.stage_index: int | None = None
+        self._pool: ThreadPoolExecutor | None = None  # decodes the cross-level children (``_children``)
         self.ckpt_dir = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
         self.step = 0
         self.skipped = 0
@@ -895,6 +898,9 @@ class Trainer:
     def close(self) -> None:
         for feed in getattr(self, "readers", {}).values():
             feed.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def state(self, consumed_by_rank: list[dict[str, int]], loaders_by_rank: list[dict[str, dict]]) -> dict:
         return {
@@ -984,15 +990,35 @@ class Trainer:
             raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?")
 
     def _children(self, parent_level: str, parents: list[Decoded], rng: random.Random) -> list[tuple[int, Decoded]]:
+        """The step's children, decoded here (only once their parent is in the step, so no
+        evicted child is ever decoded) by ``workers`` threads: Pillow's decoding and resizing and
+        torch's transforms release the GIL. Each child draws its text from its own generator, so
+        the result does not depend on the threads' order."""
         child, _ = CHILD[parent_level]
         found = self._linked(self.links[child], self.buffers[child], parents, lambda k: parent_key(k, child))
-        out = []
-        for index, sample in found:
+        seed = rng.random()
+
+        def one(sample: dict) -> Decoded | Exception:
             try:
-                out.append((index, decode(sample, child, self.preprocess, self.config, rng)))
-            except Exception as exc:  # noqa: BLE001
-                self._skip(child, sample, exc)
+                own = random.Random(f"{seed}:{sample.get('__key__')}")
+                return decode(sample, child, self.preprocess, self.config, own)
+            except Exception as exc:  # noqa: BLE001 - a bad child is skipped, never the step
+                return exc
+
+        samples_ = [sample for _, sample in found]
+        results = list(self._decode_pool().map(one, samples_) if self.workers > 0 else map(one, samples_))
+        out = []
+        for (index, sample), result in zip(found, results, strict=True):
+            if isinstance(result, Exception):
+                self._skip(child, sample, result)
+            else:
+                out.append((index, result))
         return out
+
+    def _decode_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="decode-children")
+        return self._pool
 
     def _linked(self, reader: LevelReader, buffer: ChildBuffer, parents: list[Decoded], key_of) -> list:
         """Pull the next child samples into ``buffer`` and take those of ``parents``."""
