@@ -2,8 +2,9 @@
 of each step spent waiting for data, GPU utilisation and peak memory, against the compute ceiling.
 
 * ``multilevel``: the real :class:`pipelines.training.multilevel.Trainer` (region-aware preset,
-  figure + region levels every step, all loss terms on). A step = reading and decoding its
-  samples (``Trainer.inputs``, in the training process: the trainer has no loader workers) +
+  figure + region levels every step, all loss terms on), once per ``--multilevel-workers`` value
+  (DataLoader workers per level; 0 decodes in the training process). A step = getting its
+  decoded batches (``Trainer.inputs``: waiting on the loaders, or decoding with 0 workers) +
   forward/backward/update (``Trainer.compute``). Stall share = data time / step time.
 * ``openclip``: OpenCLIP's own model and ``ClipLoss`` fed by a ``torch.utils.data.DataLoader``
   over the same figure shards (``--workers`` processes decode), as ``open_clip_train`` does.
@@ -194,20 +195,28 @@ def step_samples(inputs) -> int:
     return n + (inputs.roi.boxes.shape[0] if inputs.roi is not None else 0)
 
 
-def multilevel(args, data: dict[str, str], model: str, run: Path) -> dict:
-    """The trainer fed by its readers, then the same compute on one step's inputs held in memory."""
+def multilevel(args, data: dict[str, str], model: str, run: Path, workers: int) -> dict:
+    """The trainer fed by its loaders (``workers`` per level), then the same compute on one step's
+    inputs held in memory."""
     from pipelines.training.multilevel import MultilevelConfig, Trainer
 
     config = MultilevelConfig.from_dict({
         "preset": "region-aware", "run_dir": str(run), "model": model, "device": args.device,
         "figure_data": [data["figure"]], "region_data": [data["region"]], "batch_size": args.batch_size,
         "steps": 2 * args.steps + args.warmup_steps + 2, "warmup": 1, "curriculum": [], "resume": False,
-        "region_features": args.region_features, "precision": args.precision,
+        "region_features": args.region_features, "precision": args.precision, "workers": workers,
     })  # fmt: skip
     config.validate()
     trainer = Trainer(config)
     trainer.resume()
     trainer.wrap()
+    try:
+        return _multilevel_loop(args, trainer, workers)
+    finally:
+        trainer.close()
+
+
+def _multilevel_loop(args, trainer, workers: int) -> dict:
     device = trainer.device
     for _ in range(args.warmup_steps):
         trainer.train_step()
@@ -242,6 +251,7 @@ def multilevel(args, data: dict[str, str], model: str, run: Path) -> dict:
         **ratios(fed, ceiling),
         "samples_per_step": step_samples(held),
         "trainable_params": trainer.params["trainable"],
+        "workers_per_level": workers,
     }
 
 
@@ -311,6 +321,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=8, help="per level and step")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers of the OpenCLIP loop")
+    parser.add_argument(
+        "--multilevel-workers", default="0,2", help="loader workers per level of the multi-level trainer, each a run"
+    )
     parser.add_argument("--steps", type=int, default=16, help="timed steps (after the warm-up ones)")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--figures", type=int, default=32, help="figures to synthesise when no data is given")
@@ -342,15 +355,28 @@ def main() -> None:
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "data": "given" if args.figure_data and args.region_data else "synthesised from sample/images",
             "load_average_1_5_15_at_start": load_at_start,
-            "multilevel": multilevel(args, data, model, root / "run"),
+        }
+        counts = [int(w) for w in args.multilevel_workers.split(",")]
+        runs = {f"workers_{w}": multilevel(args, data, model, root / f"run-{w}", w) for w in counts}
+        result["multilevel"] = runs
+        result["multilevel_fed_over_workers_0"] = {
+            name: {
+                "samples_per_s": round(r["fed"]["samples_per_s"] / runs["workers_0"]["fed"]["samples_per_s"], 3),
+                "samples_per_s_best_step": round(
+                    r["fed"]["samples_per_s_best_step"] / runs["workers_0"]["fed"]["samples_per_s_best_step"], 3
+                ),
+            }
+            for name, r in runs.items()
+            if "workers_0" in runs
         }
         if not args.skip_openclip:
             result["openclip"] = openclip_loop(args, data, model)
     result["load_average_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other processes share the CPUs
     result["seconds_total"] = round(time.perf_counter() - began, 1)
     result["note"] = (
-        "Random weights (same compute as trained ones). The multi-level trainer reads and decodes in the "
-        "training process, so its stall share is the decode share of a step; the ceiling repeats one "
+        "Random weights (same compute as trained ones). The multi-level trainer runs once per loader-worker "
+        "count (workers per level: the figure and the region level each have that many processes; 0 decodes "
+        "in the training process, so its stall share is the decode share of a step); the ceiling repeats one "
         "materialised step. Fed and ceiling steps alternate so both see the same machine; on a shared "
         "CPU the best-step figures are the nearest to an idle machine. GPU numbers need --device cuda "
         "on a GPU machine."

@@ -16,8 +16,10 @@ One trainer, two recipes (``preset`` in the config; every knob is a :class:`Mult
 * ``region-aware`` — RegionMed-CLIP (``shared/papers/002_027be0657a295389.txt``): global and ROI
   alignment in every step, plus hard-negative mining with each region's ``neg.txt`` ("ROI
   Processor: Region Alignment and Hard Negative Mining", eqs. 4-6), and the progressive
-  global -> region curriculum ("Progressive Multi-Stage Training"; stages of 2+8 / 8 / 8 epochs
-  in "Implementation") as a schedule of loss weights (:func:`curriculum_weights`). The
+  curriculum ("Progressive Multi-Stage Training" and "Implementation": warm-up 2 epochs, global
+  alignment 8, region refinement 8, joint fine-tuning 8), each stage a loss-weight override
+  (:func:`curriculum_weights`) and the parameter groups it trains (``train``: vision, text,
+  roi_processor; :meth:`Trainer.apply_stage`), lengths in ``epochs``, ``steps`` or ``fraction``. The
   equations themselves are lost in our copy of the paper; the text keeps "sigma is the sigmoid
   function and tau a temperature" and "the loss penalizes high similarity between positive and
   negative pairs", so the default negative loss is the logistic pairwise form
@@ -39,13 +41,21 @@ Data: each level reads its WebDataset subset(s) with ``webdataset`` (a release f
 ``sizes.json``, or a brace pattern of tars). The cross-level terms need a parent's children in
 the same step; the subsets are shuffled independently, so a second reader per child level
 fills a bounded buffer keyed by parent key (keys extend the figure key: ``<fig>_p003``,
-``<fig>_p003_r01``), and a step pairs its parents with the children found there. Memory is
-bounded by ``batch_size`` + ``link_buffer`` raw samples.
+``<fig>_p003_r01``), and a step pairs its parents with the children found there. Each level's
+own batches are decoded and transformed by ``workers`` DataLoader processes per level
+(``pipelines/training/loader.py``: shares, order, resume; ``prefetch_factor`` batches ready per
+worker, pinned on CUDA); the children and ROI regions are read raw in the training process and
+a child is decoded there, by ``workers`` threads, once its parent is in the step (only the
+children that are used).
+Memory is bounded by ``batch_size`` x (``workers`` x ``prefetch_factor`` + 1) decoded samples
+per level + ``link_buffer`` raw samples.
 
 Checkpoints go to the lake every ``checkpoint_every`` steps through ``pipelines.launch``
-(``ckpt-<steps done>.pt``: weights, optimizer, lr schedule and how many samples each reader
-consumed), so a preempted run resumes at the saved step and data position. The final weights
-are exported to ``<run_dir>/model`` with :func:`pipelines.training.clip.export_wise_ft`.
+(``ckpt-<steps done>.pt``: weights, optimizer, lr schedule, how many samples each reader
+consumed and each loader worker's position), so a preempted run resumes at the saved step and
+data position: exactly with the same ``workers`` (0 included), approximately with another count.
+The final weights are exported to ``<run_dir>/model`` with
+:func:`pipelines.training.clip.export_wise_ft`.
 
 Multi-GPU: the launcher runs the module under torchrun when the job has more than one GPU; every
 rank joins the process group (NCCL on CUDA, gloo on CPU), wraps the model in
@@ -61,6 +71,7 @@ terms stay per rank (each region against its own negatives).
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import math
@@ -68,7 +79,8 @@ import random
 import re
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -79,7 +91,8 @@ from torch.nn import functional
 
 from pipelines import launch
 from pipelines.training import clip, roi
-from pipelines.training.distributed import DistInfo, share
+from pipelines.training.distributed import DistInfo
+from pipelines.training.loader import LevelDataset, LevelFeed, reader_share, resume_positions, samples
 
 FIGURE, PANEL, REGION = "figure", "panel", "region"
 LEVELS = (FIGURE, PANEL, REGION)
@@ -90,6 +103,7 @@ CHILD = {FIGURE: (PANEL, FIGURE_PANEL), PANEL: (REGION, PANEL_REGION)}  # parent
 PARENT_SUFFIX = {PANEL: re.compile(r"^(.+)_p\d{3}$"), REGION: re.compile(r"^(.+_p\d{3})_r\d{2}$")}
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REGION_FEATURES = ("crop", "roi_pool", "roi_processor")
+PARAM_GROUPS = ("vision", "text", "roi_processor")  # what a curriculum stage's "train" may name
 FIGURE_OF_REGION = re.compile(r"^(.+)_p\d{3}_r\d{2}$")
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -106,11 +120,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "region-aware": {  # RegionMed-CLIP, "Progressive Multi-Stage Training" and "Implementation"
         "schedule": [[FIGURE, REGION]],
         "loss_weights": {FIGURE: 1.0, PANEL: 0.0, REGION: 1.0, FIGURE_PANEL: 0.0, PANEL_REGION: 0.0, NEGATIVE: 1.0},
-        # warm-up + global alignment (2 + 8 of 26 epochs), then region refinement and joint
-        # fine-tuning (16 of 26) with the region and negative terms ramped in over a tenth of the run
+        # "Training proceeds in four stages: warmup (2 epochs ...), global alignment (8), region
+        # refinement (8), and joint fine-tuning (8)". Epochs are shares of ``steps`` unless
+        # ``epoch_steps`` is set. Warm-up and global: the global term alone, both towers.
+        # Region refinement "activates the ROI processor, introducing region-caption and negative
+        # caption pairs": the region and hard-negative terms alone, training the ROI processor and
+        # the image tower the region features come from, the text tower held (ours: the paper only
+        # implies that not every module trains before "all modules are jointly fine-tuned").
+        # Joint: every term, every module.
         "curriculum": [
-            {"fraction": 10 / 26, "weights": {REGION: 0.0, NEGATIVE: 0.0}},
-            {"fraction": 16 / 26, "weights": {}, "ramp_fraction": 0.1},
+            {"name": "warmup", "epochs": 2, "weights": {REGION: 0.0, NEGATIVE: 0.0}, "train": ["vision", "text"]},
+            {"name": "global", "epochs": 8, "weights": {REGION: 0.0, NEGATIVE: 0.0}, "train": ["vision", "text"]},
+            {"name": "region", "epochs": 8, "weights": {FIGURE: 0.0}, "train": ["vision", "roi_processor"]},
+            {"name": "joint", "epochs": 8, "weights": {}, "train": list(PARAM_GROUPS)},
         ],
         "unfreeze_last_blocks": None,
         "freeze_text": False,
@@ -174,6 +196,11 @@ class MultilevelConfig:
     roi_parent: str = FIGURE  # whose patch tokens the ROI modes pool: figure (boxes as released) or panel
     roi_heads: int = 8  # the ROI processor's attention heads (RegionMed-CLIP: 8)
     roi_output_size: int = 2  # RoIAlign bins per side, averaged into one vector
+    workers: int | None = None  # DataLoader workers per level; None: 4 on CUDA, 0 (in process) on CPU
+    prefetch_factor: int = 2  # decoded batches each worker holds ready
+    pin_memory: bool | None = None  # None: on CUDA
+    persistent_workers: bool = True
+    epoch_steps: int | None = None  # steps per epoch, for curriculum stages given in epochs; None: shares of steps
 
     @classmethod
     def from_dict(cls, data: dict) -> MultilevelConfig:
@@ -205,13 +232,20 @@ class MultilevelConfig:
         if bad:
             raise ValueError(f"unknown loss weights {bad}; known: {WEIGHT_KEYS}")
         for stage in self.curriculum:
-            if ("steps" in stage) == ("fraction" in stage):
-                raise ValueError(f"a curriculum stage needs exactly one of steps or fraction: {stage}")
+            if sum(k in stage for k in ("steps", "fraction", "epochs")) != 1:
+                raise ValueError(f"a curriculum stage needs exactly one of steps, fraction or epochs: {stage}")
+            bad = sorted(set(stage.get("train", PARAM_GROUPS)) - set(PARAM_GROUPS))
+            if bad or "train" in stage and not stage["train"]:
+                raise ValueError(f"a curriculum stage's train lists groups of {PARAM_GROUPS}, got {stage['train']}")
         if self.negative_loss not in ("sigmoid", "softmax"):
             raise ValueError(f"negative_loss must be sigmoid or softmax, got {self.negative_loss!r}")
         if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:
             raise ValueError("region_description_prob and wise_ft_alpha must be in [0, 1]")
         self._validate_roi()
+        if (self.workers is not None and self.workers < 0) or self.prefetch_factor < 1:
+            raise ValueError("workers must be at least 0 and prefetch_factor at least 1")
+        if self.epoch_steps is not None and self.epoch_steps < 1:
+            raise ValueError("epoch_steps must be at least 1 (or unset: stage epochs as shares of steps)")
         if self.steps < 1 or self.batch_size < 1 or self.schedule_every < 1 or self.checkpoint_every < 1:
             raise ValueError("steps, batch_size, schedule_every and checkpoint_every must be at least 1")
 
@@ -244,17 +278,60 @@ def levels_at(step: int, schedule: list[list[str]], every: int = 1) -> list[str]
     return list(schedule[(step // every) % len(schedule)])
 
 
-def _stage_lengths(curriculum: list[dict], steps: int) -> list[tuple[int, int]]:
+def _epoch_lengths(curriculum: list[dict], steps: int, epoch_steps: int | None) -> dict[int, int]:
+    """Steps of the stages given in ``epochs``: ``epochs * epoch_steps``, or without
+    ``epoch_steps`` their share of the run's ``steps`` by epochs (the paper's 2 / 8 / 8 / 8 as
+    shares of 26), rounded at the cumulative boundaries so the lengths add up to ``steps``."""
+    indexed = [(i, float(stage["epochs"])) for i, stage in enumerate(curriculum) if "epochs" in stage]
+    if epoch_steps is not None:
+        return {i: round(epochs * epoch_steps) for i, epochs in indexed}
+    total = sum(epochs for _, epochs in indexed) or 1.0
+    out, done, start = {}, 0.0, 0
+    for i, epochs in indexed:
+        done += epochs
+        end = round(steps * done / total)
+        out[i], start = end - start, end
+    return out
+
+
+def _stage_lengths(curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> list[tuple[int, int]]:
     """(length, ramp) in steps for each stage; fractions are of the run's ``steps``."""
+    by_epochs = _epoch_lengths(curriculum, steps, epoch_steps)
     out = []
-    for stage in curriculum:
-        length = int(stage["steps"]) if "steps" in stage else round(stage["fraction"] * steps)
+    for index, stage in enumerate(curriculum):
+        if index in by_epochs:
+            length = by_epochs[index]
+        else:
+            length = int(stage["steps"]) if "steps" in stage else round(stage["fraction"] * steps)
         ramp = int(stage.get("ramp_steps", round(stage.get("ramp_fraction", 0.0) * steps)))
         out.append((length, ramp))
     return out
 
 
-def curriculum_weights(step: int, base: dict[str, float], curriculum: list[dict], steps: int) -> dict[str, float]:
+def stage_at(step: int, curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> int | None:
+    """The index of the curriculum stage ``step`` falls in (the last one past the end); None
+    without a curriculum."""
+    start = 0
+    for index, (length, _) in enumerate(_stage_lengths(curriculum, steps, epoch_steps)):
+        start += length
+        if step < start:
+            return index
+    return len(curriculum) - 1 if curriculum else None
+
+
+def param_group(name: str) -> str:
+    """A :class:`StepModel` parameter's curriculum group: ``vision`` (the image tower),
+    ``roi_processor``, or ``text`` (the text tower, its projection and the logit scale)."""
+    if name.startswith("model.visual."):
+        return "vision"
+    if name.startswith("roi_processor."):
+        return "roi_processor"
+    return "text"
+
+
+def curriculum_weights(
+    step: int, base: dict[str, float], curriculum: list[dict], steps: int, epoch_steps: int | None = None
+) -> dict[str, float]:
     """The loss weights at ``step``: ``base`` overridden by the stage the step falls in; a stage
     with a ramp moves linearly from the previous stage's weights to its own, reaching them at its
     ``ramp``-th step. Past the last stage its weights hold (progressive global -> region)."""
@@ -262,7 +339,7 @@ def curriculum_weights(step: int, base: dict[str, float], curriculum: list[dict]
     if not curriculum:
         return weights
     previous, start = weights, 0
-    for (length, ramp), stage in zip(_stage_lengths(curriculum, steps), curriculum, strict=True):
+    for (length, ramp), stage in zip(_stage_lengths(curriculum, steps, epoch_steps), curriculum, strict=True):
         own = {**weights, **{k: float(v) for k, v in stage.get("weights", {}).items()}}
         if step < start + length or stage is curriculum[-1]:
             t = 1.0 if ramp <= 0 else min(1.0, (step - start + 1) / ramp)
@@ -366,45 +443,27 @@ def roi_parent_key(key: str, parent: str) -> str | None:
     return parent_key(key, REGION)
 
 
-def _keep_all(src: Iterator, group: Any = None) -> Iterator:
-    """webdataset's node splitter, disabled: ``LevelReader`` gives each rank its share itself."""
-    return src
-
-
 class LevelReader:
-    """An endless reader of one level's subsets (pass after pass, in shard order) that counts
-    what it hands out, so a resumed run skips exactly that many samples.
+    """An endless reader of one level's subsets in the training process (pass after pass, in shard
+    order) that counts what it hands out, so a resumed run skips exactly that many samples: the
+    cross-level children and the ROI regions, which are matched to the step's parents here (the
+    levels' own batches come from :class:`pipelines.training.loader.LevelFeed`).
 
-    Under DDP each rank reads a disjoint share: every ``world``-th shard from its rank when there
-    are at least as many shards as ranks (each rank opens only its own files), else every
-    ``world``-th sample (a small subset of one shard still feeds every rank, read by all)."""
+    Under DDP each rank reads a disjoint share (``loader.reader_share``): every ``world``-th shard
+    from its rank when there are at least as many shards as ranks (each rank opens only its own
+    files), else every ``world``-th sample (a small subset of one shard still feeds every rank)."""
 
     def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None):
-        import webdataset as wds
         from webdataset.shardlists import expand_urls
 
-        self.level, self.consumed, self.info = level, 0, info or DistInfo()
+        self.level, self.info = level, info or DistInfo()
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
         shards = [url for pattern in self.patterns for url in expand_urls(pattern)]
-        self.by_shard = len(shards) >= self.info.world
-        self.urls = share(shards, self.info) if self.by_shard else shards
-        self._wds = wds
-        self._it = self._samples()
+        what = f"the {level} subsets {self.patterns} for rank {self.info.rank}"
+        self._it = samples(reader_share(shards, self.info), what)
         for _ in range(skip):
             next(self._it)
         self.consumed = skip
-
-    def _samples(self) -> Iterator[dict]:
-        stride = 1 if self.by_shard else self.info.world
-        while True:
-            seen = 0
-            dataset = self._wds.WebDataset(self.urls, shardshuffle=False, nodesplitter=_keep_all)
-            for index, sample in enumerate(dataset):
-                if index % stride == self.info.rank % stride:
-                    seen += 1
-                    yield sample
-            if seen == 0:
-                raise ValueError(f"the {self.level} subsets {self.patterns} hold no sample for rank {self.info.rank}")
 
     def next(self) -> dict:
         self.consumed += 1
@@ -734,6 +793,9 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, config.warmup, config.steps)
         )
         self.step_module: torch.nn.Module = self.core
+        self.base_trainable = {name: p.requires_grad for name, p in self.core.named_parameters()}
+        self.stage_index: int | None = None
+        self._pool: ThreadPoolExecutor | None = None  # decodes the cross-level children (``_children``)
         self.ckpt_dir = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
         self.step = 0
         self.skipped = 0
@@ -743,15 +805,33 @@ class Trainer:
     def wrap(self) -> None:
         """DDP after the weights are final (loaded from a checkpoint on every rank). The anchor term
         reaches every tower parameter each step; only the ROI processor sits unused (before the
-        region stage, or on a rank whose parents found no region), so only then does DDP search
-        the graph for unused parameters."""
+        region stage, or on a rank whose parents found no region) and the groups a curriculum
+        stage freezes (``train``), so only then does DDP search the graph for unused parameters."""
         if self.info.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
+            staged = any("train" in stage for stage in self.config.curriculum)
             self.step_module = DistributedDataParallel(
-                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None
+                self.core, device_ids=ids, find_unused_parameters=self.core.roi_processor is not None or staged
             )
+
+    def apply_stage(self) -> None:
+        """Freeze what the current curriculum stage does not train (its ``train`` groups, within
+        what the config lets train at all). The optimizer holds every parameter that may train and
+        skips those without a gradient, so a stage switch needs no new optimizer; DDP was built
+        with every such parameter and finds the frozen ones unused (``wrap``)."""
+        c = self.config
+        index = stage_at(self.step, c.curriculum, c.steps, c.epoch_steps)
+        if index == self.stage_index:
+            return
+        self.stage_index = index
+        groups = set(c.curriculum[index].get("train", PARAM_GROUPS)) if index is not None else set(PARAM_GROUPS)
+        for name, param in self.core.named_parameters():
+            param.requires_grad = self.base_trainable[name] and param_group(name) in groups
+        if index is not None:
+            name = c.curriculum[index].get("name", index)
+            launch.log(f"curriculum stage {name} from step {self.step}: trains {sorted(groups)}")
 
     # -- state
 
@@ -761,10 +841,38 @@ class Trainer:
     def _reader(self, level: str, skip: int) -> LevelReader:
         return LevelReader(level, self.config.data_of(level), self.config.shard_name, skip, self.info)
 
-    def open_readers(self, consumed: dict[str, int]) -> None:
+    @property
+    def workers(self) -> int:
+        """Loader workers per level (None in the config: 4 on CUDA, where decoding would stall the
+        GPU, 0 on CPU, where workers would compete with the step for the same cores)."""
+        if self.config.workers is not None:
+            return self.config.workers
+        return 4 if self.device.type == "cuda" else 0
+
+    def _feed(self, level: str, consumed: int, saved: dict | None) -> LevelFeed:
+        """The level's DataLoader, each worker resuming at its saved position (see ``loader``)."""
+        c = self.config
+        workers = self.workers
+        positions, rotation, batches, exact = resume_positions(saved, consumed, max(1, workers))
+        if not exact:
+            launch.log(f"{level}: data position saved with other loader workers, resumed approximately", "warning")
+        from webdataset.shardlists import expand_urls
+
+        shards = [url for source in c.data_of(level) for url in expand_urls(shard_pattern(source, c.shard_name))]
+        preprocess = self.parent_preprocess if level == c.roi_parent else self.preprocess
+        decoder = functools.partial(decode, level=level, preprocess=preprocess, config=c)
+        dataset = LevelDataset(
+            level, shards, self.info, decoder, c.batch_size, positions, rotation, c.seed, 100 * c.batch_size
+        )
+        pin = c.pin_memory if c.pin_memory is not None else self.device.type == "cuda"
+        return LevelFeed(dataset, batches, workers, c.prefetch_factor, pin, c.persistent_workers)
+
+    def open_readers(self, consumed: dict[str, int], loaders: dict[str, dict] | None = None) -> None:
         c = self.config
         own = self.levels_used() - ({REGION} if c.roi_mode else set())
-        self.readers = {lv: self._reader(lv, consumed.get(lv, 0)) for lv in LEVELS if lv in own}
+        loaders = loaders or {}
+        self.close()
+        self.readers = {lv: self._feed(lv, consumed.get(lv, 0), loaders.get(lv)) for lv in LEVELS if lv in own}
         self.links: dict[str, LevelReader] = {}
         self.buffers: dict[str, ChildBuffer] = {}
         for parent in self.levels_used() & set(CHILD):
@@ -784,7 +892,17 @@ class Trainer:
             out[ROI_REGION] = self.roi_reader.consumed
         return out
 
-    def state(self, consumed_by_rank: list[dict[str, int]]) -> dict:
+    def loader_state(self) -> dict[str, dict]:
+        return {lv: feed.state() for lv, feed in self.readers.items()}
+
+    def close(self) -> None:
+        for feed in getattr(self, "readers", {}).values():
+            feed.close()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def state(self, consumed_by_rank: list[dict[str, int]], loaders_by_rank: list[dict[str, dict]]) -> dict:
         return {
             "step": self.step,
             "state_dict": self.model.state_dict(),
@@ -793,6 +911,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "consumed": consumed_by_rank[0],
             "consumed_by_rank": consumed_by_rank,
+            "loaders_by_rank": loaders_by_rank,  # each level's loader position (per worker, batches used)
             "skipped": self.skipped,
             "linked": dict(self.linked),
             "config": asdict(self.config),
@@ -816,12 +935,13 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.skipped, self.linked = state["step"], state["skipped"], {**self.linked, **state["linked"]}
         by_rank = state.get("consumed_by_rank") or [state["consumed"]]
+        loaders = state.get("loaders_by_rank") or [{}] * len(by_rank)
         if len(by_rank) != self.info.world:
             launch.log(
                 f"checkpoint from {len(by_rank)} rank(s), resumed on {self.info.world}: data restarts", "warning"
             )
-            by_rank = [by_rank[0]] * self.info.world
-        self.open_readers(by_rank[self.info.rank])
+            by_rank, loaders = [by_rank[0]] * self.info.world, [loaders[0]] * self.info.world
+        self.open_readers(by_rank[self.info.rank], loaders[self.info.rank])
         return self.step
 
     def save(self) -> str | None:
@@ -829,12 +949,12 @@ class Trainer:
         sent its data position) before the write, and none reads the folder before it is whole."""
         from pipelines.training.distributed import barrier, gather_objects
 
-        consumed_by_rank = gather_objects(self.consumed(), self.info)
+        positions = gather_objects((self.consumed(), self.loader_state()), self.info)
         barrier(self.info)
         url = None
         if self.info.is_main:
             buffer = io.BytesIO()
-            torch.save(self.state(consumed_by_rank), buffer)
+            torch.save(self.state([p[0] for p in positions], [p[1] for p in positions]), buffer)
             url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
             if self.config.keep_last_checkpoint_only:
                 self._drop_older()
@@ -850,34 +970,55 @@ class Trainer:
 
     # -- one step's data
 
-    def _batch(self, reader: LevelReader, level: str, n: int, rng: random.Random) -> list[Decoded]:
-        """``n`` decoded samples; an unusable one is logged, counted and replaced by the next."""
-        preprocess = self.parent_preprocess if level == self.config.roi_parent else self.preprocess
-        out: list[Decoded] = []
-        while len(out) < n:
-            sample = reader.next()
-            try:
-                out.append(decode(sample, level, preprocess, self.config, rng))
-            except Exception as exc:  # noqa: BLE001 - a bad sample is skipped, never the run
-                self._skip(level, sample, exc)
-        return out
+    def _batch(self, level: str) -> tuple[list[Decoded], torch.Tensor]:
+        """The level's next decoded batch from its loader, images stacked; the samples its worker
+        could not use are logged and counted here (a worker never raises for one)."""
+        while True:
+            loaded = self.readers[level].next()
+            for key, reason in loaded.skips:
+                self._count_skip(level, key, reason)
+            if loaded.items:
+                return loaded.items, loaded.images
 
     def _skip(self, level: str, sample: dict, exc: Exception) -> None:
+        self._count_skip(level, str(sample.get("__key__")), str(exc))
+
+    def _count_skip(self, level: str, key: str, reason: str) -> None:
         self.skipped += 1
-        launch.log(f"skipped {level} sample {sample.get('__key__')}: {exc}", "warning")
+        launch.log(f"skipped {level} sample {key}: {reason}", "warning")
         if self.skipped > 100 * self.config.batch_size:
-            raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?") from exc
+            raise RuntimeError(f"more than {self.skipped} unusable samples: is the {level} subset right?")
 
     def _children(self, parent_level: str, parents: list[Decoded], rng: random.Random) -> list[tuple[int, Decoded]]:
+        """The step's children, decoded here (only once their parent is in the step, so no
+        evicted child is ever decoded) by ``workers`` threads: Pillow's decoding and resizing and
+        torch's transforms release the GIL. Each child draws its text from its own generator, so
+        the result does not depend on the threads' order."""
         child, _ = CHILD[parent_level]
         found = self._linked(self.links[child], self.buffers[child], parents, lambda k: parent_key(k, child))
-        out = []
-        for index, sample in found:
+        seed = rng.random()
+
+        def one(sample: dict) -> Decoded | Exception:
             try:
-                out.append((index, decode(sample, child, self.preprocess, self.config, rng)))
-            except Exception as exc:  # noqa: BLE001
-                self._skip(child, sample, exc)
+                own = random.Random(f"{seed}:{sample.get('__key__')}")
+                return decode(sample, child, self.preprocess, self.config, own)
+            except Exception as exc:  # noqa: BLE001 - a bad child is skipped, never the step
+                return exc
+
+        samples_ = [sample for _, sample in found]
+        results = list(self._decode_pool().map(one, samples_) if self.workers > 0 else map(one, samples_))
+        out = []
+        for (index, sample), result in zip(found, results, strict=True):
+            if isinstance(result, Exception):
+                self._skip(child, sample, result)
+            else:
+                out.append((index, result))
         return out
+
+    def _decode_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="decode-children")
+        return self._pool
 
     def _linked(self, reader: LevelReader, buffer: ChildBuffer, parents: list[Decoded], key_of) -> list:
         """Pull the next child samples into ``buffer`` and take those of ``parents``."""
@@ -888,9 +1029,11 @@ class Trainer:
                 buffer.add(parent, key, sample)
         return buffer.take([p.key for p in parents], self.config.max_children or self.config.batch_size)
 
-    def _tensors(self, items: list, negatives: bool = False) -> Batch:
+    def _tensors(self, items: list, negatives: bool = False, images: torch.Tensor | None = None) -> Batch:
         tokens = self.tokenizer([d.text for d in items]).to(self.device)
-        images = torch.stack([d.image for d in items]).to(self.device) if hasattr(items[0], "image") else None
+        if images is None and hasattr(items[0], "image"):
+            images = torch.stack([d.image for d in items])
+        images = images.to(self.device, non_blocking=True) if images is not None else None
         batch = Batch(images, tokens)
         k = max((len(d.negatives) for d in items), default=0) if negatives else 0
         if k:
@@ -930,8 +1073,8 @@ class Trainer:
         for level in levels:
             if level not in self.readers:
                 continue  # regions in an ROI mode: read with their parent below
-            batch = self._batch(self.readers[level], level, c.batch_size, rng)
-            out.levels[level] = self._tensors(batch, negatives=level == REGION and weights[NEGATIVE] > 0)
+            batch, images = self._batch(level)
+            out.levels[level] = self._tensors(batch, level == REGION and weights[NEGATIVE] > 0, images)
             if level in CHILD and CHILD[level][0] in self.links and weights[CHILD[level][1]] > 0:
                 children = self._children(level, batch, rng)
                 tensors = self._tensors([d for _, d in children]) if children else None
@@ -948,7 +1091,7 @@ class Trainer:
         """The current step's levels, loss weights and text-sampling generator."""
         c = self.config
         levels = levels_at(self.step, c.schedule, c.schedule_every)
-        weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps)
+        weights = curriculum_weights(self.step, c.loss_weights, c.curriculum, c.steps, c.epoch_steps)
         rng = random.Random(c.seed * 1_000_003 + self.step + self.info.rank * 100_003)  # same texts on a re-run
         return levels, weights, rng
 
@@ -960,6 +1103,7 @@ class Trainer:
         """Forward, backward and update on inputs already read (split from the reading so the
         training benchmark can time the two apart)."""
         c = self.config
+        self.apply_stage()
         self.step_module.train()
         autocast = torch.autocast(
             "cuda", dtype=torch.bfloat16, enabled=c.precision == "bf16" and self.device.type == "cuda"
@@ -1002,12 +1146,15 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
         f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps} on {info.world} rank(s), "
         f"{trainer.params}"
     )
-    while trainer.step < config.steps:
-        metrics = trainer.train_step()
-        if trainer.step % config.log_every == 0 or trainer.step == config.steps:
-            launch.report_progress(trainer.step, metrics)
-        if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
-            trainer.save()
+    try:
+        while trainer.step < config.steps:
+            metrics = trainer.train_step()
+            if trainer.step % config.log_every == 0 or trainer.step == config.steps:
+                launch.report_progress(trainer.step, metrics)
+            if trainer.step % config.checkpoint_every == 0 or trainer.step == config.steps:
+                trainer.save()
+    finally:
+        trainer.close()
     by_rank = gather_objects({"consumed": trainer.consumed(), "linked": trainer.linked}, info)
     model_dir = None
     if info.is_main:
