@@ -118,9 +118,9 @@ class LocalRayCluster:
     @contextmanager
     def driver(self) -> Iterator[None]:
         """This process as a driver of the cluster (``ray.init(address)`` inside): the cluster's
-        token in the environment meanwhile, any token cached before forgotten. Afterwards Ray is shut down, the environment restored
-        and Ray's cached token forgotten (Ray keeps the first token it read for the life of the
-        process), so a later local Ray in this process authenticates with its own token."""
+        token in the environment meanwhile. Ray keeps the first token it read for the life of the
+        process, so the cache is cleared before connecting (an earlier test's local Ray) and again
+        after, when Ray is shut down and the environment restored (a later one)."""
         import ray
         from ray._raylet import AuthenticationTokenLoader
 
