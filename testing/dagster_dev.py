@@ -15,6 +15,7 @@ from pathlib import Path
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
+LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 DAGSTER = str(Path(sys.executable).with_name("dagster"))
 
 
@@ -88,6 +89,40 @@ class DagsterDev:
         body = response.json()
         assert "errors" not in body, body
         return body["data"]
+
+    def add_release(self, release: str) -> None:
+        """Open ``release`` as the refresh sensor would (a dynamic partition)."""
+        added = self.gql(
+            """mutation($sel: RepositorySelector!, $key: String!) {
+                 addDynamicPartition(repositorySelector: $sel, partitionsDefName: "releases", partitionKey: $key) {
+                   __typename ... on PythonError { message } } }""",
+            sel=LOCATION,
+            key=release,
+        )["addDynamicPartition"]
+        assert added["__typename"] == "AddDynamicPartitionSuccess", added
+
+    def launch(self, job: str, partition: str) -> str:
+        """Launch ``job`` for ``partition`` through GraphQL, as the UI's launchpad does; its run id."""
+        launched = self.gql(
+            """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+                 __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+            params={
+                "selector": {**LOCATION, "jobName": job},
+                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
+            },
+        )["launchRun"]
+        assert launched["__typename"] == "LaunchRunSuccess", launched
+        return launched["run"]["runId"]
+
+    def wait_run(self, run_id: str, timeout: float = 300) -> str:
+        """The run's final status (SUCCESS, FAILURE or CANCELED)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            run = self.gql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)
+            if run["runOrError"]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+                return run["runOrError"]["status"]
+            time.sleep(1)
+        raise TimeoutError(f"run {run_id} did not finish")
 
     def tail(self, n: int = 4000) -> str:
         self.log.flush()

@@ -9,22 +9,9 @@ from pipelines.lake import Lake
 from testing.dagster_dev import DagsterDev, cli, instance_env
 from testing.loopback.s3_server import S3LoopbackServer
 
-LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 SHARDS = ["000", "001", "002", "003"]
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_run(gql, run_id: str, timeout: float = 300) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        status = gql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)["runOrError"][
-            "status"
-        ]
-        if status in ("SUCCESS", "FAILURE", "CANCELED"):
-            return status
-        time.sleep(1)
-    raise TimeoutError(f"run {run_id} did not finish")
 
 
 @pytest.fixture
@@ -37,32 +24,16 @@ def dagster_dev(tmp_path, cloud_mirror):
         dev = DagsterDev(env, tmp_path / "dagster_dev.log")
         try:
             dev.wait_ready()
-            yield dev.gql, Lake(tmp_path / "lake")
+            yield dev, Lake(tmp_path / "lake")
         finally:
             dev.stop()
 
 
 def test_sample_release_through_the_web_server(dagster_dev):
-    gql, lake = dagster_dev
-    added = gql(
-        """mutation($sel: RepositorySelector!, $key: String!) {
-             addDynamicPartition(repositorySelector: $sel, partitionsDefName: "releases", partitionKey: $key) {
-               __typename ... on PythonError { message } } }""",
-        sel=LOCATION,
-        key="2026",
-    )["addDynamicPartition"]
-    assert added["__typename"] == "AddDynamicPartitionSuccess", added
-
-    launched = gql(
-        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
-        params={
-            "selector": {**LOCATION, "jobName": "pmc_inventory_job"},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "2026"}]},
-        },
-    )["launchRun"]
-    assert launched["__typename"] == "LaunchRunSuccess", launched
-    assert wait_run(gql, launched["run"]["runId"]) == "SUCCESS"
+    dev, lake = dagster_dev
+    gql = dev.gql
+    dev.add_release("2026")
+    assert dev.wait_run(dev.launch("pmc_inventory_job", "2026")) == "SUCCESS"
 
     backfill = gql(
         """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {

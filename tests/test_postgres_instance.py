@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,6 @@ from testing.loopback.s3_server import S3LoopbackServer
 from testing.system import postgres_bindir, require
 
 REPO = Path(__file__).resolve().parents[1]
-LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PG_", "PANELFORGE_"))}
 
 
@@ -186,16 +184,6 @@ def test_a_refused_login_is_one_line_without_the_password(pg, tmp_path):
 # --- dagster dev on PostgreSQL: launch, stop, read the database, restart, read it back ---------
 
 
-def wait_run(gql, run_id: str, timeout: float = 240) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        run = gql("query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)["runOrError"]
-        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
-            return run["status"]
-        time.sleep(1)
-    raise TimeoutError(f"run {run_id} did not finish")
-
-
 def start(env: dict, log: Path) -> DagsterDev:
     dev = DagsterDev(env, log)
     try:
@@ -230,23 +218,9 @@ def test_a_partition_materialized_through_the_web_server_lives_in_postgres(pg, t
 
         dev = start(env, tmp_path / "first.log")
         try:
-            added = dev.gql(
-                """mutation($sel: RepositorySelector!) { addDynamicPartition(repositorySelector: $sel,
-                     partitionsDefName: "releases", partitionKey: "2026") { __typename } }""",
-                sel=LOCATION,
-            )["addDynamicPartition"]
-            assert added["__typename"] == "AddDynamicPartitionSuccess", added
-            launched = dev.gql(
-                """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-                     __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
-                params={
-                    "selector": {**LOCATION, "jobName": "pmc_inventory_job"},
-                    "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "2026"}]},
-                },
-            )["launchRun"]
-            assert launched["__typename"] == "LaunchRunSuccess", launched
-            run_id = launched["run"]["runId"]
-            assert wait_run(dev.gql, run_id) == "SUCCESS", dev.tail()
+            dev.add_release("2026")
+            run_id = dev.launch("pmc_inventory_job", "2026")
+            assert dev.wait_run(run_id, timeout=240) == "SUCCESS", dev.tail()
         finally:
             dev.stop()
 

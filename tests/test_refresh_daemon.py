@@ -54,7 +54,7 @@ from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
 from resources.profiles import build_resources
 from resources.settings import Settings
-from testing.dagster_dev import DagsterDev
+from testing.dagster_dev import LOCATION, DagsterDev
 from testing.loopback.eutils_server import EutilsLoopbackServer
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
@@ -96,7 +96,6 @@ RELEASE_ASSETS = (
     dataset_card,
 )
 WAIT_S = 900  # the tiny VLM mines only what changed; the rest is reused from 2026
-LOCATION = {"repositoryLocationName": "jobs.definitions", "repositoryName": "__repository__"}
 
 
 def _mirrors(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
