@@ -111,15 +111,16 @@ def _longcap(lake, answer_for_figure: str, model: str):
 
     engine = ScriptedEngine(answer, EngineConfig(model=model, synthetic=True))
     stage = LongCapStage(engine, LongCapSettings(tokenizer="tiny", budget=512, context_budget=400))
-    result = stage.run(lake, Partition(RELEASE, LC_SHARD))
+    lines: list[str] = []
+    result = stage.run(lake, Partition(RELEASE, LC_SHARD), progress=lines.append)
     rows = {
         (r["pmcid"], r["image_file"]): r for r in lake.read_table(Table.LONG_CAPTIONS, RELEASE, LC_SHARD).to_pylist()
     }
-    return result, rows, engine
+    return result, rows, engine, lines
 
 
 def test_a_refinement_that_only_adds_context_is_kept(parsed_lake):
-    result, rows, engine = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
+    result, rows, engine, lines = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
     row = rows[FIGURE]
     assert row["caption"] == CAPTION and row["status"] == "refined" and row["long_caption"] == REFINED
     # the tiny tokenizer: one token per word or punctuation mark, plus two: 12 + 16 + 2
@@ -129,13 +130,16 @@ def test_a_refinement_that_only_adds_context_is_kept(parsed_lake):
     assert acronyms["SMA"] == {"long": "severe malarial anaemia", "source": "article"}
     assert acronyms["CM"] == {"long": "cerebral malaria", "source": "article"}
     assert row["model"] == "scripted-a" and row["synthetic"] is True and row["tokenizer"]
+    # the run log's last line counts every figure sent to the model (the fallbacks and this one)
+    sent = [r for r in rows.values() if r["status"] in ("refined", "fallback")]
+    assert lines[-1].startswith(f"long captions {RELEASE}|{LC_SHARD} done: {len(sent)}/{len(sent)} figures (100%)")
     others = [r for k, r in rows.items() if k != FIGURE and r["status"] == "fallback"]
     assert others and all(
         r["long_caption"] == r["caption"] and r["reason"] == "model verdict: NOT_FEASIBLE" for r in others
     )
     assert "token_lengths" in result.counts
 
-    again, _, engine = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
+    again, _, engine, _ = _longcap(parsed_lake, _answer(REFINED), "scripted-a")
     assert engine.requests == [] and again.skipped == again.counts["images"]
 
 
@@ -152,7 +156,7 @@ def test_a_refinement_that_only_adds_context_is_kept(parsed_lake):
     ],
 )
 def test_what_the_guards_reject_falls_back_to_the_caption(parsed_lake, answer, why):
-    _, rows, _ = _longcap(parsed_lake, answer, f"scripted-{hash(answer) % 10_000}")
+    _, rows, _, _ = _longcap(parsed_lake, answer, f"scripted-{hash(answer) % 10_000}")
     row = rows[FIGURE]
     assert row["status"] == "fallback" and row["long_caption"] == CAPTION and not row["gained_context"]
     if why:

@@ -118,9 +118,12 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
 
 def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     shard = SHARDS[1]
-    result = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition(RELEASE, shard))
+    lines: list[str] = []
+    result = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition(RELEASE, shard), lines.append)
     figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
     candidates = [f for f in figures if f["n_detr"] is not None]
+    n = len(candidates)
+    assert lines[-1].startswith(f"panel detection done: {n}/{n} images (100%)")  # the run log hears of the detector
     expected = [f for f in figures if f["reason"] is None or f["n_xycut"] >= 2 or f["caption_labels"] >= 2]
     assert result.counts["sent_to_detector"] == len(candidates) > 0
     assert all(f["n_xycut"] >= 2 or f["caption_labels"] >= 2 for f in candidates)

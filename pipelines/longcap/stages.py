@@ -36,6 +36,7 @@ from pipelines.stage import (
     Markdown,
     Partition,
     Preview,
+    Progress,
     Stage,
     StageInputError,
     StageResult,
@@ -231,7 +232,8 @@ class LongCapStage(Stage):
                 todo.append(item)
         if todo:
             canary = require_structured_outputs(self.engine, self.settings.require_canary)
-        with RawReader(lake) as reader:
+        progress = Progress(f"long captions {partition}", len(todo), "figures")
+        with RawReader(lake) as reader, progress.heartbeat():
             for chunk in chunks(todo, self.settings.figures_per_batch):
                 ready = []
                 for item in chunk:
@@ -247,6 +249,7 @@ class LongCapStage(Stage):
                 for item, response in zip(ready, responses, strict=True):
                     rows.append(self._refine(item, response, tokenizer))
                     item.image = None
+                progress.advance(len(chunk), unreadable=len(chunk) - len(ready))
         rows = [{k: v for k, v in r.items() if k in _COLUMNS} for r in rows]
         lake.write_table(Table.LONG_CAPTIONS, partition.release, partition.shard, rows)
         return self._result(partition, rows, errors, carried, canary, engine, tokenizer)

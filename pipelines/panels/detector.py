@@ -32,6 +32,7 @@ from PIL import Image
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD, ModelUnavailableError, from_pretrained_offline_first
 from pipelines.panels.types import Box, Panel
+from pipelines.stage import Progress
 
 DEFAULT_MODEL = "vector-institute/pmc-18m-dab-detr"
 PANEL_CLASS, LABEL_CLASS = 0, 1  # model class indices; COCO category_id = index + 1
@@ -412,18 +413,21 @@ def detect_images(
         actor_resources,
     )
     rows: list[dict | None] = [None] * len(refs)
-    for batch in batches:
-        for j in range(len(batch["_index"])):
-            i = int(batch["_index"][j])
-            error = batch["error"][j] or None
-            rows[i] = {
-                **refs[i],
-                "width": int(batch["width"][j]),
-                "height": int(batch["height"][j]),
-                "panels": _panels_from_json(batch["panels"][j]),
-                "label_boxes": _panels_from_json(batch["label_boxes"][j]),
-                "error": error,
-            }
+    progress = Progress("panel detection", len(refs), "images")
+    with progress.heartbeat():
+        for batch in batches:
+            for j in range(len(batch["_index"])):
+                i = int(batch["_index"][j])
+                error = batch["error"][j] or None
+                rows[i] = {
+                    **refs[i],
+                    "width": int(batch["width"][j]),
+                    "height": int(batch["height"][j]),
+                    "panels": _panels_from_json(batch["panels"][j]),
+                    "label_boxes": _panels_from_json(batch["label_boxes"][j]),
+                    "error": error,
+                }
+            progress.advance(len(batch["_index"]), failed=sum(1 for e in batch["error"] if e))
     return rows
 
 
