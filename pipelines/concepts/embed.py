@@ -72,51 +72,33 @@ def actor_pool_batches(
     cluster whose GPU nodes advertise one keeps the model actors there and the CPU tasks
     elsewhere; the multi-node test uses it to stand in for GPUs it does not have."""
     try:
-        yield from _run_pool(
-            rows, prepare, prepare_kwargs, actor, actor_kwargs, batch_size, actors, gpus_per_actor, address,
-            actor_resources,
-        )  # fmt: skip
+        import ray
+
+        ensure_ray(address)
+        ds = ray.data.from_items(rows)
+        ds = ds.map_batches(prepare, fn_kwargs=prepare_kwargs, batch_size=batch_size)
+        with warnings.catch_warnings():
+            # Ray Data would restart a dead actor forever, but its constructor arguments live in the
+            # object store, where a restart cannot rely on them (ray-project/ray#53727; Ray logs an
+            # error for every pool): a lost actor fails this partition's run, which is rerun on its own.
+            # Ray 2.60 has no named parameter for max_restarts yet, only the deprecated **ray_remote_args.
+            warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+            ds = ds.map_batches(
+                actor,
+                fn_constructor_kwargs=actor_kwargs,
+                batch_size=batch_size,
+                compute=ray.data.ActorPoolStrategy(size=actors),
+                num_gpus=gpus_per_actor or None,
+                resources=dict(actor_resources) if actor_resources else None,
+                max_restarts=0,
+            )
+        yield from ds.iter_batches(batch_size=batch_size, batch_format="numpy")
     except Exception as exc:
         from pipelines.vlm.ray_llm import is_outage
 
         if is_outage(exc):
             raise ComputeUnavailableError(f"the Ray cluster lost part of the run: {type(exc).__name__}: {exc}") from exc
         raise
-
-
-def _run_pool(
-    rows: list[dict],
-    prepare,
-    prepare_kwargs: dict,
-    actor,
-    actor_kwargs: dict,
-    batch_size: int,
-    actors: int,
-    gpus_per_actor: float,
-    address: str | None,
-    actor_resources: Mapping[str, float] | None,
-) -> Iterator[dict]:
-    import ray
-
-    ensure_ray(address)
-    ds = ray.data.from_items(rows)
-    ds = ds.map_batches(prepare, fn_kwargs=prepare_kwargs, batch_size=batch_size)
-    with warnings.catch_warnings():
-        # Ray Data would restart a dead actor forever, but its constructor arguments live in the
-        # object store, where a restart cannot rely on them (ray-project/ray#53727; Ray logs an
-        # error for every pool): a lost actor fails this partition's run, which is rerun on its own.
-        # Ray 2.60 has no named parameter for max_restarts yet, only the deprecated **ray_remote_args.
-        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
-        ds = ds.map_batches(
-            actor,
-            fn_constructor_kwargs=actor_kwargs,
-            batch_size=batch_size,
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_gpus=gpus_per_actor or None,
-            resources=dict(actor_resources) if actor_resources else None,
-            max_restarts=0,
-        )
-    yield from ds.iter_batches(batch_size=batch_size, batch_format="numpy")
 
 
 def _prepare_batch(batch: dict, lake_root: str, config: dict) -> dict:
