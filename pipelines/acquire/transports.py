@@ -17,7 +17,7 @@ import threading
 import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 
 import ftputil
@@ -54,25 +54,15 @@ class Transport(ABC):
         self.limiter = limiter
         self.retry = retry
         self.max_in_flight = max_in_flight
-        self._gate = threading.BoundedSemaphore(max_in_flight) if max_in_flight else None
+        # One of ``max_in_flight`` places is held while a request and its body are on the wire.
+        # Taken *before* the rate-limit slot: a request that took its slot and then waited here
+        # would go out late, and late requests bunch up at the server above the rate. Streaming
+        # bodies keep their place until the last chunk is on disk, so a process holds at most
+        # ``max_in_flight`` connections busy and ``max_in_flight x CHUNK`` bytes of bodies.
+        self._in_flight = threading.BoundedSemaphore(max_in_flight) if max_in_flight else nullcontext()
         self._counter_lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
-
-    @contextmanager
-    def _in_flight(self) -> Iterator[None]:
-        """Hold one of ``max_in_flight`` places while a request and its body are on the wire.
-
-        Taken *before* the rate-limit slot: a request that took its slot and then waited here
-        would go out late, and late requests bunch up at the server above the rate. Streaming
-        bodies keep their place until the last chunk is on disk, so a process holds at most
-        ``max_in_flight`` connections busy and ``max_in_flight x CHUNK`` bytes of bodies.
-        """
-        if self._gate is None:
-            yield
-            return
-        with self._gate:
-            yield
 
     def _request(self) -> None:
         self.limiter.acquire()
@@ -184,7 +174,7 @@ class HttpTransport(Transport):
             token = root.findtext(f"{ns}NextContinuationToken")
 
     def _list_page(self, params: dict) -> bytes:
-        with self._in_flight(), self._get(f"{self.base_url}/", params=params) as response:
+        with self._in_flight, self._get(f"{self.base_url}/", params=params) as response:
             return self._read_body(response, self.base_url)
 
     def list(self, directory: str) -> Iterator[str]:
@@ -201,7 +191,7 @@ class HttpTransport(Transport):
                 yield node.findtext(f"{ns}Key"), (node.findtext(f"{ns}ETag") or "").strip('"')
 
     def _read_once(self, path: str) -> bytes:
-        with self._in_flight(), self._get(self._url(path)) as response:
+        with self._in_flight, self._get(self._url(path)) as response:
             data = self._read_body(response, self._url(path))
         self._received(len(data))
         return data
@@ -214,7 +204,7 @@ class HttpTransport(Transport):
             raise TransientError(f"connection dropped while reading {url}") from exc
 
     def _download_once(self, path: str, partial: Path) -> None:
-        with self._in_flight():
+        with self._in_flight:
             self._stream_to(path, partial)
 
     def _stream_to(self, path: str, partial: Path) -> None:
