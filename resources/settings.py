@@ -307,10 +307,17 @@ def _tokenizer(spec: str) -> str:
 
 def _vllm_env(spec: str) -> str:
     """How vLLM reaches the Ray workers: ``pip`` (Ray installs it), ``image`` (the workers have
-    it) or the absolute path of a Python that has it (a second venv in the worker image)."""
-    if spec in ("pip", "image") or spec.startswith("/"):
-        return spec
-    raise SettingsError(f"PANELFORGE_VLLM_ENV must be pip, image or the absolute path of a Python, got {spec!r}")
+    it) or the absolute path of a Python that has it (a second venv in the worker image); checked
+    by the function that turns it into the LLM stages' ``runtime_env``."""
+    from pipelines.vlm.ray_llm import runtime_env_for
+
+    try:
+        runtime_env_for(spec)
+    except ValueError:
+        raise SettingsError(
+            f"PANELFORGE_VLLM_ENV must be pip, image or the absolute path of a Python, got {spec!r}"
+        ) from None
+    return spec
 
 
 def _detector(value: str | None) -> str | None:
