@@ -5,17 +5,21 @@ of a figure-level and a long-caption subset of real sample figures."""
 
 import io
 import json
+import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import open_clip
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pipelines.training import hf_text
-from pipelines.training.clip import ClipTrainConfig, longclip_config, train
+from pipelines.training.clip import EXPORT_WEIGHTS as WEIGHTS
+from pipelines.training.clip import ClipTrainConfig, assemble_model, longclip_config, train
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
@@ -185,6 +189,42 @@ def test_the_tiny_long_context_model_builds_offline_tokenizes_to_512_and_encodes
     bert_state = AutoModel.from_pretrained(str(bert)).state_dict()
     key = "embeddings.tok_embeddings.weight"
     assert torch.equal(state[f"text.transformer.{key}"], bert_state[key])
+
+
+def test_the_evaluation_harness_loads_a_longclip_export(towers, tmp_path):
+    """A BMC-LongCLIP export (what ``train`` writes to ``<run>/model``: WiSE-FT weights, config,
+    tokenizer files) loads through ``load_clip``. Stock OpenCLIP 3.3, run in a fresh process,
+    cannot build it: ModernBERT rejects OpenCLIP's ``add_pooling_layer``."""
+    import subprocess
+    import sys
+
+    from pipelines.evaluation.harness import embed_images, embed_texts, load_clip
+    from pipelines.training.clip import export_wise_ft
+
+    vision, bert = towers
+    config = longclip_config(["-"], str(tmp_path / "run"), 512, model=f"local-dir:{vision}", pretrained="",
+                             text_model=str(bert))  # fmt: skip
+    assembled = assemble_model(config, tmp_path / "base")
+    base = load_file(str(tmp_path / "base" / WEIGHTS))
+    trained = {k: v + 0.01 if v.is_floating_point() else v for k, v in base.items()}
+    torch.save({"state_dict": {f"module.{k}": v for k, v in trained.items()}}, tmp_path / "epoch_1.pt")
+    export = export_wise_ft(assembled, tmp_path / "epoch_1.pt", str(tmp_path / "model"))
+
+    stock = subprocess.run(
+        [sys.executable, "-c", f"import open_clip; open_clip.create_model_and_transforms('local-dir:{export}')"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert stock.returncode != 0 and "add_pooling_layer" in stock.stderr
+
+    clip = load_clip(f"local-dir:{export}", name="bmc-longclip")
+    texts = embed_texts(clip, [LONG, SHORT])
+    assert texts.shape == (2, 32) and np.allclose(np.linalg.norm(texts, axis=1), 1.0, atol=1e-5)
+    assert clip.tokenizer([LONG]).shape == (1, 512)  # the export's own tokenizer, 512 tokens
+    images, ok = embed_images(clip, [IMAGES[0].read_bytes(), b"not an image"])
+    assert images.shape == (1, 32) and ok.tolist() == [True, False]
+    # the weights are the export's (alpha 1: the trained ones), not a fresh init
+    key = "text.transformer.embeddings.tok_embeddings.weight"
+    assert torch.equal(clip.model.state_dict()[key], trained[key])
 
 
 # ------------------------------------------------------------------------------- real training

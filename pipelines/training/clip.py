@@ -5,9 +5,16 @@
 The JSON config holds :class:`ClipTrainConfig`'s fields; the launcher adds a ``launch`` section
 (``run_dir``, ``checkpoint_dir``, ``gpus``). The defaults are BIOMEDICA's recipe
 (``shared/papers/004_3487d638bbd8f5c4.txt``, section 15 and table 11): ViT-L-14 from CommonPool
-(``commonpool_xl_s13b_b90k``), 1024 per GPU x 4 GPUs x 2 accumulation steps = 8192, lr 1e-6 with
-1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clipping 1.0, fp32; 9 epochs
-on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`).
+XL filtered by CLIP score (``commonpool_xl_clip_s13b_b90k``, the tag of every BIOMEDICA launch
+script and of ``experiments.csv``), 1024 per GPU x 4 GPUs x 2 accumulation steps = 8192, lr 1e-6
+with 1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clipping 1.0, fp32; 9
+epochs on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`). Like
+BIOMEDICA's launch scripts (``scripts/submit_and_manage_jobs_wds.py`` in
+``Ale9806/open_clip_with_biomedica``) the trainer runs with ``--grad-checkpointing --local-loss
+--gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 455 MB of fp32
+activations and 1,024 of them cannot fit an 80 GB GPU. Before the trainer starts, the job
+estimates the step's memory (:mod:`pipelines.training.memory`) and refuses a batch that cannot
+fit its GPU, naming the setting to change.
 
 The training itself is ``open_clip_train.main`` (it ships inside open-clip-torch), run as a child
 process so that its global logging setup, its process group and a crash stay out of this one:
@@ -47,9 +54,12 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from pipelines import launch
-from pipelines.training import hf_text
+from pipelines.training import hf_text, memory
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
+# BIOMEDICA's base model: CommonPool XL filtered by CLIP score (76.4% ImageNet zero-shot, against
+# 72.3% for the unfiltered commonpool_xl_s13b_b90k), the --pretrained of all their launch scripts
+COMMONPOOL = "commonpool_xl_clip_s13b_b90k"
 # BMC-LongCLIP (shared/papers/003_9645439f2590c986.txt, section 2 and appendix F, table 4)
 LONGCLIP_VISION = ("ViT-L-14-quickgelu", "dfn2b")  # ViT-L/14 pretrained on DFN-2B (trained with QuickGELU)
 LONGCLIP_TEXT = "thomas-sounack/BioClinical-ModernBERT-base"  # BioClinical ModernBERT, 150M
@@ -85,7 +95,7 @@ class ClipTrainConfig:
     dataset_resampled: bool = False
     train_num_samples: int | None = None  # samples per epoch; None: the sum of the subsets' sizes.json
     model: str = "ViT-L-14"  # an OpenCLIP name, hf-hub:org/repo or local-dir:/path
-    pretrained: str = "commonpool_xl_s13b_b90k"  # a tag or a weights file; ignored for local-dir:
+    pretrained: str = COMMONPOOL  # a tag or a weights file; ignored for local-dir:
     batch_size: int = 1024  # per GPU
     accum_freq: int = 2
     gpus: int = 4
@@ -97,6 +107,10 @@ class ClipTrainConfig:
     wd: float = 0.2
     grad_clip_norm: float = 1.0
     precision: str = "fp32"
+    grad_checkpointing: bool = True  # recompute each block in the backward pass (BIOMEDICA's scripts)
+    local_loss: bool = True  # logits of this GPU's samples against the global batch only
+    gather_with_grad: bool = True  # the gathered features carry gradients (needed with local_loss)
+    gpu_memory_gb: float | None = None  # for the memory check; None: the job's GPU's own (no check on CPU)
     workers: int = 8
     seed: int = 0
     device: str = "cuda"
@@ -137,6 +151,8 @@ class ClipTrainConfig:
             raise ValueError(f"wise_ft_alpha must be in [0, 1], got {self.wise_ft_alpha}")
         if self.gpus < 0 or self.epochs < 1 or self.batch_size < 1 or self.accum_freq < 1:
             raise ValueError("gpus >= 0, epochs >= 1, batch_size >= 1 and accum_freq >= 1")
+        if self.precision not in memory.PRECISIONS:
+            raise ValueError(f"precision must be one of {memory.PRECISIONS}, got {self.precision!r}")
         if self.text_model is not None and self.context_length < 2:
             raise ValueError(f"context_length must hold at least the two special tokens, got {self.context_length}")
 
@@ -233,6 +249,8 @@ def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> lis
     ]  # fmt: skip
     if config.pretrained and not config.model.startswith(LOCAL_DIR):
         args += ["--pretrained", config.pretrained]
+    args += [flag for flag, on in (("--grad-checkpointing", config.grad_checkpointing),
+             ("--local-loss", config.local_loss), ("--gather-with-grad", config.gather_with_grad)) if on]  # fmt: skip
     if config.dataset_resampled:
         args.append("--dataset-resampled")
     if config.upsampling_factors is not None:
@@ -253,6 +271,80 @@ def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                 "-m", TRAINER_MODULE, *args]  # fmt: skip
     return [python, "-m", TRAINER_MODULE, *args]
+
+
+# ----------------------------------------------------------------------------------- memory
+
+
+def model_cfg_of(model: str) -> dict | None:
+    """An OpenCLIP ``model_cfg`` without the network: a named model's or a ``local-dir:``'s own
+    (None for an ``hf-hub:`` model, whose config is on the Hub)."""
+    import open_clip
+
+    if model.startswith(LOCAL_DIR):
+        path = Path(model.removeprefix(LOCAL_DIR)) / EXPORT_CONFIG
+        return json.loads(path.read_text())["model_cfg"] if path.is_file() else None
+    return open_clip.get_model_config(model)
+
+
+def hf_text_size(text_model: str) -> tuple[dict, int]:
+    """A Hugging Face text tower's ``config.json`` and parameter count, counted on the meta device
+    (no weights are read or allocated). Offline-first: the local folder or the cache."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(text_model)
+    with torch.device("meta"):
+        tower = AutoModel.from_config(config)
+    return config.to_dict(), sum(p.numel() for p in tower.parameters())
+
+
+def architecture(config: ClipTrainConfig) -> memory.Architecture | None:
+    """What the memory estimate needs of the run's model, or None when its config is not at hand."""
+    model_cfg = model_cfg_of(config.model)
+    if model_cfg is None:
+        return None
+    if config.text_model is not None:
+        model_cfg = hf_text.hf_text_model_cfg(
+            model_cfg, config.text_model, config.context_length, config.text_pooler, config.text_proj
+        )
+    text_cfg = model_cfg["text_cfg"]
+    if "hf_model_name" in text_cfg:
+        hf_config, params = hf_text_size(text_cfg["hf_model_name"])
+        return memory.open_clip_architecture(config.model, model_cfg, hf_config, params)
+    return memory.open_clip_architecture(config.model, model_cfg)
+
+
+def check_memory(config: ClipTrainConfig, gpu_bytes: float) -> memory.MemoryEstimate | None:
+    """The step's memory estimate on a GPU of ``gpu_bytes``; a batch that cannot fit is a
+    ValueError naming the setting to change (``batch_size``, ``accum_freq``, ``grad_checkpointing``)."""
+    arch = architecture(config)
+    if arch is None:
+        return None
+    return memory.check_batch(
+        arch,
+        config.batch_size,
+        gpu_bytes,
+        config.precision,
+        config.grad_checkpointing,
+        max(config.gpus, 1),
+        config.accum_freq,
+        config.local_loss,
+    )
+
+
+def job_gpu_bytes(config: ClipTrainConfig) -> float | None:
+    """The memory of the GPU the job trains on: ``gpu_memory_gb`` when set, else the first visible
+    CUDA device's (None on CPU: nothing to check)."""
+    if config.gpu_memory_gb is not None:
+        return config.gpu_memory_gb * memory.GB
+    if not config.device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(0).total_memory)
 
 
 # ----------------------------------------------------------------------------------- the log
@@ -480,6 +572,11 @@ def train(config: ClipTrainConfig) -> dict:
         scratch = config.scratch_dir or tempfile.mkdtemp(prefix="panelforge-clip-")
         logs = Path(scratch)
     ckpt_local = logs / RUN_NAME / "checkpoints"
+    gpu_bytes = job_gpu_bytes(config)
+    if gpu_bytes is not None:  # before any weights are fetched: a batch that cannot fit fails now
+        found = check_memory(config, gpu_bytes)
+        if found is not None:
+            launch.log(f"memory per GPU at batch_size {config.batch_size}: about {found.describe()}")
     config = assemble_model(config, logs / "base-model")
     fetched = None if in_lake or not config.resume else restore_checkpoint(ckpt_local, ckpt_lake)
     if fetched is not None:
