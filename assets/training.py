@@ -1,7 +1,15 @@
 """Training assets: models trained on the release, each launched as an external GPU job through
-the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
+the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster).
+
+In the synthetic profile (``make demo``, ``make ui``) the models are the tiny local ones the tests
+use (``pipelines/training/tiny.py``, built once in the lake, marked synthetic), trained for a few
+CPU steps: every setting left at its production default takes its demo value
+(:func:`synthetic_settings`), so the assets can be clicked in the demo's UI and finish in seconds;
+their numbers are marked synthetic and are no quality claim.
+"""
 
 import json
+from typing import Any, TypeVar
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
@@ -9,8 +17,19 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from pipelines.panels.stages import GPU_POOL
 from pipelines.release.webdataset import dataset_dir
-from pipelines.training.clip import LONGCLIP_CONTEXTS, RECIPE_EPOCHS, ClipTrainConfig, longclip_config
+from pipelines.training import tiny
+from pipelines.training.clip import (
+    LONGCLIP_CONTEXTS,
+    RECIPE_EPOCHS,
+    ClipTrainConfig,
+    check_memory,
+    check_weights,
+    longclip_config,
+)
+from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
+from pipelines.weights import ModelUnavailableError
+from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 
@@ -19,7 +38,28 @@ MULTILEVEL_MODULE = "pipelines.training.multilevel"
 _BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
 LONGCLIP = "bmc-longclip"
 LONGCLIP_SUBSETS = ["commercial", "longcap-commercial"]  # figure-level + long-caption (BMC-LongCLIP+)
-TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device")
+TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device",
+                "grad_checkpointing")  # fmt: skip
+# The synthetic profile's sizes: a few CPU steps of the tiny models (each applied to a setting
+# left at its production default)
+SYNTHETIC_CLIP = {"batch_size": 8, "accum_freq": 1, "epochs": 1, "warmup": 1, "workers": 1, "device": "cpu",
+                  "log_every_n_steps": 1}  # fmt: skip
+SYNTHETIC_MULTILEVEL = {"steps": 4, "batch_size": 4, "warmup": 1, "device": "cpu", "log_every": 1,
+                        "checkpoint_every": 2}  # fmt: skip
+SettingsT = TypeVar("SettingsT", bound=Config)
+
+
+def synthetic_settings(config: SettingsT, sizes: dict[str, Any]) -> SettingsT:
+    """``config`` with ``sizes`` in place of every setting still at its class default (a value a
+    person set in the launchpad is kept)."""
+    defaults = type(config)()
+    return config.model_copy(update={k: v for k, v in sizes.items() if getattr(config, k) == getattr(defaults, k)})
+
+
+def synthetic_models(lake_path: str) -> tuple[str, str]:
+    """The tiny OpenCLIP model (``local-dir:``) and tiny ModernBERT (a folder) under ``lake_path``,
+    built once; their folders carry the synthetic marker."""
+    return f"local-dir:{tiny.tiny_clip_dir(lake_path)}", str(tiny.tiny_text_tower_dir(lake_path))
 
 
 class ClipTrainingSettings(Config):
@@ -51,6 +91,9 @@ class ClipTrainingSettings(Config):
     seed: int = 0
     text_model: str = ""  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
     context_length: int = 512  # with a Hugging Face text tower only
+    grad_checkpointing: bool = _BIOMEDICA.grad_checkpointing
+    # the memory of the job's GPUs, for the check before launch (pipelines/training/memory.py); 0: no check
+    gpu_memory_gb: float = 80.0
 
 
 def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -116,6 +159,7 @@ def clip_continual_pretraining(
     config: ClipTrainingSettings,
     lake: LakeResource,
     launcher: JobLauncherResource,
+    models: ModelsResource,
 ) -> MaterializeResult:
     lk = lake.lake()
     release = context.partition_key
@@ -129,9 +173,41 @@ def clip_continual_pretraining(
             f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
         )
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    if models.synthetic:
+        config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
+        context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
+    check_clip_job(job, config, launcher)
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()
+
+
+def synthetic_clip_settings(config: ClipTrainingSettings, models_dir: str) -> ClipTrainingSettings:
+    """The demo's run: the tiny models (a tiny ModernBERT as bmc-longclip's text tower) and
+    :data:`SYNTHETIC_CLIP`'s sizes, for every setting left at its default."""
+    model, text_model = synthetic_models(models_dir)
+    sizes = {**SYNTHETIC_CLIP, "model": model, "pretrained": ""}
+    if config.recipe == LONGCLIP:
+        sizes["text_model"] = text_model
+    return synthetic_settings(config, sizes)
+
+
+def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLauncherResource) -> None:
+    """Before launching: the weights are where the settings say (on this machine when the job runs
+    here) and the per-GPU batch fits ``gpu_memory_gb``; each failure is one line naming the setting."""
+    run = ClipTrainConfig.from_dict({**job, "run_dir": "-", "gpus": max(launcher.gpus, 1)})
+    try:
+        if launcher.backend == "subprocess":
+            check_weights(run.model, run.pretrained)
+        if config.gpu_memory_gb and run.device.startswith("cuda"):
+            check_memory(run, config.gpu_memory_gb * GB)
+    except ModelUnavailableError as exc:
+        raise Failure(str(exc), allow_retries=False) from None
+    except ValueError as exc:
+        raise Failure(f"clip_continual_pretraining: {exc}", allow_retries=False) from None
+    except OSError:
+        pass  # a text tower's config that is not at hand here: the job checks on its own machine
 
 
 class MultilevelTrainingSettings(Config):
@@ -142,8 +218,9 @@ class MultilevelTrainingSettings(Config):
 
     preset: str = "zoom-in"
     license_group: str = "commercial"
-    model: str = "ViT-L-14"
-    pretrained: str = ""
+    model: str | None = None  # None: the preset's (ViT-L-14)
+    pretrained: str | None = None  # None: the preset's (zoom-in: BMC-CLIP; region-aware: CommonPool)
+    allow_random_init: bool = False  # train from random weights (refused otherwise)
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -163,9 +240,10 @@ def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, st
     here so a typo fails the asset at once instead of on a GPU machine."""
     if config.preset not in PRESETS:
         raise Failure(f"preset must be one of {sorted(PRESETS)}, got {config.preset!r}", allow_retries=False)
-    job = {"preset": config.preset, "model": config.model, "pretrained": config.pretrained, "seed": config.seed}
+    job = {"preset": config.preset, "seed": config.seed, "allow_random_init": config.allow_random_init}
     job |= {f"{level}_data": [d] for level, d in subset_dirs.items()}
-    optional = ("steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device", "precision")
+    optional = ("model", "pretrained", "steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device",
+                "precision")  # fmt: skip
     job |= {k: getattr(config, k) for k in (*optional, "checkpoint_every", "log_every", "wise_ft_alpha")
             if getattr(config, k) is not None}  # fmt: skip
     try:
@@ -191,6 +269,7 @@ def multilevel_training(
     config: MultilevelTrainingSettings,
     lake: LakeResource,
     launcher: JobLauncherResource,
+    models: ModelsResource,
 ) -> MaterializeResult:
     lk = lake.lake()
     release, group = context.partition_key, config.license_group
@@ -202,6 +281,17 @@ def multilevel_training(
             f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
         )
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    if models.synthetic:
+        model, _ = synthetic_models(lk.path("models", "synthetic"))
+        config = synthetic_settings(config, {**SYNTHETIC_MULTILEVEL, "model": model, "pretrained": ""})
+        context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.steps} CPU steps")
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
+    if launcher.backend == "subprocess":
+        run = MultilevelConfig.from_dict({**job, "run_dir": "-"})
+        try:
+            check_weights(run.model, run.pretrained)
+        except (ModelUnavailableError, ValueError) as exc:
+            raise Failure(str(exc), allow_retries=False) from None
     result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))
+    result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()

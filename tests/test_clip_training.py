@@ -275,6 +275,7 @@ def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
 
     from assets.training import clip_continual_pretraining
     from pipelines.lake import Lake
+    from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource
 
@@ -289,7 +290,7 @@ def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
         [clip_continual_pretraining],
         partition_key="r1",
         instance=instance,
-        resources={"lake": LakeResource(home=str(home)), "launcher": launcher},
+        resources={"lake": LakeResource(home=str(home)), "launcher": launcher, "models": ModelsResource()},
         run_config={"ops": {"clip_continual_pretraining": {"config": settings}}},
     )
     assert result.success

@@ -312,6 +312,7 @@ def test_the_clip_asset_selects_bmc_longclip_as_a_recipe():
         "precision": "fp32",
         "workers": 8,
         "device": "cuda",
+        "grad_checkpointing": True,
         "wise_ft_alpha": 1.0,
         "text_model": "thomas-sounack/BioClinical-ModernBERT-base",
         "context_length": 154,

@@ -53,13 +53,17 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines import launch
+from pipelines import launch, weights
 from pipelines.training import hf_text, memory
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
 # BIOMEDICA's base model: CommonPool XL filtered by CLIP score (76.4% ImageNet zero-shot, against
 # 72.3% for the unfiltered commonpool_xl_s13b_b90k), the --pretrained of all their launch scripts
 COMMONPOOL = "commonpool_xl_clip_s13b_b90k"
+# BMC-CLIP (concept-filtered), where Panel2Patch starts: a ViT-L-14 OpenCLIP trainer checkpoint
+# (``state_dict`` with DDP's ``module.`` prefixes, which OpenCLIP's loader strips) on the Hub
+BMC_CLIP = "hf-hub:BIOMEDICA/BMC_CLIP_CF/BMC_CLIP_CF.pt"
+HF_HUB = "hf-hub:"
 # BMC-LongCLIP (shared/papers/003_9645439f2590c986.txt, section 2 and appendix F, table 4)
 LONGCLIP_VISION = ("ViT-L-14-quickgelu", "dfn2b")  # ViT-L/14 pretrained on DFN-2B (trained with QuickGELU)
 LONGCLIP_TEXT = "thomas-sounack/BioClinical-ModernBERT-base"  # BioClinical ModernBERT, 150M
@@ -273,6 +277,123 @@ def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
     return [python, "-m", TRAINER_MODULE, *args]
 
 
+# ----------------------------------------------------------------------------------- the weights
+
+
+def hub_file(pretrained: str) -> tuple[str, str] | None:
+    """``hf-hub:<org>/<repo>/<file>`` (one file of a Hub repository, e.g. :data:`BMC_CLIP`) as
+    (repo id, file name); None for anything else."""
+    if not pretrained.startswith(HF_HUB):
+        return None
+    repo, _, name = pretrained.removeprefix(HF_HUB).rpartition("/")
+    if repo.count("/") != 1 or not name:
+        raise ValueError(f"pretrained={pretrained!r}: a Hub file is hf-hub:<org>/<repo>/<file>")
+    return repo, name
+
+
+def _is_path(value: str) -> bool:
+    return value.startswith(("/", "~", ".")) or value.endswith((".pt", ".pth", ".bin", ".safetensors"))
+
+
+def has_own_weights(model: str) -> bool:
+    """A ``local-dir:`` folder that holds weights beside its config (OpenCLIP loads them)."""
+    folder = Path(model.removeprefix(LOCAL_DIR))
+    return any((folder / name).is_file() for name in (EXPORT_WEIGHTS, "open_clip_pytorch_model.bin"))
+
+
+def starts_from_weights(model: str, pretrained: str) -> bool:
+    """Whether a run of ``model`` with ``pretrained`` starts from trained weights rather than a
+    random initialisation: a ``local-dir:`` with weights, an ``hf-hub:`` model, or a tag or file."""
+    if model.startswith(LOCAL_DIR):
+        return has_own_weights(model)
+    return model.startswith(HF_HUB) or bool(pretrained)
+
+
+def _tag_files(model: str, tag: str) -> tuple[str, tuple[str, ...]] | None:
+    """The Hub repository and weight files OpenCLIP fetches for a pretrained tag (None: a URL tag)."""
+    import open_clip
+
+    cfg = open_clip.get_pretrained_cfg(model, tag)
+    if not cfg:
+        known = ", ".join(open_clip.list_pretrained_tags_by_model(model)) or "none"
+        raise ValueError(f"pretrained={tag!r} is not an OpenCLIP weight tag of {model} (its tags: {known})")
+    hub = cfg.get("hf_hub", "")
+    if not hub:
+        return None
+    repo, name = os.path.split(hub)  # OpenCLIP's own reading: "org/repo/" or "org/repo/file"
+    return repo, (name,) if name else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _cached(repo: str, names: tuple[str, ...]) -> str | None:
+    import huggingface_hub
+
+    for name in names:
+        found = huggingface_hub.try_to_load_from_cache(repo, name)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def check_weights(model: str, pretrained: str, setting: str = "model") -> None:
+    """The set-up check of a CLIP run's weights, without the network: the ``local-dir:`` folder,
+    the weights file, the tag or the Hub file is there (a Hub file or tag that is not cached is
+    fine while online: OpenCLIP fetches it). Fails in one line that names the setting and, for
+    Hub weights, the ``hf download`` command; "offline" when offline mode is on."""
+    import open_clip
+
+    offline = "; offline mode is on (HF_HUB_OFFLINE), so nothing is downloaded" if weights.is_offline() else ""
+    if model.startswith(LOCAL_DIR):
+        folder = Path(model.removeprefix(LOCAL_DIR)).expanduser()
+        if not (folder / EXPORT_CONFIG).is_file():
+            raise weights.ModelUnavailableError(
+                f"{setting}={model!r}: no {EXPORT_CONFIG} in {folder} (an OpenCLIP model folder, e.g. a training "
+                "run's exported model/)"
+            )
+        return
+    if model.startswith(HF_HUB):
+        repo = model.removeprefix(HF_HUB).strip("/")
+        if weights.is_offline() and _cached(repo, (EXPORT_CONFIG,)) is None:
+            raise weights.ModelUnavailableError(
+                f"{setting}={model!r}: not in the Hugging Face cache; fetch it with "
+                f"`{weights.fetch_command(repo, '<folder>')}` and set {setting}=local-dir:<folder>{offline}"
+            )
+        return
+    if open_clip.get_model_config(model) is None:
+        raise ValueError(f"{setting}={model!r} is not an OpenCLIP model name (nor local-dir:<folder> or hf-hub:<id>)")
+    if not pretrained:
+        return
+    if (found := hub_file(pretrained)) is not None:
+        repo, names = found[0], (found[1],)
+    elif _is_path(pretrained):
+        if not Path(pretrained).expanduser().is_file():
+            raise weights.ModelUnavailableError(f"pretrained={pretrained!r} ({model} weights): no such file")
+        return
+    elif (files := _tag_files(model, pretrained)) is not None:
+        repo, names = files
+    else:
+        return
+    if weights.is_offline() and _cached(repo, names) is None:
+        raise weights.ModelUnavailableError(
+            f"pretrained={pretrained!r} ({model} weights): not in the Hugging Face cache; fetch them with "
+            f"`{weights.fetch_command(repo, '<folder>', files=names[:1])}` and set pretrained=<folder>/{names[0]}"
+            f"{offline}"
+        )
+
+
+def resolve_pretrained(model: str, pretrained: str) -> str | None:
+    """What OpenCLIP's ``pretrained`` gets: None (a ``local-dir:`` model, or no weights), a tag,
+    or a file path (a Hub file is fetched into the Hugging Face cache first, unless offline)."""
+    if model.startswith(LOCAL_DIR) or not pretrained:
+        return None
+    found = hub_file(pretrained)
+    if found is None:
+        return pretrained
+    check_weights(model, pretrained, "model")
+    import huggingface_hub
+
+    return huggingface_hub.hf_hub_download(*found)
+
+
 # ----------------------------------------------------------------------------------- memory
 
 
@@ -465,8 +586,7 @@ def base_state(model: str, pretrained: str) -> dict:
     import open_clip
 
     hf_text.enable_hf_text_towers()
-    tag = None if model.startswith(LOCAL_DIR) else (pretrained or None)
-    return open_clip.create_model(model, pretrained=tag, device="cpu").state_dict()
+    return open_clip.create_model(model, pretrained=resolve_pretrained(model, pretrained), device="cpu").state_dict()
 
 
 def export_config(model: str, pretrained: str) -> dict:
@@ -532,7 +652,7 @@ def assemble_model(config: ClipTrainConfig, folder: Path) -> ClipTrainConfig:
         import open_clip
 
         hf_text.enable_hf_text_towers()
-        tag = None if config.model.startswith(LOCAL_DIR) else (config.pretrained or None)
+        tag = resolve_pretrained(config.model, config.pretrained)
         vision = open_clip.create_model(config.model, pretrained=tag, device="cpu").state_dict()
         hf_text.assemble(model_cfg, source["preprocess_cfg"], vision, folder, seed=config.seed)
         launch.log(f"assembled {config.model} ({config.pretrained}) + {config.text_model} in {folder}")
@@ -561,7 +681,11 @@ def run_trainer(command: list[str], runlog: RunLog, on_epoch_start=None) -> int:
 def train(config: ClipTrainConfig) -> dict:
     """Train (or resume), copy checkpoints to the lake, export the WiSE-FT model; the report."""
     config.validate()
+    check_weights(config.model, config.pretrained)  # one line naming the setting, before anything starts
+    if config.text_model is not None:
+        weights.Weights("text_model", config.text_model, LONGCLIP_TEXT, "the Hugging Face text tower").config_file()
     asked = config
+    config = replace(config, pretrained=resolve_pretrained(config.model, config.pretrained) or config.pretrained)
     data = resolve_data(config)
     ckpt_lake = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
     in_lake = is_local(config.run_dir)
