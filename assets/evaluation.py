@@ -6,7 +6,7 @@ from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, a
 
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
-from assets.training import synthetic_models, synthetic_settings
+from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.evaluation.split import heldout_path
 from pipelines.training.clip import COMMONPOOL, check_weights
 from pipelines.weights import ModelUnavailableError

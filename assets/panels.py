@@ -19,6 +19,7 @@ from assets.concepts import figure_concepts
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.synthetic import synthetic_settings
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
@@ -120,6 +121,10 @@ def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: Qua
     return run_stage(context, PanelCropsStage(), lake.lake(), quality.max_error_rate)
 
 
+SYNTHETIC_TRAINING_SET = {"figures": 32}
+SYNTHETIC_DETECTOR_TRAINING = {"steps": 20, "batch_size": 4, "checkpoint_every": 10}
+
+
 class TrainingSetSettings(Config):
     figures: int = 2000
     seed: int = 0
@@ -135,8 +140,10 @@ class TrainingSetSettings(Config):
     description=SyntheticSetStage.__doc__,
 )
 def panel_training_set(
-    context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource
+    context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource, models: ModelsResource
 ) -> MaterializeResult:
+    if models.synthetic:  # the demo: a set a few CPU steps can train on
+        config = synthetic_settings(config, SYNTHETIC_TRAINING_SET)
     stage = SyntheticSetStage(config.figures, config.seed, config.val_share, config.commercial_only)
     return run_stage(context, stage, lake.lake())
 
@@ -172,6 +179,8 @@ def panel_detector(
 ) -> MaterializeResult:
     lk = lake.lake()
     release = context.partition_key
+    if models.synthetic:  # the demo: the tiny random detector, a few CPU steps
+        config = synthetic_settings(config, SYNTHETIC_DETECTOR_TRAINING)
     try:
         dataset = latest_training_set(lk, release, config.training_set_version)
     except StageInputError as exc:

@@ -4,20 +4,19 @@ the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a
 In the synthetic profile (``make demo``, ``make ui``) the models are the tiny local ones the tests
 use (``pipelines/training/tiny.py``, built once in the lake, marked synthetic), trained for a few
 CPU steps: every setting left at its production default takes its demo value
-(:func:`synthetic_settings`), so the assets can be clicked in the demo's UI and finish in seconds;
+(``assets/synthetic.py``), so the assets can be clicked in the demo's UI and finish in seconds;
 their numbers are marked synthetic and are no quality claim.
 """
 
 import json
-from typing import Any, TypeVar
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
+from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.panels.stages import GPU_POOL
 from pipelines.release.webdataset import dataset_dir
-from pipelines.training import tiny
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
     RECIPE_EPOCHS,
@@ -46,20 +45,6 @@ SYNTHETIC_CLIP = {"batch_size": 8, "accum_freq": 1, "epochs": 1, "warmup": 1, "w
                   "log_every_n_steps": 1}  # fmt: skip
 SYNTHETIC_MULTILEVEL = {"steps": 4, "batch_size": 4, "warmup": 1, "device": "cpu", "log_every": 1,
                         "checkpoint_every": 2}  # fmt: skip
-SettingsT = TypeVar("SettingsT", bound=Config)
-
-
-def synthetic_settings(config: SettingsT, sizes: dict[str, Any]) -> SettingsT:
-    """``config`` with ``sizes`` in place of every setting still at its class default (a value a
-    person set in the launchpad is kept)."""
-    defaults = type(config)()
-    return config.model_copy(update={k: v for k, v in sizes.items() if getattr(config, k) == getattr(defaults, k)})
-
-
-def synthetic_models(lake_path: str) -> tuple[str, str]:
-    """The tiny OpenCLIP model (``local-dir:``) and tiny ModernBERT (a folder) under ``lake_path``,
-    built once; their folders carry the synthetic marker."""
-    return f"local-dir:{tiny.tiny_clip_dir(lake_path)}", str(tiny.tiny_text_tower_dir(lake_path))
 
 
 class ClipTrainingSettings(Config):
