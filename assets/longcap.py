@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
+from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, Failure, MaterializeResult, asset
 
 from assets.mining import pairs
 from assets.parsing import parsed_articles
@@ -20,6 +20,7 @@ from pipelines.longcap.stages import (
     LongCapStage,
     NegativesStage,
 )
+from pipelines.longcap.tokens import TokenizerUnavailableError, load_tokenizer
 from pipelines.vlm.engine import fingerprint
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
@@ -117,6 +118,10 @@ def long_captions(
         context_budget=config.context_budget,
         figures_per_batch=config.figures_per_batch,
     )
+    try:  # before the VLM starts: a tokenizer that is not at hand fails now, in one line
+        load_tokenizer(models.text_tokenizer, models.text_context)
+    except TokenizerUnavailableError as exc:
+        raise Failure(str(exc), allow_retries=False) from None
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
         return run_stage(context, stage, lk, quality.max_error_rate)

@@ -364,19 +364,20 @@ def check_weights(model: str, pretrained: str, setting: str = "model") -> None:
         return
     if (found := hub_file(pretrained)) is not None:
         repo, names = found[0], (found[1],)
+        fetch = weights.fetch_command(repo, "<folder>", files=names)
     elif _is_path(pretrained):
         if not Path(pretrained).expanduser().is_file():
             raise weights.ModelUnavailableError(f"pretrained={pretrained!r} ({model} weights): no such file")
         return
     elif (files := _tag_files(model, pretrained)) is not None:
         repo, names = files
+        fetch = weights.fetch_command(repo, "<folder>")
     else:
         return
     if weights.is_offline() and _cached(repo, names) is None:
         raise weights.ModelUnavailableError(
             f"pretrained={pretrained!r} ({model} weights): not in the Hugging Face cache; fetch them with "
-            f"`{weights.fetch_command(repo, '<folder>', files=names[:1])}` and set pretrained=<folder>/{names[0]}"
-            f"{offline}"
+            f"`{fetch}` and set pretrained=<folder>/{names[-1]}{offline}"
         )
 
 
