@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF_HUB_OFFLINE=1
 
-.PHONY: install demo test ui screenshots lint format bench clean
+.PHONY: install demo test ui screenshots lint format bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
@@ -43,6 +43,11 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embeddings
 	$(BIN)/python -m benchmarks.kmeans
 	$(BIN)/python -m benchmarks.serialization
+
+# On a GPU machine without network: every production architecture at real size, random weights
+# (DINOv2-L, the DC5 DAB-DETR, Qwen2.5-VL-3B/7B, ViT-L-14 training) -> benchmarks/results/gpu_*.json
+gpu-check: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.gpu_check
 
 clean:
 	rm -rf .demo data .pytest_cache

@@ -77,7 +77,8 @@ class ClipTrainingSettings(Config):
     text_model: str = ""  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
     context_length: int = 512  # with a Hugging Face text tower only
     grad_checkpointing: bool = _BIOMEDICA.grad_checkpointing
-    # the memory of the job's GPUs, for the check before launch (pipelines/training/memory.py); 0: no check
+    # the memory of the job's GPUs (an H100's 80 GB; 141 for an H200): the batch is checked against it
+    # before launch and again by the job (pipelines/training/memory.py); 0: no check
     gpu_memory_gb: float = 80.0
 
 
@@ -100,7 +101,7 @@ def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
     }
     if config.text_model:
         job.update(text_model=config.text_model, context_length=config.context_length)
-    return job
+    return job | {"gpu_memory_gb": config.gpu_memory_gb}
 
 
 def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -126,6 +127,7 @@ def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
         **{k: getattr(recipe, k) for k in keys},
         "log_every_n_steps": config.log_every_n_steps,
         "seed": config.seed,
+        "gpu_memory_gb": config.gpu_memory_gb,
     }
 
 
@@ -185,8 +187,8 @@ def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLaunche
     try:
         if launcher.backend == "subprocess":
             check_weights(run.model, run.pretrained)
-        if config.gpu_memory_gb and run.device.startswith("cuda"):
-            check_memory(run, config.gpu_memory_gb * GB)
+        if run.gpu_memory_gb and run.device.startswith("cuda"):
+            check_memory(run, run.gpu_memory_gb * GB)
     except ModelUnavailableError as exc:
         raise Failure(str(exc), allow_retries=False) from None
     except ValueError as exc:

@@ -85,8 +85,13 @@ def write_qwen2_5_vl(folder: Path, config: dict, dtype: str = "float32", device:
     config = dict(config, **{key: ids[token] for key, token in QWEN_TOKEN_IDS.items()})
     cfg = Qwen2_5_VLConfig.from_dict(config)
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2_5_VLForConditionalGeneration(cfg).to(getattr(torch, dtype)).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))  # built in its dtype: a 7B model never exists in fp32
+    try:
+        with torch.device(device):
+            model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.generation_config = GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"], do_sample=False
     )

@@ -318,6 +318,7 @@ def test_the_clip_asset_selects_bmc_longclip_as_a_recipe():
         "context_length": 154,
         "log_every_n_steps": 50,
         "seed": 0,
+        "gpu_memory_gb": 80.0,
     }
     ClipTrainConfig.from_dict({**job, "run_dir": "/lake/runs/x"}).validate()  # the launched module accepts it
     # a setting changed from its default is kept; the BIOMEDICA recipe has no text tower

@@ -125,9 +125,13 @@ def test_the_block_count_is_what_pytorch_saves():
     assert whole / 2 == pytest.approx(tower.activation_bytes("fp32", False), rel=0.005)
 
 
-def test_the_job_refuses_a_batch_that_cannot_fit_before_it_starts(tmp_path):
+def test_the_job_refuses_a_batch_that_cannot_fit_before_it_starts(tmp_path, monkeypatch, no_network):
     """The launched job checks before any weights are fetched or the trainer starts: ViT-L-14 at
-    1024 per GPU without checkpointing on an 80 GB GPU fails naming the settings."""
+    1024 per GPU without checkpointing on an 80 GB GPU fails naming the settings (online mode, so
+    the weights check lets the uncached tag pass: OpenCLIP would fetch it; no socket is opened)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     (tmp_path / "sizes.json").write_text(json.dumps({"panelforge-000000.tar": 4}))
     config = ClipTrainConfig(
         train_data=[str(tmp_path)], run_dir=str(tmp_path / "run"), grad_checkpointing=False, gpu_memory_gb=80
@@ -135,5 +139,33 @@ def test_the_job_refuses_a_batch_that_cannot_fit_before_it_starts(tmp_path):
     assert architecture(config).params == 427_616_513
     with pytest.raises(ValueError, match="set grad_checkpointing: true"):
         train(config)
-    assert not (tmp_path / "run" / "openclip").exists()
+    assert not (tmp_path / "run" / "openclip").exists() and no_network == []
     assert check_memory(ClipTrainConfig(train_data=["-"], run_dir="-"), 80 * GB).total == 62_706_332_692
+
+
+def test_the_asset_refuses_a_batch_that_cannot_fit_before_launching():
+    """The asset's check (before any GPU job is launched) against ``gpu_memory_gb``, which the
+    job checks again: BIOMEDICA's recipe fits 80 GB; without checkpointing it is refused with the
+    settings to change; 0 turns the check off, 141 GB (an H200) fits more."""
+    from types import SimpleNamespace
+
+    from dagster import Failure
+
+    from assets.training import ClipTrainingSettings, check_clip_job, clip_job
+
+    launcher = SimpleNamespace(backend="ray", gpus=4)  # weights are checked on the job's own machine
+    dirs = ["/lake/dataset/r1/commercial"]
+    recipe = ClipTrainingSettings()
+    job = clip_job(recipe, dirs)
+    assert job["gpu_memory_gb"] == 80.0 and job["grad_checkpointing"] is True
+    check_clip_job(job, recipe, launcher)
+    plain = ClipTrainingSettings(grad_checkpointing=False)
+    with pytest.raises(Failure, match="batch_size 1024 per GPU does not fit.*set grad_checkpointing: true"):
+        check_clip_job(clip_job(plain, dirs), plain, launcher)
+    off = ClipTrainingSettings(grad_checkpointing=False, gpu_memory_gb=0)
+    check_clip_job(clip_job(off, dirs), off, launcher)
+    big = ClipTrainingSettings(batch_size=1300, gpu_memory_gb=141)
+    check_clip_job(clip_job(big, dirs), big, launcher)
+    with pytest.raises(Failure, match="lower batch_size to 1199 or less"):
+        small = ClipTrainingSettings(batch_size=1300)
+        check_clip_job(clip_job(small, dirs), small, launcher)

@@ -114,7 +114,7 @@ class ClipTrainConfig:
     grad_checkpointing: bool = True  # recompute each block in the backward pass (BIOMEDICA's scripts)
     local_loss: bool = True  # logits of this GPU's samples against the global batch only
     gather_with_grad: bool = True  # the gathered features carry gradients (needed with local_loss)
-    gpu_memory_gb: float | None = None  # for the memory check; None: the job's GPU's own (no check on CPU)
+    gpu_memory_gb: float | None = None  # for the memory check; None: the job's GPU's own (no check on CPU); 0: none
     workers: int = 8
     seed: int = 0
     device: str = "cuda"
@@ -459,7 +459,7 @@ def job_gpu_bytes(config: ClipTrainConfig) -> float | None:
     """The memory of the GPU the job trains on: ``gpu_memory_gb`` when set, else the first visible
     CUDA device's (None on CPU: nothing to check)."""
     if config.gpu_memory_gb is not None:
-        return config.gpu_memory_gb * memory.GB
+        return config.gpu_memory_gb * memory.GB or None
     if not config.device.startswith("cuda"):
         return None
     import torch
