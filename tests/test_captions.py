@@ -182,7 +182,7 @@ def test_a_range_in_the_preface_is_a_reference():
 def test_text_before_label_style():
     split = split_caption("Effects of drug X. Western blot of lysates (A) and quantification of bands (B).")
     assert split.preface == "Effects of drug X."
-    assert split.panels == {"A": "Western blot of lysates", "B": "quantification of bands"}
+    assert split.panels == {"A": "Western blot of lysates (A)", "B": "quantification of bands (B)"}
     assert split.confidence < 1.0
 
 
