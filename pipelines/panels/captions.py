@@ -456,12 +456,13 @@ def _candidates(c: _Caption) -> list[_Marker]:
         if _is_clause_start(text, m.start(), c.floor) or (before.endswith("(") and punct == ":"):
             if after.islower() and not panel:
                 continue  # "C. elegans", "P. berghei"; a glossary "E, extracellular; I, intracellular"
-            if punct or (panel and panel[0] == "P"):
+            if punct or panel:
                 add(m.start(), m.end(), m.group("list"), "bare", True)
             elif after.isupper() or after.isdigit():
                 add(m.start(), m.end(), m.group("list"), "weak", True)
-        elif before.endswith(",") and not punct and not panel and re.fullmatch(r"[a-z]", m.group("list")):
-            if after.isalpha():
+        elif not punct and not panel and re.fullmatch(r"[A-Za-z]", m.group("list")):
+            # the next bold label of a caption printed "a Schematic ..., b the ... c Western blot"
+            if after.isupper() or (before.endswith(",") and m.group("list").islower() and after.isalpha()):
                 add(m.start(), m.end(), m.group("list"), "soft", False)
     for m in _POSITION_MARK.finditer(text):
         if _is_clause_start(text, m.start(), c.floor):
@@ -514,6 +515,7 @@ def _define(c: _Caption, markers: list[_Marker], scheme: str, allowed: set[int])
     starts = sum(m.clause_start for m, _ in naming)
     before = starts * 2 > len(naming) or any(m.clause_start for m, named in naming if named[0][0] == first)
     defined: set[int] = set()
+    weak_style = False
     references: dict[int, list[int]] = {}  # clause -> labels it names again
     reference_clauses: set[int] = set()
     defs: list[_Def] = []
@@ -535,8 +537,8 @@ def _define(c: _Caption, markers: list[_Marker], scheme: str, allowed: set[int])
             later = [{i for i, _ in n} for lm, n in naming[k + 1 :] if lm.clause_start]
             if any(li & indices or (min(li) < min(indices) and not li & defined) for li in later):
                 continue
-        if m.kind == "soft" and (not defined or min(indices) != max(defined) + 1):
-            continue
+        if m.kind == "soft" and (not weak_style or not defined or min(indices) != max(defined) + 1):
+            continue  # only the next label of a caption whose labels are printed bare
         if len(indices) > 1 and not m.clause_start:
             # a range mid-sentence whose labels are each named again later: "stage II (a-f).
             # Staining against CK8 (a); COX-1 (b); ..." (the single labels define them)
@@ -544,6 +546,7 @@ def _define(c: _Caption, markers: list[_Marker], scheme: str, allowed: set[int])
             if indices <= singles:
                 continue
         defined |= indices
+        weak_style = weak_style or m.kind == "weak"
         defs.append(_Def(m, [label for _, label in named], sorted(indices)))
     return defs, before
 
