@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -140,6 +141,7 @@ _TEMPERATURE = re.compile(
     re.IGNORECASE,
 )
 _TEMPERATURE_WORDS = {"at", "to", "from", "and", "or", "between"}
+_WINDOW = 120  # characters before a marker where its reference or position words are printed
 # Where a sentence or clause ends: the start of a trailing label's text.
 _CLAUSE_END = re.compile(r"(?:[.!?]\)?\s+(?=[A-Z(\[\"'])|[;:]\s+)")
 # The no-panel tail (eLife/PMC source data, figure supplements, DOIs) and credit lines.
@@ -301,14 +303,16 @@ class _Caption:
     sentences: list[int]
 
     def clause(self, position: int) -> int:
-        """Index of the clause holding ``position`` (clauses end at . ; : ! ?)."""
-        return sum(1 for start in self.clauses if start <= position)
+        """Index of the clause holding ``position`` (clauses end at . ; : ! ? outside brackets)."""
+        return bisect_right(self.clauses, position)
 
     def clause_start(self, position: int) -> int:
-        return max([self.floor, *(start for start in self.clauses if start <= position)])
+        k = bisect_right(self.clauses, position)
+        return max(self.floor, self.clauses[k - 1]) if k else self.floor
 
     def sentence_start(self, position: int) -> int:
-        return max([self.floor, *(start for start in self.sentences if start <= position)])
+        k = bisect_right(self.sentences, position)
+        return max(self.floor, self.sentences[k - 1]) if k else self.floor
 
 
 def _read(text: str) -> _Caption:
@@ -326,7 +330,8 @@ def _read(text: str) -> _Caption:
         if last <= floor or not _POINTER.search(text, last, body_end):
             break
         body_end = last
-    ends = [m for m in _CLAUSE_END.finditer(text, 0, body_end) if _depth(text, m.start()) == 0]
+    depth = _depths(text)
+    ends = [m for m in _CLAUSE_END.finditer(text, 0, body_end) if depth[m.start()] == 0]
     clauses = [m.end() for m in ends]
     sentences = [m.end() for m in ends if m.group().strip()[:1] in ".!?"]
     caption = _Caption(text, floor, body_end, [], clauses, sentences)
@@ -334,20 +339,29 @@ def _read(text: str) -> _Caption:
     return caption
 
 
-def _depth(text: str, position: int) -> int:
-    """How many brackets are open at ``position`` (a stray ")" closes nothing)."""
-    depth = 0
-    for ch in text[:position]:
+def _depths(text: str) -> list[int]:
+    """How many brackets are open at each position (a stray ")" closes nothing)."""
+    depths, depth = [], 0
+    for ch in text:
+        depths.append(depth)
         if ch == "(":
             depth += 1
         elif ch == ")":
             depth = max(0, depth - 1)
-    return depth
+    return [*depths, depth]
+
+
+def _last_char(text: str, start: int, floor: int = 0) -> str:
+    """The last character before ``start`` (and after ``floor``) that is not a space, or ""."""
+    k = start - 1
+    while k >= floor and text[k] == " ":
+        k -= 1
+    return text[k] if k >= floor else ""
 
 
 def _is_clause_start(text: str, start: int, floor: int = 0) -> bool:
-    before = text[floor:start].rstrip()
-    return not before or before[-1] in ".;:!?"
+    last = _last_char(text, start, floor)
+    return not last or last in ".;:!?"
 
 
 def _credits(c: _Caption) -> list[tuple[int, int]]:
@@ -406,7 +420,7 @@ def _is_celsius(text: str, start: int) -> bool:
     """Whether "(C)" at ``start`` is a temperature: after a number with a degree sign, or after a
     number in a temperature context ("kept at 37 (C)"; "at 30 (C)" where the caption writes °C);
     "patient 3 (C)" is a label."""
-    number = _NUMBER_BEFORE.search(text[:start])
+    number = _NUMBER_BEFORE.search(text[max(0, start - _WINDOW) : start])
     if not number:
         return False
     if number.group("degree") or _TEMPERATURE.search(text[max(0, start - 80) : start]):
@@ -422,24 +436,29 @@ def _unmatched_close(text: str, close: int) -> bool:
 
 def _candidates(c: _Caption) -> list[_Marker]:
     """Every marker that may name panel labels, references and look-alikes left out."""
-    text, found, taken = c.text, [], []
+    text, found = c.text, []
+    taken = bytearray(len(text) + 1)  # 1 where a marker already is, or a credit line
+
+    for a, b in c.credits:
+        taken[a:b] = b"\x01" * (b - a)
 
     def free(start: int, end: int) -> bool:
-        return not any(start < b and a < end for a, b in taken) and not any(a <= start < b for a, b in c.credits)
+        return not any(taken[start:end])
 
     def add(start: int, end: int, label_list: str, kind: str, clause_start: bool | None = None) -> None:
         if start < c.floor or start >= c.body_end or not free(start, end):
             return
         at_start = _is_clause_start(text, start, c.floor) if clause_start is None else clause_start
-        position = _POSITION_BEFORE.search(text[c.floor : start]) if not at_start and kind != "position" else None
-        if position and _is_clause_start(text, c.floor + position.start(), c.floor):
-            start, at_start = c.floor + position.start(), True
-        if not at_start and (_REFERENCE.search(text[c.floor : start]) or _REFERENCE_AFTER.match(text, end)):
+        window = max(c.floor, start - _WINDOW)  # references and position words sit just before a marker
+        position = _POSITION_BEFORE.search(text[window:start]) if not at_start and kind != "position" else None
+        if position and _is_clause_start(text, window + position.start(), c.floor):
+            start, at_start = window + position.start(), True
+        if not at_start and (_REFERENCE.search(text[window:start]) or _REFERENCE_AFTER.match(text, end)):
             return
         if label_list.strip("'") == "C" and _is_celsius(text, start):
             return
         found.append(_Marker(start, end, label_list, at_start, _follows(text, end), kind))
-        taken.append((start, end))
+        taken[start:end] = b"\x01" * (end - start)
 
     for m in _IN_PANEL.finditer(text):
         if _is_clause_start(text, m.start(), c.floor):
@@ -452,8 +471,8 @@ def _candidates(c: _Caption) -> list[_Marker]:
     for m in _BARE.finditer(text):
         panel, punct = m.group("panel"), (m.group("punct") or "").strip()
         after = text[m.end() :].lstrip()[:1]
-        before = text[c.floor : m.start()].rstrip()
-        if _is_clause_start(text, m.start(), c.floor) or (before.endswith("(") and punct == ":"):
+        before = _last_char(text, m.start(), c.floor)
+        if _is_clause_start(text, m.start(), c.floor) or (before == "(" and punct == ":"):
             if after.islower() and not panel:
                 continue  # "C. elegans", "P. berghei"; a glossary "E, extracellular; I, intracellular"
             if punct or panel:
@@ -462,7 +481,7 @@ def _candidates(c: _Caption) -> list[_Marker]:
                 add(m.start(), m.end(), m.group("list"), "weak", True)
         elif not punct and not panel and re.fullmatch(r"[A-Za-z]", m.group("list")):
             # the next bold label of a caption printed "a Schematic ..., b the ... c Western blot"
-            if after.isupper() or (before.endswith(",") and m.group("list").islower() and after.isalpha()):
+            if after.isupper() or (before == "," and m.group("list").islower() and after.isalpha()):
                 add(m.start(), m.end(), m.group("list"), "soft", False)
     for m in _POSITION_MARK.finditer(text):
         if _is_clause_start(text, m.start(), c.floor):
