@@ -483,6 +483,33 @@ def test_a_group_whose_text_names_each_label_gives_each_its_description():
     }
 
 
+def test_a_group_whose_text_then_prints_each_label_before_its_description():
+    split = split_caption(
+        "Screens. (A-C) Venn diagrams for: (A) genes up; (B) genes down and (C) genes unchanged. "
+        "All at FDR 0.05. (D) Heat map."
+    )
+    assert split.panels == {
+        "A": "genes up",
+        "B": "genes down",
+        "C": "genes unchanged.",
+        "D": "Heat map.",
+    }
+
+
+def test_a_trailing_item_never_starts_inside_brackets():
+    split = split_caption("Interaction between Flag-HuR (WT, Y68F, Y200F) and SIRT1 mRNA (A) and VHL mRNA (B).")
+    assert split.preface == "Interaction between Flag-HuR (WT, Y68F, Y200F)"  # edges lose a dangling "and"
+    assert split.panels == {"A": "SIRT1 mRNA (A)", "B": "VHL mRNA (B)"}
+
+
+def test_a_source_data_block_of_a_figure_supplement_belongs_to_no_panel():
+    split = split_caption(
+        "Figure 8-figure supplement 3. Knockdowns. (A) Blots of lysates. (B) Protein levels. "
+        "Figure 8-figure supplement 3-source data 1. Source files. (A) Full length blots and (B) traces."
+    )
+    assert split.panels == {"A": "Blots of lysates.", "B": "Protein levels."}
+
+
 def test_a_range_mid_sentence_then_single_labels():
     split = split_caption(
         "Serous adenocarcinoma, stage II (a-c). Staining with antibodies against CK8 (a); COX-1 (b); COX-2 (c)."

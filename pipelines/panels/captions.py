@@ -148,7 +148,7 @@ _CLAUSE_END = re.compile(r"(?:[.!?]\)?\s+(?=[A-Z(\[\"'])|[;:]\s+)")
 _TAIL = re.compile(
     r"(?:DOI:?\s*)?(?:https?://(?:dx\.)?doi\.org/)?10\.7554/eLife\.\d+\.\d+"
     r"|(?:DOI:?\s*)?(?:https?://(?:dx\.)?doi\.org/)?10\.\d{4,9}/\S+\s*$"
-    r"|(?:Figure|Fig\.?)\s*\d+-(?:source\s+data|figure\s+supplement|video|animation|source\s+code)\s+\d+\s*[.:]"
+    r"|(?:Figure|Fig\.?)\s*\d+(?:-(?:source\s+data|figure\s+supplement|video|animation|source\s+code)\s+\d+)+\s*[.:]"
     r"|(?:Source\s+data|Figure\s+supplement|Video)\s+\d+\s*[.:]\s"
     r"|The\s+following\s+(?:source\s+data|figure\s+supplements?|videos?|supplementary)\b[^.]{0,120}?\bavailable\b",
     re.IGNORECASE,
@@ -615,11 +615,12 @@ def _first_item(text: str, start: int, stop: int, others: list[str]) -> int:
         hits = [w for w in words[1:] if w.group().lower() == head.lower()]
         if hits:
             return start + hits[-1].start()
+    depth = _depths(text[start:stop])
     for at_punctuation in (True, False):
         for k, w in enumerate(words[:-1]):
             token = w.group()
             cut = token.endswith((",", ":", ";")) if at_punctuation else token.lower().strip(",;:") in _CUT_WORDS
-            if cut and len(words) - k - 1 <= limit:
+            if cut and depth[w.end()] == 0 and len(words) - k - 1 <= limit:  # never inside brackets
                 return start + words[k + 1].start()
     return start
 
@@ -662,8 +663,10 @@ def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list
 
 
 def _refine(c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tuple[int, int]) -> dict[int, tuple]:
-    """A group "(A, B) ..." whose text names each of its labels once, in order, after a
-    description ("... are shown in (A), and ... in (B)") gives each label that description."""
+    """A group "(A, B) ..." whose text names each of its labels once, in order, all after their
+    descriptions ("... are shown in (A), and ... in (B)") or all before them ("Venn diagrams for:
+    (A) shRNAs; (B) genes and (C) ...") gives each label its own description; a description
+    printed before its label ends with its sentence."""
     first: dict[int, _Marker] = {}
     for m in markers:
         if m is d.marker or not span[0] <= m.start < span[1] or m.kind == "position":
@@ -674,10 +677,19 @@ def _refine(c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tup
     if set(first) != set(d.indices):
         return {}
     order = [first[i] for i in d.indices]
-    if any(a.start >= b.start for a, b in pairwise(order)) or not all(m.trailing for m in order):
+    if any(a.start >= b.start for a, b in pairwise(order)):
         return {}
-    parts = [_Def(m, [label], [i], "trail") for i, label, m in zip(d.indices, d.labels, order, strict=True)]
-    _, spans = _segment(c, parts, span[0], span[1])
+    if all(m.trailing for m in order):
+        role = "trail"
+    elif all(not m.trailing and m.follows in ("upper", "lower") for m in order):
+        role = "lead"
+    else:
+        return {}
+    parts = [_Def(m, [label], [i], role) for i, label, m in zip(d.indices, d.labels, order, strict=True)]
+    end = span[1]
+    if role == "lead":
+        end = min(end, next((start for start in c.sentences if start > order[-1].end), end))
+    _, spans = _segment(c, parts, span[0], end)
     return {i: (label, s) for (i, label), s in zip(zip(d.indices, d.labels, strict=True), spans, strict=True)}
 
 
