@@ -27,25 +27,32 @@ How a caption is read:
 
 1. ``normalize_caption`` folds the Unicode look-alikes that break matching (the dash family,
    non-breaking and thin spaces, fullwidth brackets, primes) and collapses white space.
-2. The figure label is skipped, the no-panel tail cut and the credit lines set aside.
+2. The figure label is skipped; the no-panel tail is cut, with the closing sentences that only
+   point to data elsewhere ("The raw data are available in Figure 1-source data 1."); credit
+   lines are set aside.
 3. Candidate markers are found. Not candidates: references (``as in (B)``, ``see (C)``,
    ``Fig. 2 (A)``, ``(A) in Figure 3``), "(C)" after a number in a temperature context
-   ("kept at 37 (C)", "4 °C" elsewhere; "patient 3 (C)" is a label), words such as ``Fig. 2A``,
-   ``p53``, ``IL-6``, ``(n = 5)``, ``(i.v.)``.
+   ("kept at 37 (C)", "4 °C" elsewhere; "patient 3 (C)" is a label), glossaries ("E,
+   extracellular"), words such as ``Fig. 2A``, ``p53``, ``IL-6``, ``(n = 5)``, ``(i.v.)``.
 4. Each scheme (letter, digit, roman, alnum "A1", figure-numbered "1A") gets the run of its
    labels from the first one (A, 1, i, A1), one missing label allowed between two found ones.
 5. Labels are defined in caption order by one marker each. A marker naming a label already
-   defined is a reference, and so is every later marker of its sentence ("b SEM (a, c, e) images
-   of nanofibers (c, d)" names the source figure's panels). In a caption whose labels are printed
-   before their texts, a marker mid-sentence does not define a label that a later marker at a
-   clause start defines, nor one out of order ("carbon (C) atoms. (B) ...").
+   defined is a reference; when it also names new labels, or when a clause counts the labels
+   again from the first ("for (a) FTO, (b) fibres, ..."), the rest of that clause defines nothing
+   (another figure's panels, one panel's curves: "b SEM (a, c, e) images of fibres (c, d)"). In
+   a caption whose labels are printed before their texts, a marker mid-sentence does not define
+   a label that a later marker at a clause start defines, nor one out of order ("carbon (C)
+   atoms. (B) ..."). A range mid-sentence whose labels are each named later leaves them to
+   those markers; one that is the caption's only marker splits nothing ("bands (A-F) were
+   tested"). Bare labels without punctuation count only as a sequence of two or more.
 6. The scheme with most defined labels is the panel level. Sub-labels are a second level:
    ``a1``, ``a2`` beside ``a``, or letters inside one numbered part ("(2) SEM images of (a) ...").
 7. Texts: a lead label's text runs to the next label; a trailing label's text is its list item
    with the label itself ("patient 2 (B)"), the first item of a list leaving the shared head to
    the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"). A range or group
-   "(A, B) ..." whose text then names each of its labels once, in order, after a description
-   ("... shown in (A), and ... in (B)") gives each label that description.
+   "(A, B) ..." whose text then names each of its labels, in order, all after or all before
+   their descriptions ("... shown in (A), and ... in (B)"; "for: (A) genes up; (B) ...") gives
+   each label its own description. Text edges lose punctuation and a dangling "and"/"or".
 
 ``panels`` keys every label as printed: panels, and sub-panels after their panel
 (``{"a": ..., "a1": ..., "a2": ..., "b": ...}``); a panel's text covers its sub-panels' texts;
