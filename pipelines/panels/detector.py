@@ -65,7 +65,7 @@ class DetectorConfig:
     model: str = DEFAULT_MODEL  # hub id or local directory
     revision: str | None = None
     synthetic: bool = False  # a randomly initialised model built in code (tests, demo, benchmarks)
-    architecture: str = "tiny"  # synthetic only: "tiny", or "full" (DabDetrConfig defaults, ResNet-50)
+    architecture: str = "tiny"  # synthetic only: "tiny", or "full" (the published ResNet-50 DC5 at real size)
     input_size: int = 800  # longest side after resizing; the padded frame is input_size x input_size
     threshold: float = 0.5
     dtype: str = "auto"  # auto: bf16 (fp16 without bf16 support) autocast on GPU, fp32 on CPU
