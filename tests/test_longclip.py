@@ -20,14 +20,10 @@ from safetensors.torch import load_file
 from pipelines.training import hf_text
 from pipelines.training.clip import EXPORT_WEIGHTS as WEIGHTS
 from pipelines.training.clip import ClipTrainConfig, assemble_model, longclip_config, train
+from pipelines.training.tiny import write_tiny_modernbert
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
-WORDS = (
-    "the panel shows fluorescence microscopy of stained cells with nuclei in blue and actin in green "
-    "bar chart western blot line plot survival expression levels protein lysates over time group scale"
-).split()
 # 10 words repeated 12 times: 120 words, each one token, so 122 tokens with [CLS] and [SEP] (> 77)
 LONG = " ".join(["fluorescence microscopy of stained cells with nuclei in blue and"] * 12)
 SHORT = "western blot of protein lysates"  # 5 tokens, 7 with [CLS] and [SEP]
@@ -39,48 +35,6 @@ TINY_VISION = {
     },
     "preprocess_cfg": {},
 }
-
-
-def write_tiny_modernbert(folder: Path) -> Path:
-    """A 2-layer ModernBERT with a WordPiece tokenizer over :data:`WORDS`, saved as a Hub folder."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=512,
-    )
-    config = ModernBertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=512,
-        local_attention=16,
-        global_attn_every_n_layers=2,
-        pad_token_id=0,
-        cls_token_id=2,
-        sep_token_id=3,
-        bos_token_id=2,
-        eos_token_id=3,
-    )
-    torch.manual_seed(0)
-    fast.save_pretrained(str(folder))
-    ModernBertModel(config).save_pretrained(str(folder))
-    return folder
 
 
 def write_tiny_vision(folder: Path) -> Path:
