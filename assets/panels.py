@@ -122,7 +122,7 @@ def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: Qua
 
 
 SYNTHETIC_TRAINING_SET = {"figures": 32}
-SYNTHETIC_DETECTOR_TRAINING = {"steps": 20, "batch_size": 4, "checkpoint_every": 10}
+SYNTHETIC_DETECTOR_TRAINING = {"steps": 10, "batch_size": 2, "checkpoint_every": 5}
 
 
 class TrainingSetSettings(Config):

@@ -11,6 +11,7 @@ marker file so its numbers can never pass for a real model's.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -44,9 +45,15 @@ def write_tiny_clip(folder: Path, seed: int = 0, model_cfg: dict | None = None) 
     folder.mkdir(parents=True, exist_ok=True)
     config = {"model_cfg": model_cfg, "preprocess_cfg": {}} if model_cfg is not None else TINY_CLIP
     (folder / OPEN_CLIP_CONFIG).write_text(json.dumps(config))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = open_clip.create_model(f"local-dir:{folder}")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # OpenCLIP warns that the folder has no weights yet: they are written next
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = open_clip.create_model(f"local-dir:{folder}")
+    finally:
+        root.setLevel(level)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / OPEN_CLIP_WEIGHTS))
     return folder
 
