@@ -62,6 +62,17 @@ class _TokenBudget(LogitsProcessor):
         return scores
 
 
+def chat_messages(request: VlmRequest) -> list[dict]:
+    """The chat turn the processor's template renders: the system prompt as a string, then the
+    images before the text as content parts (what the Ray backend has vLLM's parser produce with
+    content format "openai", and what the Qwen-VL chat template was trained on)."""
+    content = [{"type": "image"} for _ in request.images] + [{"type": "text", "text": request.prompt}]
+    messages = [{"role": "user", "content": content}]
+    if request.system is not None:
+        messages.insert(0, {"role": "system", "content": request.system})
+    return messages
+
+
 def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -185,17 +196,10 @@ class TransformersEngine(VlmEngine):
         max_tokens = self.config.max_tokens(request)
         return _Prepared(index, request, images, grammar, max_tokens)
 
-    def _messages(self, item: _Prepared) -> list[dict]:
-        content = [{"type": "image"} for _ in item.images] + [{"type": "text", "text": item.request.prompt}]
-        messages = [{"role": "user", "content": content}]
-        if item.request.system is not None:
-            messages.insert(0, {"role": "system", "content": item.request.system})
-        return messages
-
     def _run_batch(self, batch: list[_Prepared]) -> list[VlmResponse]:
         started = time.perf_counter()
         texts = [
-            self.processor.apply_chat_template(self._messages(item), tokenize=False, add_generation_prompt=True)
+            self.processor.apply_chat_template(chat_messages(item.request), tokenize=False, add_generation_prompt=True)
             for item in batch
         ]
         images = [image for item in batch for image in item.images]
