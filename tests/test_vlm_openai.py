@@ -289,8 +289,12 @@ def test_a_trickling_server_is_cut_off_at_the_deadline_and_the_retry_goes_throug
     assert elapsed < 10  # ~2 s (the deadline) + the retry; unbounded, the first answer alone takes ~5 min
 
 
-def test_a_server_that_only_trickles_is_an_outage_within_the_deadline(scripted):
-    plan = FaultPlan(faults=[Fault("/v1/chat/completions", kind="trickle", interval=1.0, times=1000)])
+@pytest.mark.parametrize("interval", [1.0, 0.1, 0.02])  # cut in the status line, the headers, the body
+def test_a_server_that_only_trickles_is_an_outage_within_the_deadline(scripted, interval):
+    """Wherever the deadline cuts the answer (at 2 s: after 2 bytes of the status line, 20 bytes
+    into ~75 bytes of headers, 100 bytes into ~380), the call is an outage, never a truncated
+    answer taken for the server's (cut inside the headers, http.client sees an empty 200)."""
+    plan = FaultPlan(faults=[Fault("/v1/chat/completions", kind="trickle", interval=interval, times=1000)])
     with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, timeout_s=2.0, retries=0) as engine:
         started = time.monotonic()
         with pytest.raises(VlmOutage, match="no complete answer within the 2 s deadline"):

@@ -130,7 +130,7 @@ class DeadlineSession(requests.Session):
         _current.watch = watch
         timer.start()
         try:
-            return super().request(method, url, *args, **kwargs)
+            response = super().request(method, url, *args, **kwargs)
         except requests.RequestException as exc:
             if watch.expired:
                 raise DeadlineExceeded(f"no complete answer within the {deadline:g} s deadline") from exc
@@ -138,6 +138,12 @@ class DeadlineSession(requests.Session):
         finally:
             timer.cancel()
             _current.watch = None
+        if watch.expired:
+            # cut inside the headers, http.client takes the end of the stream for the end of the
+            # headers and of a body without Content-Length: an empty 200 that is no answer at all
+            response.close()
+            raise DeadlineExceeded(f"no complete answer within the {deadline:g} s deadline")
+        return response
 
 
 def _capped(timeout, deadline: float):
