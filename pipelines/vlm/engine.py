@@ -24,7 +24,8 @@ from PIL import Image
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
-# Qwen2.5-VL's processor defaults: 256 to 1280 visual tokens of 28x28 pixels per image
+# 256 to 1280 visual tokens of 28x28 pixels per image: the band of Qwen's model card examples (a
+# checkpoint's own preprocessor_config.json allows 3,136 to 12,845,056 pixels, 4 to 16,384 tokens)
 DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
