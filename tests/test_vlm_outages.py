@@ -48,21 +48,22 @@ def _answer(request: VlmRequest) -> str:
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
-    """The sample release parsed, split into panels, and mined once by a scripted model (so
-    pair_negatives has pairs); the outages below then hit reruns under another engine."""
+    """The sample release parsed, split into panels and mined once by a scripted model, plus one
+    region pair written by hand (pair_negatives perturbs region texts); the outages below then
+    hit reruns under another engine."""
     lake = sample_lake(tmp_path_factory.mktemp("outages"), RELEASE)
     PanelStage(PanelSettings()).run(lake, Partition(RELEASE, SHARD))
     MiningStage(ScriptedEngine(_mine), MiningSettings(som_views=1)).run(lake, Partition(RELEASE, SHARD))
-    assert [p for p in lake.read_table("pairs", RELEASE, SHARD).to_pylist() if p["level"] == "region"]
+    rows = lake.read_table("pairs", RELEASE, SHARD).to_pylist()
+    panel = next(p for p in rows if p["level"] == "panel")
+    region = {**panel, "level": "region", "pair_id": panel["pair_id"] + "/r00", "region_index": 0}
+    region.update(text="the arrow indicates the lesion in the left lobe", text_source="caption", marker="arrow")
+    lake.write_table("pairs", RELEASE, SHARD, [*rows, region])
     return lake
 
 
 def _mine(request: VlmRequest) -> str:
-    """Brief sensible answers; one region, the hippocampus of PMC900000002 469032v1_figs7 panel A
-    (the box of tests/test_mining_stage.py), so that pair_negatives has a region to perturb."""
     name = prompts.name_of(request.prompt)
-    if name == "locate_region" and "indicated by *" in request.prompt:
-        return '{"regions": [{"bbox_2d": [225, 146, 324, 200]}]}'
     return {
         "canary": CANARY_ANSWER,
         "describe_panel": '{"description": "Two MRI slices."}',
@@ -201,13 +202,14 @@ def test_dead_ray_engine_actors_are_retried_and_fail_no_figure(lake, instance):
 
         actor = Engine.remote()
         ray.get(actor.ping.remote())
-        ray.kill(actor)
+        ray.kill(actor, no_restart=True)
         with pytest.raises(ray.exceptions.RayActorError) as died:
-            ray.get(actor.ping.remote())
+            ray.get(actor.ping.remote(), timeout=60)
     finally:
         if started:
             ray.shutdown()
-    assert isinstance(died.value, ray.exceptions.ActorDiedError)
+    # died, or not yet known to be dead when called: both are the cluster failing, not our code
+    assert type(died.value).__name__ in ("ActorDiedError", "ActorUnavailableError"), repr(died.value)
 
     class DeadActors(RayVllmEngine):
         def _run(self, rows):
