@@ -268,7 +268,7 @@ class OpenAIEngine(VlmEngine):
         """One response per request, in order; raises :class:`VlmOutage` if the server is down
         (after the retries), in which case no response is returned at all. The first call checks
         the server's frame first (``StageInputError`` on a mismatch)."""
-        if self.check_frame and self.frame is None:
+        if requests and self.check_frame and self.frame is None:
             with self._frame_lock:
                 if self.frame is None:  # an outage leaves it unchecked: the next call tries again
                     self.frame = require_frame(self.config, self._generate, self.base_url)
