@@ -211,7 +211,7 @@ def _file_section(bench: Benchmark, path: Path, command: str, heading: bool) -> 
     return lines
 
 
-def _slug(title: str) -> str:
+def anchor(title: str) -> str:
     """GitHub's anchor of a heading."""
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
@@ -224,7 +224,7 @@ def render(root: Path = ROOT, benchmarks: tuple[Benchmark, ...] = BENCHMARKS) ->
     toc, body = [], []
     for bench in benchmarks:
         how = "`make gpu-check` (needs a CUDA GPU)" if bench.gpu else "`make bench`"
-        toc.append(f"- [{bench.title}](#{_slug(bench.title)}): `benchmarks/{bench.module}.py`")
+        toc.append(f"- [{bench.title}](#{anchor(bench.title)}): `benchmarks/{bench.module}.py`")
         body += [f"## {bench.title}", "", summary(bench.module, root), ""]
         body += [f"[`benchmarks/{bench.module}.py`](../benchmarks/{bench.module}.py), run by {how}.", ""]
         matched = [(run, p) for run in bench.runs for p in files if fnmatch.fnmatch(p.name, run.results)]
