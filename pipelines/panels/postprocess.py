@@ -120,24 +120,36 @@ def single_panel(panels: Sequence[Panel], cover: float = SINGLE_PANEL_COVER) -> 
 
 
 def reading_order(panels: Sequence[Panel]) -> list[Panel]:
-    """Rows top-down, panels left-right within a row. Panels are taken by their top edge; a
-    panel joins the current row when it shares >= ``ROW_OVERLAP`` of the shorter of its height
-    and the row's height (the row's span grows with its members); otherwise it starts a row."""
-    rows: list[list[Panel]] = []
+    """Rows top-down, panels left-right within a row (``reading_order_indices``)."""
+    return [panels[i] for i in reading_order_indices([p.box for p in panels])]
+
+
+def reading_order_indices(boxes: Sequence[Box]) -> list[int]:
+    """The indices of ``boxes`` in reading order: rows top-down, left-right within a row. Boxes
+    are taken by their top edge; a box joins the current row when it shares >= ``ROW_OVERLAP``
+    of the shorter of its height and the row's height (the row's span grows with its members);
+    otherwise it starts a row."""
+    rows: list[list[int]] = []
     spans: list[list[int]] = []
-    for p in sorted(panels, key=lambda p: (p.box[1], p.box[0])):
-        y1, y2 = p.box[1], p.box[3]
+    for i in sorted(range(len(boxes)), key=lambda i: (boxes[i][1], boxes[i][0])):
+        y1, y2 = boxes[i][1], boxes[i][3]
         for row, span in zip(rows, spans, strict=True):
             shared = min(y2, span[1]) - max(y1, span[0])
             if shared >= ROW_OVERLAP * min(y2 - y1, span[1] - span[0]) and shared > 0:
-                row.append(p)
+                row.append(i)
                 span[0], span[1] = min(span[0], y1), max(span[1], y2)
                 break
         else:
-            rows.append([p])
+            rows.append([i])
             spans.append([y1, y2])
-    order = sorted(range(len(rows)), key=lambda i: spans[i][0])
-    return [p for i in order for p in sorted(rows[i], key=lambda p: (p.box[0], p.box[1]))]
+    order = sorted(range(len(rows)), key=lambda r: spans[r][0])
+    return [i for r in order for i in sorted(rows[r], key=lambda i: (boxes[i][0], boxes[i][1]))]
+
+
+def column_order_indices(boxes: Sequence[Box]) -> list[int]:
+    """The indices of ``boxes`` read down the columns: columns left-right, top-down within a
+    column (the reading order of the transposed boxes), the order of labels printed down columns."""
+    return reading_order_indices([(y1, x1, y2, x2) for x1, y1, x2, y2 in boxes])
 
 
 def attach_labels(panels: Sequence[Panel], labels: Iterable[LabelBox]) -> list[Panel]:
