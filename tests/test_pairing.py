@@ -214,3 +214,21 @@ def test_a_real_figure_labelled_down_its_columns():
     # with no label read, reading order would have given the top-right plot b's text: none instead
     unread = assign_captions(_panels(FIG7_BOXES, [None] * 4), FIG7)
     assert {r["match"] for r in unread} == {"none"}
+
+
+def test_a_tall_panel_beside_a_grid():
+    """A spans the height on the left; B C over D E on the right. Read by rows the grid is B C D E,
+    by columns B D C E: unread, it is ambiguous; B and C read along its top row settle it."""
+    layout = [(0, 0, 100, 210), (110, 0, 210, 100), (220, 0, 320, 100), (110, 110, 210, 210), (220, 110, 320, 210)]
+    split = CaptionSplit(panels={k: f"Text {k}." for k in "ABCDE"}, scheme="upper")
+    unread = assign_captions(_panels(layout, [None] * 5), split)
+    assert {r["match"] for r in unread} == {"none"} and unread[0]["match_detail"] == pairing.AMBIGUOUS
+    read = assign_captions(_panels(layout, [None, "B", "C", None, None]), split)
+    assert [(r["label"], r["match"]) for r in read] == [
+        ("A", "order"),
+        ("B", "label"),
+        ("C", "label"),
+        ("D", "order"),
+        ("E", "order"),
+    ]
+    assert read[3]["match_detail"] == pairing.ROWS_BY_LABELS

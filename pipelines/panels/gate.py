@@ -42,7 +42,7 @@ REASONS = (TOO_SMALL, TOO_ELONGATED, BLANK, TEXT_OR_LINES)
 @dataclass(frozen=True)
 class GateSettings:
     """Thresholds of the gate (measured on hand-boxed real panels and on the demo's crops:
-    see docs/panels.md, "The release gate")."""
+    see docs/panel-pairing.md)."""
 
     min_side: int = 64
     min_area: int = 64 * 128

@@ -14,7 +14,7 @@ the evidence names it (:func:`assign_captions`):
    are never paired across its rows), or every other panel was paired by its label and one
    caption label is left. In a grid whose labels were not read, rows and columns disagree and
    nothing says which the authors meant: of the 15 hand-boxed labelled figures whose rows and
-   columns read differently, 5 are not labelled in row order (``docs/panels.md``).
+   columns read differently, 5 are not labelled in row order (``docs/panel-pairing.md``).
 3. Otherwise **none**: the panel keeps the shared preface but no text of its own. The mining
    stage may still ask the VLM (``match="vlm"`` on its pairs) or describe the crop; the release
    marks such texts and ships only caption-matched ones by default.
