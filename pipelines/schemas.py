@@ -249,7 +249,7 @@ PANEL_FIGURES = pa.schema(
         pa.field("n_xycut", pa.int32()),  # what each method found, for agreement
         pa.field("n_detr", pa.int32()),
         pa.field("agreement", pa.float32()),  # mean best IoU between the two methods' panels
-        pa.field("caption_labels", pa.int32()),  # panel labels found in the caption
+        pa.field("caption_labels", pa.int32()),  # panel labels found in the caption (sub-labels such as a1 aside)
         pa.field("model", pa.string()),
         pa.field("model_revision", pa.string()),
         pa.field("threshold", pa.float32()),
@@ -293,7 +293,7 @@ PANEL_CAPTIONS = pa.schema(
         pa.field("count_mismatch", pa.bool_()),  # panels and caption labels differ in number
         # added with the pairing rules (issue 19 §3); absent (null) in tables written before them:
         pa.field("match_detail", pa.string()),  # the rule that paired the panel, or why none could
-        pa.field("caption_labels", pa.int32()),  # panel labels the caption defines
+        pa.field("caption_labels", pa.int32()),  # panel labels the caption defines (sub-labels aside)
         pa.field("count_agreement", pa.string()),  # equal, more_panels, fewer_panels, no_caption_labels
     ]
 )

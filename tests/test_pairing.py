@@ -232,3 +232,23 @@ def test_a_tall_panel_beside_a_grid():
         ("E", "order"),
     ]
     assert read[3]["match_detail"] == pairing.ROWS_BY_LABELS
+
+
+def test_sub_labels_pair_by_label_and_count_as_their_panel():
+    """The caption defines a (with a1, a2) and b: two panels. A panel printed "a2" gets a2's text;
+    two unlabelled panels in a row are a and b by order."""
+    split = CaptionSplit(
+        panels={"a": "Overview. (a1) left. (a2) right.", "a1": "left.", "a2": "right.", "b": "Bars."},
+        parents={"a1": "a", "a2": "a"},
+        scheme="lower",
+    )
+    row = [(0, 0, 100, 100), (110, 0, 210, 100)]
+    rows = assign_captions(_panels(row, [None, None]), split)
+    assert [(r["label"], r["text"], r["match"]) for r in rows] == [
+        ("a", "Overview. (a1) left. (a2) right.", "order"),
+        ("b", "Bars.", "order"),
+    ]
+    assert {r["caption_labels"] for r in rows} == {2} and {r["count_agreement"] for r in rows} == {"equal"}
+    three = assign_captions(_panels([*row, (220, 0, 320, 100)], ["a1", "a2", None]), split)
+    assert [(r["text"], r["match"]) for r in three] == [("left.", "label"), ("right.", "label"), (None, "none")]
+    assert three[2]["match_detail"] == "3 panels, 2 caption labels"

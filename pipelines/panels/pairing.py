@@ -57,12 +57,19 @@ def count_agreement(panels: int, caption_labels: int) -> str:
     return MORE_PANELS if panels > caption_labels else FEWER_PANELS
 
 
+def panel_labels(split: CaptionSplit) -> list[str]:
+    """The caption's panel labels in order, without sub-labels ("a1", "a2" of panel "a"): what
+    the found panels are counted against and paired with by order."""
+    return [label for label in split.panels if label not in split.parents]
+
+
 def assign_captions(panels: Sequence[Panel], split: CaptionSplit) -> list[dict]:
     """The caption part of each panel's ``panel_captions`` row, in the order ``panels`` is given
     (the i-th row is the i-th panel). ``label`` is the panel's printed label, or for an order
-    match the caption's label it was given. See the module docstring for the rules."""
-    caption_labels = list(split.panels)
-    by_key = {label.casefold(): label for label in caption_labels}
+    match the caption's label it was given. See the module docstring for the rules: a printed
+    sub-label ("a1") is paired with its own text; counts and orders are of panel labels only."""
+    caption_labels = panel_labels(split)
+    by_key = {label.casefold(): label for label in split.panels}
     agreement = count_agreement(len(panels), len(caption_labels))
     printed = Counter(p.label.casefold() for p in panels if p.label)
     paired: dict[int, tuple[str, str, str]] = {}  # panel -> (caption label, match, detail)
@@ -114,7 +121,8 @@ def _by_order(
     is certain (the module docstring, rule 2); else no pairs and why. Panels and caption labels
     are as many; ``paired`` holds the panels paired by their printed label."""
     free = [i for i, panel in enumerate(panels) if not panel.label]
-    left = [label for label in caption_labels if label not in {p[0] for p in paired.values()}]
+    known = {i: label for i, (label, _, _) in paired.items() if label in caption_labels}  # sub-labels aside
+    left = [label for label in caption_labels if label not in known.values()]
     misread = len(panels) - len(free) - len(paired)  # printed labels that named no caption label
     if len(free) == 1 and len(left) == 1 and not misread:
         return {free[0]: (left[0], ORDER, LAST_LABEL_LEFT)}, ""
@@ -123,7 +131,7 @@ def _by_order(
     fits = {}
     for name, order in ((ROWS_BY_LABELS, rows), (COLUMNS_BY_LABELS, columns)):
         labels = {panel: caption_labels[position] for position, panel in enumerate(order)}
-        if all(labels[i] == label for i, (label, _, _) in paired.items()):
+        if all(labels[i] == label for i, label in known.items()):
             fits[name] = labels
     if not fits:
         return {}, LABELS_OFF_ORDER

@@ -28,7 +28,7 @@ from pipelines.panels.detector import DetectorConfig, detect_images
 from pipelines.panels.gate import REASONS as GATE_REASONS
 from pipelines.panels.gate import GateSettings, crop_gate
 from pipelines.panels.inputs import split_figure
-from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions
+from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
 from pipelines.panels.pairing import count_agreement as figure_agreement
 from pipelines.panels.postprocess import consensus, finalize, iou
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
@@ -171,7 +171,7 @@ class PanelStage(Stage):
             and needs_detector(
                 item["panel_type"],
                 len(layouts[(item["pmcid"], item["image_file"])].panels),
-                len(splits[(item["pmcid"], item["image_file"])].panels),
+                len(panel_labels(splits[(item["pmcid"], item["image_file"])])),
             )
         ]
         detected = {}
@@ -227,7 +227,7 @@ class PanelStage(Stage):
             "n_xycut": len(layout.panels),
             "n_detr": None,
             "agreement": None,
-            "caption_labels": len(split.panels),
+            "caption_labels": len(panel_labels(split)),
             "model": detector.model_label if detector else None,
             "model_revision": detector.revision if detector else None,
             "threshold": detector.threshold if detector else None,
