@@ -45,7 +45,7 @@ def _recipe(target: str) -> list[str]:
     for line in lines[start + 1 :]:
         if not line.startswith("\t"):
             break
-        command = re.sub(r"^(\$\(\w+\) )*\$\(BIN\)/python", "python", line.strip())
+        command = re.sub(r"^((\$\(\w+\)|\w+=\S*) )*\$\(BIN\)/python", "python", line.strip())
         commands.append(command)
     return commands
 
