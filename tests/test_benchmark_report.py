@@ -31,6 +31,8 @@ def test_committed_page_is_what_the_results_give():
 def test_every_benchmark_and_results_file_is_in_the_catalog():
     modules = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - NOT_BENCHMARKS
     assert {b.module for b in BENCHMARKS} == modules
+    for module in modules:  # one writer, so every result records its run
+        assert "write_results(" in (ROOT / "benchmarks" / f"{module}.py").read_text(), f"{module} writes its own JSON"
     files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
     for path in files:
         owners = [b.module for b in BENCHMARKS for r in b.runs if fnmatch.fnmatch(path.name, r.results)]
