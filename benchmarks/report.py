@@ -147,7 +147,7 @@ def _machine(data: dict) -> str:
         legacy = [data.get("machine"), data.get("setup"), data]
         for source in legacy:
             if isinstance(source, dict):
-                for name in ("cpus", "python", "torch", "gpu", "device"):
+                for name in ("cpus", "python", "torch", "gpu", "device", "load_average_1_5_15_at_end"):
                     if name in source and not isinstance(source[name], dict):
                         facts.setdefault(name, source[name])
         if isinstance(data.get("machine"), str):
