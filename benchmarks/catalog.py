@@ -32,6 +32,7 @@ class Row:
     value: str | None = None
     against: str | None = None
     ratio: str | None = None
+    optional: bool = False  # shown only in results that have it (files of one benchmark that differ in kind)
 
 
 @dataclass(frozen=True)

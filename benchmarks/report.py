@@ -109,7 +109,18 @@ def _cell(data: dict, item: Any, col: Col, key: str) -> str:
     return fmt(value, ratio=col.ratio)
 
 
+def _has(data: dict, row: Row) -> bool:
+    try:
+        for path in (row.value, row.against, row.ratio):
+            if path is not None:
+                lookup(data, path)
+    except KeyError:
+        return False
+    return True
+
+
 def _rows(data: dict, rows: tuple[Row, ...], where: str) -> list[str]:
+    rows = tuple(r for r in rows if not r.optional or _has(data, r))
     if not rows:
         return []
     lines = ["| | measured | against | ratio |", "|---|---|---|---|"]

@@ -106,6 +106,7 @@ SPEED = Benchmark(
     rows=(
         Row("items/s against the old code", "ours/rate", "old/rate", "speedup"),
         Row("errors found", "errors/#count"),
+        Row("tokens/s (kinds of run that have it)", "tokens_per_s", optional=True),
     ),
     tables=(
         Table("Per size", "sizes", "size", (Col("seconds", "s"), Col("over the first", "/ratios/{key}", ratio=True))),
@@ -132,6 +133,7 @@ def test_page_shows_the_numbers_baseline_run_and_machine_of_each_results_file(tm
         "old": {"rate": 5},
         "speedup": 2.5,
         "errors": ["x", "y"],
+        "tokens_per_s": 40,
         "sizes": {"small": {"s": 1.5}, "large": {"s": 3.0}},
         "ratios": {"small": 1.0},
         "passes": {"never_slower": True, "flat_memory": False},
@@ -152,6 +154,7 @@ def test_page_shows_the_numbers_baseline_run_and_machine_of_each_results_file(tm
     assert "**Baseline** (measured in the same run): the old code." in page
     assert "| items/s against the old code | 12.5 | 5 | 2.5× |" in page
     assert "| errors found | 2 | — | — |" in page
+    assert page.count("| tokens/s (kinds of run that have it) | 40 | — | — |") == 1  # only speed.json has it
     assert "| small | 1.5 | 1× |" in page and "| large | 3 | — |" in page  # a missing cell is a dash
     assert "Checks: never_slower ✓, flat_memory ✗ FAILED" in page
     assert "> CPU only" in page
