@@ -60,9 +60,7 @@ def setup_instance(settings) -> int:
     import os
     from pathlib import Path
 
-    from dagster import DagsterInstance
-
-    from jobs.instance import configure_pools, install_instance_file, missing_postgres_env
+    from jobs.instance import missing_postgres_env, prepare_instance
 
     home = os.environ.get("DAGSTER_HOME")
     if not home:
@@ -77,14 +75,14 @@ def setup_instance(settings) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"instance file: {install_instance_file(Path(home), settings.profile)}")
+    print(f"instance file: {Path(home) / 'dagster.yaml'}")
     try:
-        with DagsterInstance.get() as instance:
-            for pool, limit in configure_pools(instance, settings).items():
-                print(f"pool {pool}: {limit}")
+        # under a lock: several set-ups started at once on a fresh SQLite home would corrupt it
+        for pool, limit in prepare_instance(Path(home), settings).items():
+            print(f"pool {pool}: {limit}")
     except Exception as exc:  # noqa: BLE001 - any storage failure ends here, with a readable line
         reason = _connection_failure(exc, os.environ.get("DAGSTER_PG_PASSWORD"))
-        if reason is None:
+        if reason is None or settings.profile != "cluster":  # SQLite's own errors keep their traceback
             raise
         where = f"{os.environ.get('DAGSTER_PG_HOST')}:{os.environ.get('DAGSTER_PG_PORT')}"
         print(f"cannot open the instance's PostgreSQL at {where}: {reason}", file=sys.stderr)
