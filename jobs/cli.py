@@ -3,6 +3,8 @@
     python -m jobs.cli setup-instance            # once per DAGSTER_HOME: instance file, pool limits
                                                  # (cluster profile: PostgreSQL, DAGSTER_PG_* variables)
     python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
+    python -m jobs.cli pools                     # each pool's limit, the runs holding it, who waits
+    python -m jobs.cli free-slots RUN_ID         # give back the slots of a run that died (kill -9)
     dagster asset materialize -m jobs.definitions --select pmc_inventory --partition 2027
     dagster asset materialize -m jobs.definitions --select pmc_raw_articles --partition '2027|000'
 
@@ -31,7 +33,22 @@ def main(argv: list[str] | None = None) -> int:
         help="install the profile's instance file (deploy/dagster.yaml; cluster: deploy/dagster-cluster.yaml) "
         "into DAGSTER_HOME and set the pool limits",
     )
+    sub.add_parser("pools", help="each pool's limit, the runs holding its slots and the steps waiting")
+    free = sub.add_parser(
+        "free-slots",
+        help="give back the pool slots of a run whose process died (run monitoring does it by itself for "
+        "runs it saw end)",
+    )
+    free.add_argument("run_id", help="the run's id (Runs in the UI, or `pools`)")
+    free.add_argument(
+        "--force",
+        action="store_true",
+        help="also for a run the instance still thinks in progress (a command-line run killed with -9): "
+        "marks it failed first",
+    )
     args = parser.parse_args(argv)
+    if args.command in ("pools", "free-slots"):
+        return pools_command(args)
 
     from dagster import DagsterInstance
 
@@ -48,6 +65,26 @@ def main(argv: list[str] | None = None) -> int:
     with DagsterInstance.get() as instance:
         open_release(instance, args.release, n_shards)
     print(f"release {args.release} is open with {n_shards} shards")
+    return 0
+
+
+def pools_command(args) -> int:
+    """``pools`` and ``free-slots``: read or free the pool slots of ``DAGSTER_HOME``'s instance."""
+    from dagster import DagsterInstance
+
+    from jobs.pools import RunStillActive, free_slots, pools_report
+
+    with DagsterInstance.get() as instance:
+        if args.command == "pools":
+            print(pools_report(instance))
+            return 0
+        try:
+            held = free_slots(instance, args.run_id, force=args.force)
+        except RunStillActive as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    freed = ", ".join(f"{h.step_key} in pool {pool}" for pool, h in held) or "none held"
+    print(f"run {args.run_id}: freed {freed}")
     return 0
 
 
