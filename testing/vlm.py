@@ -4,9 +4,9 @@ hand, and check what the pipeline makes of it. End-to-end tests use the tiny rea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse, in_order
 from pipelines.vlm.grounding import model_frame
 
 
@@ -25,21 +25,25 @@ class ScriptedEngine(VlmEngine):
         return "0"
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        out = []
-        for request in requests:
+        return in_order(self.stream(requests), len(requests))
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        """One answer at a time, each written only when the caller asks for the next: what the
+        caller did with the earlier ones (progress, checkpoints) is visible to ``answer``."""
+        for index, request in enumerate(requests):
             self.requests.append(request)
             sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
             answer = self.answer(request)
             if isinstance(answer, Exception):
-                out.append(VlmResponse(request.id, None, image_sizes=sizes, error=str(answer)))
+                yield index, VlmResponse(request.id, None, image_sizes=sizes, error=str(answer))
             else:
-                out.append(
+                yield (
+                    index,
                     VlmResponse(
                         request.id,
                         answer,
                         prompt_tokens=len(request.prompt.split()),
                         completion_tokens=len(answer.split()),
                         image_sizes=sizes,
-                    )
+                    ),
                 )
-        return out
