@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
-from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse, in_order
+from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame
 
 
@@ -25,25 +25,29 @@ class ScriptedEngine(VlmEngine):
         return "0"
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        return in_order(self.stream(requests), len(requests))
+        return [self._respond(request) for request in requests]
 
     def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
         """One answer at a time, each written only when the caller asks for the next: what the
-        caller did with the earlier ones (progress, checkpoints) is visible to ``answer``."""
+        caller did with the earlier ones (progress, checkpoints) is visible to ``answer``. A test's
+        subclass that scripts ``generate`` itself (an outage, a dropped schema) is streamed
+        through it."""
+        if type(self).generate is not ScriptedEngine.generate:
+            yield from super().stream(requests)
+            return
         for index, request in enumerate(requests):
-            self.requests.append(request)
-            sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
-            answer = self.answer(request)
-            if isinstance(answer, Exception):
-                yield index, VlmResponse(request.id, None, image_sizes=sizes, error=str(answer))
-            else:
-                yield (
-                    index,
-                    VlmResponse(
-                        request.id,
-                        answer,
-                        prompt_tokens=len(request.prompt.split()),
-                        completion_tokens=len(answer.split()),
-                        image_sizes=sizes,
-                    ),
-                )
+            yield index, self._respond(request)
+
+    def _respond(self, request: VlmRequest) -> VlmResponse:
+        self.requests.append(request)
+        sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
+        answer = self.answer(request)
+        if isinstance(answer, Exception):
+            return VlmResponse(request.id, None, image_sizes=sizes, error=str(answer))
+        return VlmResponse(
+            request.id,
+            answer,
+            prompt_tokens=len(request.prompt.split()),
+            completion_tokens=len(answer.split()),
+            image_sizes=sizes,
+        )

@@ -61,7 +61,6 @@ from pipelines.vlm.engine import (
     VlmResponse,
     engine_fingerprint,
     fingerprint,
-    in_order,
     provenance,
 )
 from pipelines.vlm.grounding import parse_boxes, parse_json
@@ -122,7 +121,10 @@ class MeteredEngine(VlmEngine):
         return self.engine.info()
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        return in_order(self.stream(requests), len(requests))
+        responses = self.engine.generate(requests)
+        for request, response in zip(requests, responses, strict=True):
+            self._count(request, response)
+        return responses
 
     def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
         for index, response in self.engine.stream(requests):

@@ -126,7 +126,8 @@ class VlmEngine:
         order: a stage can count a figure done while the rest of its batch is still with the model
         (the run log's progress line). Backends that finish requests a few at a time (a batch of
         ``batch_size``, one HTTP call) override it; this default answers once all are done.
-        An outage raises :class:`VlmOutage` as ``generate`` does; what was yielded before stands."""
+        An outage raises :class:`VlmOutage` as ``generate`` does; what was yielded before stands.
+        A subclass that changes what ``generate`` sends must change ``stream`` the same way."""
         yield from enumerate(self.generate(requests))
 
     def backend_version(self) -> str:
