@@ -134,10 +134,11 @@ class UiSession:
         step processes: none of them leaves the group)."""
         import psutil
 
+        self.proc.poll()  # reap dagster dev once it has exited: a zombie is not a process left running
         members = set()
         for process in psutil.process_iter():
             try:
-                if os.getpgid(process.pid) == self.proc.pid:
+                if os.getpgid(process.pid) == self.proc.pid and process.status() != psutil.STATUS_ZOMBIE:
                     members.add(process.pid)
             except (ProcessLookupError, PermissionError, psutil.Error):
                 continue
