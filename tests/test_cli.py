@@ -85,6 +85,7 @@ def test_the_sensor_lists_a_release_opened_ahead_of_time(dagster_home):
     assert result.dynamic_partitions_requests == []  # already open
 
 
+@pytest.mark.e2e  # six processes at once
 def test_concurrent_setups_of_a_fresh_home_neither_crash_nor_fork_the_schema(tmp_path):
     """``make demo`` and ``make ui`` (or two ``setup-instance``) started together on a new SQLite
     home: without a lock one crashed in ``configure_pools`` (``UNIQUE constraint failed:

@@ -135,14 +135,7 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
         {"pmcid": "PMC1", "pmid": None},
         {"pmcid": "PMC2", "pmid": "1"},
     ]
-    full = [
-        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
-        for a in articles
-    ]
-    lake.write_table("articles", "2026", "000", full)
-    (tmp_path / "dh").mkdir()
-    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
-    open_test_release(instance, "2026")
+    instance = _parsed(lake, tmp_path, "2026", "000", articles)
     with EutilsLoopbackServer() as server:
         result = materialize(
             [pubmed_metadata],
@@ -160,6 +153,19 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
     assert rows["27797938"]["pmcid"] == "PMC5442267" and rows["27797938"]["status"] == "ok"
     assert len(rows["27797938"]["mesh"]) == 21 and rows["27797938"]["cited_by_count"] == 0
     assert rows["1"]["status"] == "not_found" and rows["1"]["cited_by_count"] == -1  # unknown, not "cited by none"
+
+
+def _parsed(lake, tmp_path, release: str, shard: str, articles: list[dict]) -> DagsterInstance:
+    """``articles`` (pmcid, pmid) as the parse stage writes them, and an instance with the release open."""
+    full = [
+        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
+        for a in articles
+    ]
+    lake.write_table("articles", release, shard, full)
+    (tmp_path / "dh").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
+    open_test_release(instance, release)
+    return instance
 
 
 def lake_articles_fields():
@@ -205,14 +211,7 @@ def test_the_demo_profile_answers_from_the_recordings_and_never_asks_ncbi(tmp_pa
     resources = build_resources(settings)
     lake = resources["lake"].lake()
     articles = [{"pmcid": "PMC5442267", "pmid": "27797938"}, {"pmcid": "PMC2", "pmid": "1"}]
-    full = [
-        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
-        for a in articles
-    ]
-    lake.write_table("articles", "2027", "001", full)
-    (tmp_path / "dh").mkdir()
-    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
-    open_test_release(instance, "2027")
+    instance = _parsed(lake, tmp_path, "2027", "001", articles)
     result = materialize(
         [pubmed_metadata],
         partition_key=MultiPartitionKey({"release": "2027", "shard": "001"}),
