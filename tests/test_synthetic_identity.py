@@ -28,6 +28,7 @@ from PIL import Image
 from pipelines.panels.synthetic import GeneratorConfig, SourceCache, SourcePanel, generate_sample, write_coco_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
+# The inputs live here, not shared with test_synthetic.py: the digests pin them as much as the code.
 REAL = [  # single-panel figures of the sample (sample/articles/FIGURES.csv, layout_observed = single)
     "scielo-hoehnea-49-e1112020/2236-8906-hoehnea-49-e1112020-gf1.jpg",
     "scielo-hoehnea-49-e1112020/2236-8906-hoehnea-49-e1112020-gf2.jpg",
