@@ -141,10 +141,12 @@ def load_config(url: str) -> dict:
     return json.loads(read_bytes(url))
 
 
-def prune_checkpoints(directory: str, keep: int) -> list[str]:
+def prune_checkpoints(directory: str, keep: int, upto: int | None = None) -> list[str]:
     """Delete all but the newest ``keep`` whole checkpoints in ``directory`` (``keep`` < 1 keeps
-    them all); returns the URLs removed. Call it after saving the new one, so a crash in between
-    leaves one checkpoint too many, never none."""
+    them all); returns the URLs removed. With ``upto`` (the step just saved) only checkpoints at
+    or before that step count: those after it, left by an earlier run in the same folder, are not
+    this run's to judge. Call it after saving the new one, so a crash in between leaves one
+    checkpoint too many, never none."""
     if keep < 1:
         return []
     fs, path = fsspec.core.url_to_fs(directory)
@@ -154,7 +156,7 @@ def prune_checkpoints(directory: str, keep: int) -> list[str]:
         return []
     found = sorted((int(m.group(1)), n) for n in names if (m := CHECKPOINT_RE.match(n.rstrip("/").rsplit("/", 1)[-1])))
     removed = []
-    for _, name in found[:-keep]:
+    for _, name in [(step, n) for step, n in found if upto is None or step <= upto][:-keep]:
         fs.rm(name)
         removed.append(f"{directory.rstrip('/')}/{name.rstrip('/').rsplit('/', 1)[-1]}")
     return removed

@@ -223,6 +223,10 @@ def test_prune_keeps_the_newest_whole_checkpoints(tmp_path):
         "ckpt-00000012.pt",
         "notes.txt",
     ]
+    # a fresh run at step 2 beside an earlier run's step 12: the earlier one is not its to remove
+    save_checkpoint(folder, 2, b"x")
+    assert prune_checkpoints(folder, 1, upto=2) == []
+    assert prune_checkpoints(folder, 1, upto=7) == [f"{folder}/ckpt-00000002.pt"]
 
 
 def test_job_configs_refuse_unknown_keys_by_name_and_take_the_launch_section():

@@ -224,7 +224,7 @@ def save_checkpoint(step: int, model, optimizer, config: TrainConfig) -> str:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     url = launch.save_checkpoint(config.checkpoint_dir, step, buffer.getvalue(), "pt")
-    launch.prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints)
+    launch.prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints, upto=step)
     return url
 
 
