@@ -240,13 +240,16 @@ def main(
     run: Callable[[C, LaunchInfo], Any],
     argv: list[str] | None = None,
     description: str | None = None,
+    setup: Callable[[C], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Any:
     """The entry point of a launched job, ``python -m <module> --config <url>``: read the JSON
     config, split off the launcher's section, build ``config_cls`` strictly, open the Pipes
     session (rank 0; heartbeat every ``config.heartbeat_interval()`` seconds) and return ``run(config, launch)``.
     ``run`` reports its progress with :func:`report_progress` and its result with
     :func:`report_final`. An invalid config is raised inside the session, so Dagster shows the
-    message, not only an exit code."""
+    message, not only an exit code. ``setup(config)``, when given, is entered before the session
+    opens and left after it closes: a trainer joins torchrun's process group there with its own
+    backend, before the session asks for the rank."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--config", required=True, help=f"JSON file (local path or fsspec URL) of {config_cls.__name__}"
@@ -258,7 +261,8 @@ def main(
         config, error = config_cls.from_job(data, launch), None
     except (TypeError, ValueError) as exc:  # a missing field, an unknown key, a bad value
         config, error = None, exc
-    with session(config.heartbeat_interval() if config is not None else PROGRESS_INTERVAL_S):
+    around = setup(config) if setup is not None and config is not None else contextlib.nullcontext()
+    with around, session(config.heartbeat_interval() if config is not None else PROGRESS_INTERVAL_S):
         if config is None:
             raise error  # type: ignore[misc]
         return run(config, launch)
