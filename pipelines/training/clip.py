@@ -309,11 +309,7 @@ def copy_checkpoints(local: Path, lake_dir: str, upto: int | None = None, keep_l
         if epoch > have and (upto is None or epoch <= upto):
             copied.append(launch.save_checkpoint(lake_dir, epoch, path.read_bytes(), "pt"))
     if copied and keep_last_only:
-        fs, root = fsspec.core.url_to_fs(lake_dir)
-        for name in fs.ls(root, detail=False):
-            base = name.rstrip("/").rsplit("/", 1)[-1]
-            if launch.CHECKPOINT_RE.match(base) and f"{lake_dir.rstrip('/')}/{base}" != copied[-1]:
-                fs.rm(name)
+        launch.prune_checkpoints(lake_dir, 1, upto=launch.checkpoint_step(copied[-1]))
     return copied
 
 

@@ -146,7 +146,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class MultilevelConfig:
+class MultilevelConfig(launch.JobConfig):
     """One multi-level run. ``*_data``: WebDataset subsets (release folders or tar brace patterns);
     a level no schedule slot names may stay empty."""
 
