@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF_HUB_OFFLINE=1
+PORT ?= 3000
 
 .PHONY: install demo test ui screenshots lint format bench clean
 
@@ -21,9 +22,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
+# the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)
-	$(DEMO_ENV) $(BIN)/python -m jobs.cli setup-instance
-	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml
+	$(DEMO_ENV) $(BIN)/python -m jobs.ui --port $(PORT)
 
 # docs/screenshots/*.png from the demo's instance (run `make demo` first; needs Debian's chromium)
 screenshots: $(STAMP)
