@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.embeddings import sample_images
+from benchmarks.record import write_results
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, prepare
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="real DINOv2 weights (hub id or folder) to measure as well")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default=RESULTS.name, help="a name under benchmarks/results, or a path")
     args = parser.parse_args(argv)
 
     images = []
@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
     bins = np.array([aspect_bin(r) for r in ratios])
     kept = np.array([coverage(*im.size)[0] for im in images])
     result = {
-        "machine": platform.platform(),
+        "benchmark": "what padding DINOv2's input to a square changes against its centre crop, on the sample's figures",
+        "baseline": "the centre crop (DINOv2's own preprocessing), on the same figures and encoders",
         "figures": len(images),
         "figures_by_aspect": {label: int((bins == i).sum()) for i, (_, _, label) in enumerate(BINS)},
         "crop_keeps_area": by_bin(kept, bins)
@@ -150,8 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs.append((f"{args.model} (trained weights)", {"model": args.model}))
         for label, kwargs in runs:
             result["models"].append({**compare(kwargs, images, bins), "model": label})
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_results(args.out, result, indent=1)
     print(json.dumps(result, indent=1))
     return result
 

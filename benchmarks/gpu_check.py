@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -38,10 +37,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.record import write_results
 from benchmarks.training import GpuSampler
 
 RESULTS = Path(__file__).parent / "results"
-CHECKS = ("dinov2", "detector", "vlm_3b", "vlm_7b", "clip_train")
+DESCRIPTIONS = {
+    "dinov2": "DINOv2-L (random weights) through the embedder, bf16 autocast, batches of 64 at 224 px",
+    "detector": "Open-PMC-18M's DC5 DAB-DETR (random weights) through the detector at 800 px, batches of 8",
+    "vlm_3b": "Qwen2.5-VL-3B-Instruct (random weights, bf16) through the transformers backend, 8 figures",
+    "vlm_7b": "Qwen2.5-VL-7B-Instruct (random weights, bf16) through the transformers backend, 8 figures",
+    "clip_train": "ViT-L-14 training steps with BIOMEDICA's settings at the largest batch the estimate fits",
+}
+CHECKS = tuple(DESCRIPTIONS)
 SAMPLE_FIGURES = 16
 NO_GPU = "gpu-check needs a CUDA GPU and none is visible here (torch.cuda.is_available() is False)"
 
@@ -286,17 +293,17 @@ def main(argv: list[str] | None = None) -> int:
                 found = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
                 failed.append(name)
         result = {
+            "benchmark": f"{name}: {DESCRIPTIONS[name]}",
+            "baseline": "none: absolute numbers of the card named in device",
             "check": name,
             "device": card() if run.device.type == "cuda" else "cpu",
             "dry_run": args.dry_run,
-            "torch": torch.__version__,
-            "machine": platform.platform(),
             **found,
             "memory": run.memory(),
             "gpu_utilisation": run.sampler.summary(run.device, run.spans),
             "wall_seconds": round(time.perf_counter() - started, 1),
         }
-        (out / f"gpu_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_results(out / f"gpu_{name}.json", result, indent=1)
         print(json.dumps(result))
         del run
     return 1 if failed else 0
