@@ -130,7 +130,7 @@ def clip_continual_pretraining(
         )
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     job = clip_job(config, [url(d) for d in dirs])
-    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
     return result.get_materialize_result()
 
 
@@ -203,5 +203,7 @@ def multilevel_training(
         )
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
-    result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))
+    result = launcher.run(
+        context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")), tmp_url=lk.job_tmp_dir()
+    )
     return result.get_materialize_result()

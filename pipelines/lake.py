@@ -127,7 +127,7 @@ ALL = "all"  # the shard key of release-wide outputs
 
 
 @contextlib.contextmanager
-def _held(lock: str) -> Iterator[None]:
+def hold_lock(lock: str) -> Iterator[None]:
     """Hold an exclusive lock on the file ``lock`` for the block: a sweeper that finds it held
     knows its writer is alive (the kernel drops the lock when a killed process's files close)."""
     folder = os.path.dirname(lock)
@@ -158,6 +158,25 @@ def _abandoned(lock: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def sweep_temporaries(folder: str, name: str) -> None:
+    """Remove the temporary files of ``name`` in ``folder`` (``<name>.<id>.tmp...``) whose writers died:
+    their lock is free."""
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    prefix = f"{name}."
+    mine = [e for e in entries if e.startswith(prefix)]
+    locks = {e for e in mine if e.endswith(".lock")}
+    dead = [e for e in mine if e not in locks and f"{e}.lock" not in locks]  # a lock is made first, removed last
+    for lock in locks:
+        if _abandoned(f"{folder}/{lock}"):
+            dead += [lock.removesuffix(".lock"), lock]
+    for entry in dead:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{folder}/{entry}")
 
 
 def _remove_local(path: str) -> None:
@@ -215,11 +234,16 @@ class Commit:
 
     @contextlib.contextmanager
     def table_writer(
-        self, table: str, shard: str | None = None, batch_rows: int = BATCH_ROWS, release: str | None = None
+        self,
+        table: str,
+        shard: str | None = None,
+        batch_rows: int = BATCH_ROWS,
+        release: str | None = None,
+        dest: str | None = None,
     ) -> Iterator[TableWriter]:
-        """Stream ``table`` of this partition (or of ``shard``) into the commit, as
-        :meth:`Lake.table_writer` does into the lake."""
-        dest = self.lake.table_path(table, release or self.release, shard or self.shard or ALL)
+        """Stream ``table`` of this partition (or of ``shard``, or into the file ``dest``) into the
+        commit, as :meth:`Lake.table_writer` does into the lake."""
+        dest = dest or self.lake.table_path(table, release or self.release, shard or self.shard or ALL)
         with self.file(dest) as local:
             writer = TableWriter(table, local, batch_rows, dest, self.id)
             try:
@@ -230,10 +254,16 @@ class Commit:
                 raise
 
     def write_table(
-        self, table: str, data: pa.Table | list[dict], shard: str | None = None, release: str | None = None
+        self,
+        table: str,
+        data: pa.Table | list[dict],
+        shard: str | None = None,
+        release: str | None = None,
+        dest: str | None = None,
     ) -> str:
-        """Write one partition of ``table`` into the commit, validated against its schema."""
-        with self.table_writer(table, shard, release=release) as writer:
+        """Write one partition of ``table`` (or the file ``dest``) into the commit, validated
+        against its schema."""
+        with self.table_writer(table, shard, release=release, dest=dest) as writer:
             writer.write(data)
         return writer.path
 
@@ -289,6 +319,12 @@ class Lake:
 
     def raw_dir(self, release: str, shard: str) -> str:
         return self.path("raw", f"release={release}", f"shard={shard}")
+
+    def job_tmp_dir(self) -> str | None:
+        """Where launched jobs stage the files they write into this lake (its ``_tmp/jobs``), so a
+        killed job's partial files are never beside its checkpoints; None on an object store,
+        where a file appears whole in one PUT."""
+        return self.path(TMP_DIR, "jobs") if self.is_local else None
 
     def staging_dir(self, release: str, shard: str) -> Path:
         """Local scratch space for one partition's downloads (kept across runs to resume)."""
@@ -361,9 +397,9 @@ class Lake:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             rel = self.relative(dest)
             folder = self.path(TMP_DIR, "files", os.path.dirname(rel))
-            self._sweep_files(folder, os.path.basename(rel))
+            sweep_temporaries(folder, os.path.basename(rel))
             tmp = f"{folder}/{os.path.basename(rel)}.{uuid.uuid4().hex}.tmp{suffix}"
-            lock = _held(f"{tmp}.lock")
+            lock = hold_lock(f"{tmp}.lock")
         else:
             fd, tmp = tempfile.mkstemp(suffix=suffix)
             os.close(fd)
@@ -389,24 +425,6 @@ class Lake:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-    @staticmethod
-    def _sweep_files(folder: str, name: str) -> None:
-        """Remove the temporary files of ``name`` whose writers died (their lock is free)."""
-        try:
-            entries = os.listdir(folder)
-        except FileNotFoundError:
-            return
-        prefix = f"{name}."
-        mine = [e for e in entries if e.startswith(prefix)]
-        locks = {e for e in mine if e.endswith(".lock")}
-        dead = [e for e in mine if e not in locks and f"{e}.lock" not in locks]  # a lock is made first, removed last
-        for lock in locks:
-            if _abandoned(f"{folder}/{lock}"):
-                dead += [lock.removesuffix(".lock"), lock]
-        for entry in dead:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{folder}/{entry}")
-
     # ---- commits -----------------------------------------------------------------------
     @contextlib.contextmanager
     def commit(self, stage: str, release: str, shard: str | None = None) -> Iterator[Commit]:
@@ -416,7 +434,7 @@ class Lake:
         removes what killed runs of ``stage`` staged for this partition and never published."""
         self.recover(release)
         commit = Commit(self, stage, release, shard)
-        lock = _held(f"{commit.staging}.lock") if self.is_local else contextlib.nullcontext()
+        lock = hold_lock(f"{commit.staging}.lock") if self.is_local else contextlib.nullcontext()
         with lock:
             self._sweep_commits(commit.area, keep=commit.id)
             try:
@@ -549,7 +567,10 @@ class Lake:
     def read_table(self, table: str, release: str, shard: str) -> pa.Table | None:
         """Return one partition of ``table``, or None when it was never written."""
         self.recover(release)
-        path = self.table_path(table, release, shard)
+        return self.read_file(table, self.table_path(table, release, shard))
+
+    def read_file(self, table: str, path: str) -> pa.Table | None:
+        """A Parquet file of the lake with the schema of ``table`` (None when it is not there)."""
         if not self.fs.exists(path):
             return None
         with self.fs.open(path, "rb") as fh:

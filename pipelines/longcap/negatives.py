@@ -32,10 +32,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.mining.prompts import Prompt
+from pipelines.fingerprints import fingerprint
 from pipelines.panels.captions import normalize_caption
-from pipelines.vlm.engine import VlmEngine, VlmRequest, fingerprint
+from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
+from pipelines.vlm.prompt import Prompt
 
 LATERALITY, LOCATION, COUNT, COLOUR, STAIN, MODALITY, SIZE = (
     "laterality",
@@ -607,6 +608,7 @@ def rule_negatives(text: str, max_per_type: int = 1, seed: int = 0) -> list[Nega
 
 # --- the VLM ----------------------------------------------------------------------------------
 
+SYSTEM = "You write hard negative captions for training biomedical image-text models. You answer with JSON only."
 NEGATIVES = Prompt(
     "negatives",
     "Here is a description of a region of a biomedical figure:\n\n{text}\n\nWrite up to {n} false versions "
@@ -638,10 +640,13 @@ NEGATIVES = Prompt(
         "additionalProperties": False,
     },
     768,
+    system=SYSTEM,
 )
-SYSTEM = "You write hard negative captions for training biomedical image-text models. You answer with JSON only."
 # kept apart from the mining prompts: their hash is the mining stage's version, which this must not change
 NEGATIVES_PROMPT_VERSION = fingerprint({"system": SYSTEM, "template": NEGATIVES.template, "schema": NEGATIVES.schema})
+# The rules' version (lexicon, count grammar, gate): bump it when a change here changes the
+# negatives made from the same text; with the prompt's version it is the asset's code version.
+RULES_VERSION = "1"
 
 
 @dataclass
@@ -656,16 +661,7 @@ class VlmNegatives:
 def vlm_negatives(engine: VlmEngine, items: list[tuple[str, str]], n: int) -> VlmNegatives:
     """Up to ``n`` VLM negatives per (id, text), each gated by :func:`is_contradiction`. A bad
     answer costs that item its negatives and leaves a reason; :class:`VlmOutage` propagates."""
-    requests = [
-        VlmRequest(
-            id=item_id,
-            prompt=NEGATIVES.render(text=normalize_caption(text), n=str(n)),
-            system=SYSTEM,
-            schema=NEGATIVES.schema,
-            max_tokens=NEGATIVES.max_tokens,
-        )
-        for item_id, text in items
-    ]
+    requests = [NEGATIVES.request(item_id, text=normalize_caption(text), n=str(n)) for item_id, text in items]
     out = VlmNegatives()
     responses = engine.generate(requests) if requests else []
     for (item_id, text), response in zip(items, responses, strict=True):

@@ -9,8 +9,9 @@ guards check the refined caption against the caption and the context (pipelines/
 
 from __future__ import annotations
 
-from pipelines.mining.prompts import SYSTEM, Prompt
-from pipelines.vlm.engine import fingerprint
+from pipelines.fingerprints import fingerprint
+from pipelines.mining.prompts import SYSTEM
+from pipelines.vlm.prompt import Prompt
 
 SUPPORTED, NOT_VISIBLE, UNVERIFIABLE = "SUPPORTED", "NOT_VISIBLE", "UNVERIFIABLE"
 FEASIBLE, NOT_FEASIBLE = "FEASIBLE", "NOT_FEASIBLE"
@@ -67,6 +68,7 @@ LONGCAP = Prompt(
         "additionalProperties": False,
     },
     max_tokens=1536,
+    system=SYSTEM,
 )
 
 PROMPT_VERSION = fingerprint({"system": SYSTEM, "longcap": [LONGCAP.template, LONGCAP.schema, LONGCAP.max_tokens]})

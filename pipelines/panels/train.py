@@ -438,11 +438,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="JSON file (local path or fsspec URL) of TrainConfig")
     args = parser.parse_args(argv)
-    import fsspec
+    from pipelines.launch import load_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    with fsspec.open(args.config, "rb") as fh:
-        data = json.load(fh)
+    data = load_config(args.config)  # also where this job stages its files (the lake's _tmp/)
     # launched by the job launcher: its ``launch`` section names the run's folder in the lake
     launch = data.pop("launch", None)
     if launch and not data.get("output_dir"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipelines.mining.prompts import CANARY, CANARY_TOKEN, SYSTEM
-from pipelines.vlm.engine import VlmEngine, VlmOutage, VlmRequest
+from pipelines.mining.prompts import CANARY, CANARY_TOKEN
+from pipelines.vlm.engine import VlmEngine, VlmOutage
 
 
 @dataclass
@@ -27,7 +27,7 @@ class CanaryResult:
 def run_canary(engine: VlmEngine) -> CanaryResult:
     """Send the canary and judge its answer. Only :class:`VlmOutage` propagates (the engine is
     unreachable: retry later); anything else is a failed canary with the reason."""
-    request = VlmRequest("canary", CANARY.render(), system=SYSTEM, schema=CANARY.schema, max_tokens=CANARY.max_tokens)
+    request = CANARY.request("canary")
     try:
         [response] = engine.generate([request])
     except VlmOutage:

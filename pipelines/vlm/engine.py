@@ -14,12 +14,13 @@ that Dagster retries it, and marks no item failed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
+
+from pipelines.fingerprints import fingerprint, model_identity
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
@@ -94,6 +95,7 @@ class VlmRequest:
     system: str | None = None
     schema: dict | None = None
     max_tokens: int | None = None  # the prompt's budget; the engine's sampling.max_tokens caps it
+    prompt_name: str | None = None  # which prompt it asks (``Prompt.request`` sets it): costs per prompt
 
 
 @dataclass
@@ -165,11 +167,8 @@ def provenance(engine: VlmEngine, prompt_version: str) -> dict:
 
 def engine_fingerprint(engine: VlmEngine, **settings: object) -> str:
     """What a reused result must have been made with: the engine (not its backend's version: the
-    same model and prompts through another server give the same answers) and ``settings``."""
+    same model and prompts through another server give the same answers; and not where its weights
+    lie: a local directory counts by its content, see ``model_identity``) and ``settings``."""
     info = {k: v for k, v in engine.info().items() if k not in ("backend", "backend_version")}
+    info["model"] = model_identity(engine.config.model, engine.config.revision)
     return fingerprint({"engine": info, **settings})
-
-
-def fingerprint(value: object) -> str:
-    """A short stable hash of a JSON-able value (prompts, schemas, settings)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
