@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipelines.fingerprints import fingerprint
+from pipelines.fingerprints import fingerprint, model_identity
 from pipelines.lake import Lake
 from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, negative_rows, vlm_negatives
 from pipelines.longcap.prompts import FEASIBLE, PROMPT_VERSION
@@ -176,7 +176,10 @@ class LongCapStage(ModelStage):
         return self.settings.require_canary
 
     def hashed_settings(self) -> dict:
-        return {"prompt": PROMPT_VERSION, "settings": self.settings.as_dict()}
+        settings = self.settings.as_dict()
+        if settings["tokenizer"].startswith("hf:"):  # a local tokenizer counts by its files, not its path
+            settings["tokenizer"] = f"hf:{model_identity(settings['tokenizer'][3:])}"
+        return {"prompt": PROMPT_VERSION, "settings": settings}
 
     def items(self, lake: Lake, partition: Partition) -> list[Item]:
         tokenizer = load_tokenizer(self.settings.tokenizer, self.settings.budget)
