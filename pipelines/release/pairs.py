@@ -26,7 +26,7 @@ from PIL import Image
 
 from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.decode import decode_image
-from pipelines.lake import Lake
+from pipelines.lake import Commit, Lake
 from pipelines.panels.stages import crop_jpeg
 from pipelines.release.samples import _KEY_UNSAFE, json_text, shuffle_key, write_images
 from pipelines.schemas import PAIR_SAMPLES, Table
@@ -141,9 +141,10 @@ def _rows(lake: Lake, table: str, release: str, shard: str, absent: list[str]) -
     return found.to_pylist()
 
 
-def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str) -> PairPlan:
+def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str, commit: Commit) -> PairPlan:
     """Plan every panel pair, region pair and long caption of one partition; crops that must be
-    cut go into ``crops_tar`` (a lake path, written only when there is something to cut)."""
+    cut go into ``crops_tar`` (a lake path, written into ``commit`` only when there is something
+    to cut, so it is published with the plan that points into it)."""
     samples = lake.read_table(Table.SAMPLES, release, shard)
     if samples is None:
         raise FileNotFoundError(f"release {release} shard {shard} has no sample plan: materialize dataset_samples")
@@ -182,7 +183,7 @@ def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str) -> Pai
     finally:
         planner.reader.close()
     if planner.cuts:
-        write_images(lake, crops_tar, planner.cuts)
+        write_images(commit, crops_tar, planner.cuts)
     rows = sorted((_finish(row) for row in rows), key=lambda r: r["shuffle_key"])
     excluded = Counter(r["reason"] for r in rows if r["status"] == "excluded")
     sources = Counter(r["crop_source"] for r in rows if r["status"] == "included")

@@ -71,8 +71,9 @@ class SamplePlanStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
         converted = lake.path("converted", f"release={release}", f"shard={shard}", "images.tar")
-        plan = plan_shard(lake, release, shard, self.shuffle_seed, converted)
-        lake.write_table(Table.SAMPLES, release, shard, plan.rows)
+        with lake.commit(self.name, release, shard) as commit:
+            plan = plan_shard(lake, release, shard, self.shuffle_seed, converted, commit)
+            commit.write_table(Table.SAMPLES, plan.rows)
         excluded = [r for r in plan.rows if r["status"] == "excluded"]
         return self.result(
             partition,
@@ -171,15 +172,16 @@ class PairPlanStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
         crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
-        try:
-            plan = plan_pair_shard(lake, release, shard, crops)
-        except FileNotFoundError as exc:
-            raise StageInputError(str(exc)) from exc
-        if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
-            raise StageInputError(
-                f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
-            )
-        lake.write_table(Table.PAIR_SAMPLES, release, shard, plan.rows)
+        with lake.commit(self.name, release, shard) as commit:
+            try:
+                plan = plan_pair_shard(lake, release, shard, crops, commit)
+            except FileNotFoundError as exc:
+                raise StageInputError(str(exc)) from exc
+            if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
+                raise StageInputError(
+                    f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
+                )
+            commit.write_table(Table.PAIR_SAMPLES, plan.rows)
         counts: dict[str, object] = {f"{level}_samples": plan.included(level) for level in PAIR_LEVELS}
         counts |= {f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in PAIR_REASONS}
         counts |= {f"crops_{source}": n for source, n in sorted(plan.crop_sources.items())}
