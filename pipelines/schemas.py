@@ -214,6 +214,7 @@ EMBEDDINGS = pa.schema(
         pa.field("dim", pa.int32()),
         pa.field("vector", pa.binary()),  # float16, little-endian, dim values; null on error
         pa.field("error", pa.string()),
+        pa.field("fingerprint", pa.string()),  # image + embedder (model identity, pooling, padding): reused when equal
     ]
 )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.concepts.annotations import load_taxonomy
+from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
@@ -142,13 +143,16 @@ def _subsets_result(stage: Stage, partition: Partition, lake: Lake, results: dic
     counts["shards_reused_from_earlier_run"] = reused
     seed = next((r.seed for r in results.values() if r.seed is not None), None)
     counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
-    return stage.result(
+    result = stage.result(
         partition,
         ok=sum(r.samples for r in results.values()),
         bytes=sum(r.bytes for r in results.values()),
         counts=counts,
         paths={"path": dataset_dir(lake, partition.release)},
     )
+    # the shards' bytes decide what a downstream asset sees: their sha256, per subset
+    result.version = fingerprint({name: [s["sha256"] for s in r.shards] for name, r in sorted(results.items())})
+    return result
 
 
 @dataclass
@@ -320,12 +324,14 @@ class ReleaseTablesStage(Stage):
             if name in pngs:
                 encoded = base64.b64encode(pngs[name]).decode()
                 counts[name.replace(".png", "_histogram")] = Markdown(f"![{name}](data:image/png;base64,{encoded})")
-        return self.result(
+        result = self.result(
             partition,
             ok=sum(f["rows"] for f in tables.values()),
             counts=counts,
             paths={"path": dataset_dir(lake, release, "parquet")},
         )
+        result.version = fingerprint({"tables": tables, "stats": summary})
+        return result
 
 
 def release_info(lake: Lake, release: str) -> dict:
@@ -405,7 +411,7 @@ class DatasetCardStage(Stage):
         path = write_card(lake, self.repo_id)
         text = lake.fs.cat(path).decode()
         header = DatasetCard(text).data.to_dict()  # parses the YAML header the way the Hub does
-        return self.result(
+        result = self.result(
             partition,
             ok=1,
             bytes=len(text.encode()),
@@ -416,6 +422,8 @@ class DatasetCardStage(Stage):
             },
             paths={"path": path},
         )
+        result.version = fingerprint(text)
+        return result
 
 
 @contextlib.contextmanager
@@ -461,4 +469,6 @@ class HubUploadStage(Stage):
                     raise StageInputError("HF_TOKEN is not set: export a Hugging Face write token in the environment")
                 counts["method"] = upload_release(self.api, self.repo_id, folder, release, self.private)
                 counts["url"] = f"https://huggingface.co/datasets/{self.repo_id}"
-        return self.result(partition, ok=len(plan.files), bytes=plan.bytes, counts=counts)
+        result = self.result(partition, ok=len(plan.files), bytes=plan.bytes, counts=counts)
+        result.version = fingerprint({"files": plan.files, "bytes": plan.bytes, "repo": self.repo_id})
+        return result
