@@ -205,6 +205,12 @@ def test_a_copied_lake_with_its_model_elsewhere_reuses_every_pair_and_long_capti
     LongCapStage(Counting(str(model)), settings).run(lake, PARTITION)
     NegativesStage(Counting(str(model))).run(lake, PARTITION)
 
+    # provenance names the model by its directory and its content, never by a machine's path
+    for table in (Table.PAIRS, Table.LONG_CAPTIONS):
+        written = rows(lake, table)
+        assert {(r["model"], r["model_revision"][:6]) for r in written} == {("scripted", "local:")}
+        assert str(tmp_path) not in json.dumps(written, default=str)
+
     shutil.copytree(tmp_path / "A", tmp_path / "B")
     shutil.rmtree(tmp_path / "A")  # nothing can be read through the old paths
     copy = Lake(tmp_path / "B" / "lake")

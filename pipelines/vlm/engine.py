@@ -15,6 +15,7 @@ that Dagster retries it, and marks no item failed.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -152,11 +153,16 @@ class VlmEngine:
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
-    """The provenance columns every table written with a model's answers carries."""
+    """The provenance columns every table written with a model's answers carries. A model loaded
+    from a local directory is named by the directory's name, its revision by the content hash of
+    its files (``model_identity``): released data never holds a machine's path."""
     info = engine.info()
+    model, revision = info["model"], info["revision"]
+    if model and os.path.isdir(model):
+        model, revision = os.path.basename(os.path.normpath(model)), revision or model_identity(model)
     return {
-        "model": info["model"],
-        "model_revision": info["revision"],
+        "model": model,
+        "model_revision": revision,
         "prompt_version": prompt_version,
         "sampling": json.dumps(info["sampling"], sort_keys=True),
         "backend": info["backend"],
