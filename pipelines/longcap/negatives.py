@@ -36,6 +36,7 @@ from pipelines.fingerprints import fingerprint
 from pipelines.panels.captions import normalize_caption
 from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
+from pipelines.vlm.metering import MeteredEngine
 from pipelines.vlm.prompt import Prompt
 
 LATERALITY, LOCATION, COUNT, COLOUR, STAIN, MODALITY, SIZE = (
@@ -750,3 +751,27 @@ def negative_rows(
                 }
             )
     return rows
+
+
+def pair_negatives(
+    pairs: list[dict], engine: MeteredEngine | None, max_per_type: int, seed: int, vlm_per_pair: int
+) -> list[tuple[dict, list[dict]]]:
+    """For each region pair: its ``negative_items`` row (less the fingerprint) and its
+    ``pair_negatives`` rows, from the rules and, with an engine, the VLM (one batched call)."""
+    vlm, reasons = {}, {}
+    if engine is not None:
+        answer = vlm_negatives(engine, [(p["pair_id"], p["text"]) for p in pairs], vlm_per_pair)
+        vlm, reasons = answer.negatives, answer.reasons
+    out = []
+    for pair in pairs:
+        rows = negative_rows([pair], max_per_type, seed, vlm)
+        item = {
+            "pair_id": pair["pair_id"],
+            "pmcid": pair["pmcid"],
+            "status": "rules+vlm" if engine is not None else "rules",
+            "negatives": len(rows),
+            "vlm_requests": engine.meter.requests[pair["pair_id"]] if engine is not None else 0,
+            "reasons": reasons.get(pair["pair_id"], []),
+        }
+        out.append((item, rows))
+    return out

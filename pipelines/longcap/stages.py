@@ -16,7 +16,7 @@ import numpy as np
 
 from pipelines.fingerprints import fingerprint, model_identity
 from pipelines.lake import Lake
-from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, negative_rows, vlm_negatives
+from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, pair_negatives
 from pipelines.longcap.prompts import FEASIBLE, PROMPT_VERSION
 from pipelines.longcap.refine import (
     CaptionItem,
@@ -75,57 +75,50 @@ class NegativesStage(ModelStage):
         }
 
     def items(self, lake: Lake, partition: Partition) -> list[Item]:
-        pairs = lake.read_table(Table.PAIRS, partition.release, partition.shard)
-        if pairs is None:
-            raise StageInputError(
-                f"release {partition.release} shard {partition.shard} has no pairs yet: materialize `pairs` first"
-            )
         settings = self.settings_fingerprint()
-        regions = [p for p in pairs.to_pylist() if p["level"] == "region" and (p["text"] or "").strip()]
+        regions = region_pairs(lake, partition.release, partition.shard)
         return [Item(p["pair_id"], fingerprint({"text": p["text"], "settings": settings}), p) for p in regions]
 
     def run_batch(self, items: list[Item], engine: MeteredEngine | None) -> list[Outcome]:
-        vlm, reasons = {}, {}
-        if engine is not None:
-            answer = vlm_negatives(engine, [(item.key, item.data["text"]) for item in items], self.vlm_per_pair)
-            vlm, reasons = answer.negatives, answer.reasons
-        outcomes = []
-        for item in items:
-            rows = negative_rows([item.data], self.max_per_type, self.seed, vlm)
-            row = {
-                "pair_id": item.key,
-                "pmcid": item.data["pmcid"],
-                "status": "rules+vlm" if engine is not None else "rules",
-                "negatives": len(rows),
-                "vlm_requests": engine.meter.requests[item.key] if engine is not None else 0,
-                "reasons": reasons.get(item.key, []),
-                "fingerprint": item.fingerprint,
-            }
-            outcomes.append(Outcome(row, rows))
-        return outcomes
+        made = pair_negatives([i.data for i in items], engine, self.max_per_type, self.seed, self.vlm_per_pair)
+        return [
+            Outcome({**row, "fingerprint": i.fingerprint}, rows) for i, (row, rows) in zip(items, made, strict=True)
+        ]
 
     def summarize(self, partition: Partition, run: ModelRun) -> StageResult:
-        rows, regions = run.children, [item.data for item in run.items]
-        negated = {r["pair_id"] for r in rows}
-        kinds = Counter(r["perturbation"] for r in rows)
-        sources = Counter(r["source"] for r in rows)
-        return self.result(
-            partition,
-            ok=len(negated),
-            skipped=len(regions) - len(negated),
-            counts={
-                "region_pairs": len(regions),
-                "negatives": len(rows),
-                **{f"perturbation_{k}": v for k, v in sorted(kinds.items())},
-                **{f"source_{k}": v for k, v in sorted(sources.items())},
-                "vlm_reasons": sum(len(r["reasons"] or []) for r in run.rows),
-                "carried": run.carried,
-                "resumed": run.resumed,
-                **run.totals(),
-            },
-            previews={"preview": Preview(rows, ["pair_id", "perturbation", "original_span", "replacement", "text"])},
-            checks=[negatives_differ(rows, {p["pair_id"]: p["text"] for p in regions})],
-        )
+        return negatives_result(self, partition, run)
+
+
+def region_pairs(lake: Lake, release: str, shard: str) -> list[dict]:
+    """The partition's region pairs with text: what gets negatives."""
+    pairs = lake.read_table(Table.PAIRS, release, shard)
+    if pairs is None:
+        raise StageInputError(f"release {release} shard {shard} has no pairs yet: materialize `pairs` first")
+    return [p for p in pairs.to_pylist() if p["level"] == "region" and (p["text"] or "").strip()]
+
+
+def negatives_result(stage: NegativesStage, partition: Partition, run: ModelRun) -> StageResult:
+    rows, regions = run.children, [item.data for item in run.items]
+    negated = {r["pair_id"] for r in rows}
+    kinds = Counter(r["perturbation"] for r in rows)
+    sources = Counter(r["source"] for r in rows)
+    return stage.result(
+        partition,
+        ok=len(negated),
+        skipped=len(regions) - len(negated),
+        counts={
+            "region_pairs": len(regions),
+            "negatives": len(rows),
+            **{f"perturbation_{k}": v for k, v in sorted(kinds.items())},
+            **{f"source_{k}": v for k, v in sorted(sources.items())},
+            "vlm_reasons": sum(len(r["reasons"] or []) for r in run.rows),
+            "carried": run.carried,
+            "resumed": run.resumed,
+            **run.totals(),
+        },
+        previews={"preview": Preview(rows, ["pair_id", "perturbation", "original_span", "replacement", "text"])},
+        checks=[negatives_differ(rows, {p["pair_id"]: p["text"] for p in regions})],
+    )
 
 
 NEGATIVES_DIFFER = "negatives_differ_from_positive"
