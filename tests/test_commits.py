@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from pipelines.lake import Lake
+
+REPO = Path(__file__).resolve().parents[1]  # what the child processes import, whatever the cwd
 
 RELEASE, SHARD = "2026", "001"
 OLD = [{"pmcid": "PMC1", "image_file": "a.png", "status": "mined"}]
@@ -105,8 +108,8 @@ def _run_killed(lake: Lake, kill: str) -> int:
         _publish(lake, NEW, tar=b"new tar")
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    return subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), env=env, timeout=120).returncode
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, timeout=120).returncode
 
 
 def test_a_failed_block_publishes_nothing_and_leaves_nothing(lake):
@@ -165,8 +168,8 @@ def test_a_live_commit_is_not_swept_by_another(lake):
             time.sleep(60)
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, cwd=REPO)
     try:
         assert proc.stdout.readline().strip() == b"staged"
         _publish(lake, OLD)

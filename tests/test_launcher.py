@@ -230,7 +230,7 @@ def test_a_killed_jobs_partial_checkpoint_is_in_the_lakes_tmp_and_swept_by_the_n
         launch.save_checkpoint({str(folder)!r}, 2, b"partial")
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     assert subprocess.run([sys.executable, "-c", script], env=env, timeout=120).returncode == 9
     assert sorted(p.name for p in folder.iterdir()) == ["ckpt-00000001.pt"]
     left = sorted(p.name for p in (tmp_dir / "r1").iterdir())

@@ -33,6 +33,8 @@ from pipelines.stage import Partition
 from pipelines.vlm.engine import EngineConfig, VlmOutage, VlmRequest
 from testing.vlm import ScriptedEngine
 
+REPO = Path(__file__).resolve().parents[1]  # what the child processes import, whatever the cwd
+
 RELEASE, SHARD = "2026", "000"
 PARTITION = Partition(RELEASE, SHARD)
 FIGURES = 15
@@ -147,8 +149,8 @@ def test_a_process_killed_with_minus_9_mid_run_resumes_from_its_checkpoints(base
             os._exit(9)
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    assert subprocess.run([sys.executable, "-c", script], env=env, cwd=os.getcwd(), timeout=600).returncode == 9
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    assert subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, timeout=600).returncode == 9
     rerun = Counting()
     result = mining(rerun, batch=3).run(lake, PARTITION)
     assert result.counts["resumed"] == 6 and len(rerun.per_item()) == ASKED - 6
