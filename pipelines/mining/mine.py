@@ -22,9 +22,10 @@ from pipelines.mining import prompts
 from pipelines.mining.markers import detect_markers
 from pipelines.mining.phrases import MarkerPhrase, find_marker_phrases
 from pipelines.mining.regions import TAU_DEFAULT, fuse_regions
-from pipelines.mining.som import panel_views, propose_panels, reconcile
+from pipelines.mining.som import IMAGE, panel_views, propose_panels, reconcile
 from pipelines.mining.text import gate, panel_texts
 from pipelines.panels.captions import normalize_caption, split_caption
+from pipelines.panels.pairing import NONE
 from pipelines.panels.postprocess import iou
 from pipelines.panels.types import Box, Panel
 from pipelines.release.samples import caption_of
@@ -143,7 +144,8 @@ class MinedFigure:
     prefilter: set[str] = field(default_factory=set)
     disagreement: dict | None = None
     panels: list[tuple[Panel, str]] = field(default_factory=list)  # (panel, source)
-    texts: dict[int, dict] = field(default_factory=dict)  # panel index -> text, source, extractive
+    label_sources: list[str | None] = field(default_factory=list)  # per panel: who read its label
+    texts: dict[int, dict] = field(default_factory=dict)  # panel index -> text, source, extractive, match
 
     @property
     def key(self) -> str:
@@ -257,8 +259,10 @@ def _panels(figure: MinedFigure, engine: MeteredEngine, settings: MiningSettings
         figure.panels = [
             (r.panel, sources[r.detector_index] if r.detector_index is not None else r.source) for r in merged.panels
         ]
+        figure.label_sources = [r.label_source for r in merged.panels]
     else:
         figure.panels = list(zip(table, sources, strict=True))
+        figure.label_sources = [IMAGE if p.label else None for p in table]
 
 
 def _texts(figure: MinedFigure, engine: MeteredEngine) -> None:
@@ -269,15 +273,19 @@ def _texts(figure: MinedFigure, engine: MeteredEngine) -> None:
     split = split_caption(item["caption"])
     engine.meter.owner = figure.key
     try:
-        texts = panel_texts(
-            [(i, panel.label) for i, (panel, _) in enumerate(figure.panels)], item["caption"], split, engine
-        )
+        texts = panel_texts([panel for panel, _ in figure.panels], item["caption"], split, engine)
     finally:
         engine.meter.owner = None
     for t in texts:
         if t.reason:
             figure.reasons.append(f"text panel {t.panel_index}: {t.reason}")
-        figure.texts[t.panel_index] = {"text": t.text, "source": t.source, "extractive": t.extractive}
+        figure.texts[t.panel_index] = {
+            "text": t.text,
+            "source": t.source,
+            "extractive": t.extractive,
+            "match": t.match,
+            "count_agreement": t.count_agreement,
+        }
 
 
 def _panel_pairs(figures: list[MinedFigure], engine: MeteredEngine, settings: MiningSettings) -> None:
@@ -293,8 +301,11 @@ def _panel_pairs(figures: list[MinedFigure], engine: MeteredEngine, settings: Mi
                 panel.box,
                 panel_index=index,
                 label=panel.label,
+                label_source=figure.label_sources[index] if index < len(figure.label_sources) else None,
                 text=text.get("text"),
                 text_source=text.get("source") or "none",
+                text_match=text.get("match") or NONE,
+                count_agreement=text.get("count_agreement"),
                 extractive=text.get("extractive"),
                 score=panel.score,
                 panel_source=source,

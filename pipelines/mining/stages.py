@@ -40,6 +40,7 @@ from pipelines.mining.mine import (
 )
 from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.model_stage import Item, ModelRun, ModelStage, Outcome
+from pipelines.panels.pairing import MATCHES, NONE
 from pipelines.schemas import Table
 from pipelines.stage import Check, Compute, Partition, Preview, StageResult
 from pipelines.vlm.canary import canary_check
@@ -129,6 +130,10 @@ def mining_result(stage: MiningStage, partition: Partition, run: ModelRun) -> St
     sources = Counter(f"{p['level']}_{p['text_source']}" for p in pairs)
     by_prompt = run.engine.meter.by_prompt if run.engine else {}
     mined = [f for f in figures if f["status"] == "mined"]
+    panels = [p for p in pairs if p["level"] == PANEL]
+    matches = Counter(p["text_match"] or NONE for p in panels)
+    readers = Counter(p["label_source"] or "none" for p in panels)
+    conflicts = sum(len(json.loads(f["disagreement"])["label_conflicts"]) for f in figures if f["disagreement"])
     result = stage.result(
         partition,
         ok=len(mined),
@@ -140,6 +145,9 @@ def mining_result(stage: MiningStage, partition: Partition, run: ModelRun) -> St
             "resumed": run.resumed,
             **{f"pairs_{level}": levels[level] for level in LEVELS},
             **{f"text_{k}": v for k, v in sorted(sources.items())},
+            **{f"panel_match_{m}": matches[m] for m in MATCHES},
+            **{f"panel_label_from_{k}": v for k, v in sorted(readers.items())},
+            "label_conflicts": conflicts,
             **run.totals(),
             "prefilter_none": sum(1 for f in mined if f["prefilter"] == "none"),
             "per_prompt": json.dumps({k: dict(v) for k, v in by_prompt.items()}, sort_keys=True),

@@ -23,7 +23,7 @@ class Prompt:
 
     name: str
     template: str
-    schema: dict
+    schema: dict | None
     max_tokens: int
     system: str | None = None
 
