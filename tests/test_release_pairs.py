@@ -212,7 +212,10 @@ def test_vlm_texts_ship_when_asked_for(built, tmp_path):
     from pipelines.release.pairs import plan_pair_shard
 
     lake, a = built["lake"], built["key"][A]
-    plan = plan_pair_shard(lake, RELEASE, built["shard"], lake.path("vlm_crops.tar"), (*CAPTION_MATCHES, VLM))
+    with lake.commit("pair_samples", RELEASE, built["shard"]) as commit:  # the crops it cuts go with its commit
+        plan = plan_pair_shard(
+            lake, RELEASE, built["shard"], lake.path("vlm_crops.tar"), (*CAPTION_MATCHES, VLM), commit=commit
+        )
     rows = {r["key"]: r for r in plan.rows}
     assert rows[f"{a}_p001"]["status"] == "included" and rows[f"{a}_p001"]["crop_source"] == "cut"
     meta = json.loads(rows[f"{a}_p001"]["meta_json"])

@@ -157,9 +157,10 @@ def plan_pair_shard(
     release: str,
     shard: str,
     crops_tar: str,
-    commit: Commit,
     panel_matches: tuple[str, ...] = CAPTION_MATCHES,
     gate: GateSettings | None = None,
+    *,
+    commit: Commit,
 ) -> PairPlan:
     """Plan every panel pair, region pair and long caption of one partition; crops that must be
     cut go into ``crops_tar`` (a lake path, written into ``commit`` only when there is something

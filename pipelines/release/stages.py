@@ -187,7 +187,7 @@ class PairPlanStage(Stage):
         with lake.commit(self.name, release, shard) as commit:
             try:
                 matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
-                plan = plan_pair_shard(lake, release, shard, crops, commit, matches, self.gate)
+                plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
             except FileNotFoundError as exc:
                 raise StageInputError(str(exc)) from exc
             if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
