@@ -17,7 +17,9 @@ model makes of a batch of them; the loop stays here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import ClassVar
 
 from PIL import Image
@@ -136,8 +138,10 @@ class ModelStage(Stage):
     def items(self, lake: Lake, partition: Partition) -> list[Item]:
         raise NotImplementedError
 
-    def run_batch(self, items: list[Item], engine: MeteredEngine | None) -> list[Outcome]:
-        """One batch: an outcome per item, in order (images decoded when the item has a ``ref``)."""
+    def run_batch(self, items: list[Item], engine: MeteredEngine | None, done: Callable[[], None]) -> list[Outcome]:
+        """One batch: an outcome per item, in order (images decoded when the item has a ``ref``).
+        Call ``done()`` when an item is finished before the whole batch is (its answer is back):
+        the progress line moves inside the batch; items not reported are counted at its end."""
         raise NotImplementedError
 
     def summarize(self, partition: Partition, run: ModelRun) -> StageResult:
@@ -224,15 +228,16 @@ class ModelStage(Stage):
                             continue
                         item.image = image
                     ready.append(index)
-                requests_before = run.totals()["vlm_requests"]
-                outcomes = self.run_batch([run.items[i] for i in ready], run.engine) if ready else []
+                requests_before, reported = run.totals()["vlm_requests"], []
+                done = partial(_report, reported, progress)
+                outcomes = self.run_batch([run.items[i] for i in ready], run.engine, done) if ready else []
                 for index, outcome in zip(ready, outcomes, strict=True):
                     run.outcomes[index] = outcome
                     run.items[index].image = None
                 run.computed += len(ready)
                 unsaved += ready
                 progress.advance(
-                    len(ready),
+                    len(ready) - len(reported),
                     vlm_requests=run.totals()["vlm_requests"] - requests_before,
                     **self.tallies(outcomes),
                 )
@@ -246,3 +251,9 @@ class ModelStage(Stage):
         if self.child_table:
             rows[self.child_table] = [c for o in outcomes for c in o.children]
         checkpoints.save(rows)
+
+
+def _report(reported: list[int], progress: Progress) -> None:
+    """One item of a running batch is finished: count it now."""
+    reported.append(1)
+    progress.advance(1)

@@ -303,3 +303,58 @@ def test_every_request_is_built_from_a_prompt():
     assert isinstance(request, VlmRequest) and request.system == prompts.SYSTEM
     assert (request.schema, request.max_tokens) == (prompts.LOCATE_REGION.schema, prompts.LOCATE_REGION.max_tokens)
     assert request.prompt_name == "locate_region" and 'says: "the arrow"' in request.prompt
+
+
+def test_progress_moves_inside_a_batch(tmp_path, monkeypatch):
+    """A stage that reports an item done while its batch runs moves the progress line then; the
+    items it did not report are counted when the batch returns."""
+    from dataclasses import dataclass
+
+    from pipelines import model_stage
+    from pipelines.model_stage import ModelStage, Outcome
+    from pipelines.stage import Progress
+
+    class Every(Progress):  # a line on every advance, not only every 30 seconds
+        def advance(self, n: int = 1, **counts: int) -> None:
+            super().advance(n, **counts)
+            self.sink(self._line(self.clock()))
+
+    monkeypatch.setattr(model_stage, "Progress", Every)
+    seen_inside: list[str] = []
+
+    @dataclass
+    class Texts(ModelStage):
+        engine: object = None
+        batch_size: int = 3
+        name = "texts"
+        version = "1"
+        table, child_table = Table.NEGATIVE_ITEMS, None
+        unit = "texts"
+
+        def hashed_settings(self):
+            return {}
+
+        def items(self, lake, partition):
+            return [model_stage.Item(f"t{i}", f"fp{i}", i) for i in range(3)]
+
+        def run_batch(self, items, engine, done):
+            done()  # the first is finished while the other two still run
+            seen_inside.append(lines[-1])
+            return [Outcome(_item_row(i.key, i.fingerprint)) for i in items]
+
+        def summarize(self, partition, run):
+            return self.result(partition, ok=len(run.outcomes))
+
+    lines: list[str] = []
+    Texts().run(Lake(tmp_path / "lake"), PARTITION, progress=lines.append)
+    assert len(seen_inside) == 1 and seen_inside[0].startswith("texts 2026|000 progress: 1/3 texts")
+    assert [line.split(";")[0] for line in lines] == [
+        "texts 2026|000 progress: 1/3 texts (33%)",
+        "texts 2026|000 progress: 3/3 texts (100%), vlm_requests 0",
+        "texts 2026|000 done: 3/3 texts (100%), vlm_requests 0",
+    ]
+
+
+def _item_row(key: str, fp: str) -> dict:
+    row = {"pair_id": key, "pmcid": "PMC1", "status": "rules", "negatives": 0, "vlm_requests": 0}
+    return row | {"reasons": [], "fingerprint": fp}

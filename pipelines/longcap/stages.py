@@ -10,6 +10,7 @@ checkpoints; the logic is in ``negatives.py`` and ``refine.py``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,7 +80,7 @@ class NegativesStage(ModelStage):
         regions = region_pairs(lake, partition.release, partition.shard)
         return [Item(p["pair_id"], fingerprint({"text": p["text"], "settings": settings}), p) for p in regions]
 
-    def run_batch(self, items: list[Item], engine: MeteredEngine | None) -> list[Outcome]:
+    def run_batch(self, items: list[Item], engine: MeteredEngine | None, done: Callable[[], None]) -> list[Outcome]:
         made = pair_negatives([i.data for i in items], engine, self.max_per_type, self.seed, self.vlm_per_pair)
         return [
             Outcome({**row, "fingerprint": i.fingerprint}, rows) for i, (row, rows) in zip(items, made, strict=True)
@@ -196,14 +197,15 @@ class LongCapStage(ModelStage):
     def unreadable(self, item: Item, reason: str) -> Outcome:
         return Outcome(self.caption_rows.row(item.data, "error", reason, None), error=reason)
 
-    def run_batch(self, items: list[Item], engine: MeteredEngine) -> list[Outcome]:
+    def run_batch(self, items: list[Item], engine: MeteredEngine, done: Callable[[], None]) -> list[Outcome]:
         captions: list[CaptionItem] = [item.data for item in items]
         for caption, item in zip(captions, items, strict=True):
             caption.image = item.image
-        responses = engine.generate([longcap_request(c) for c in captions])
-        outcomes = [Outcome(self.caption_rows.refine(c, r)) for c, r in zip(captions, responses, strict=True)]
-        for caption in captions:
+        outcomes = []
+        for caption, response in zip(captions, engine.generate([longcap_request(c) for c in captions]), strict=True):
+            outcomes.append(Outcome(self.caption_rows.refine(caption, response)))
             caption.image = None
+            done()  # a figure is done when its answer is refined (with a streaming engine: as it returns)
         return outcomes
 
     def summarize(self, partition: Partition, run: ModelRun) -> StageResult:

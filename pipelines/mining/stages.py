@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipelines.lake import Lake
@@ -105,7 +106,7 @@ class MiningStage(ModelStage):
     def unreadable(self, item: Item, reason: str) -> Outcome:
         return Outcome(figure_row(item.data, item.fingerprint, "error", [reason], None, None), error=reason)
 
-    def run_batch(self, items: list[Item], engine: MeteredEngine) -> list[Outcome]:
+    def run_batch(self, items: list[Item], engine: MeteredEngine, done: Callable[[], None]) -> list[Outcome]:
         figures = [MinedFigure(item.data, item.image) for item in items]
         mine(figures, engine, self.settings)
         columns = provenance(self.engine, PROMPT_VERSION)
