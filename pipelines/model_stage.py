@@ -97,20 +97,13 @@ class ModelRun:
     def version(self) -> str:
         """The data version: a hash of every item's key and fingerprint (errors have none), so
         downstream assets go stale only when an input, a setting, the model or the code changed."""
-        return fingerprint(sorted((item.key, o.row.get("fingerprint")) for item, o in self.run_pairs()))
-
-    def run_pairs(self):
-        return zip(self.items, self.outcomes, strict=True)
+        pairs = zip(self.items, self.outcomes, strict=True)
+        return fingerprint(sorted((item.key, o.row.get("fingerprint")) for item, o in pairs))
 
     def totals(self) -> dict[str, object]:
         """The model's totals for the run's metadata (zeros when no model was given)."""
-        totals = self.engine.meter.totals() if self.engine else {}
-        return {
-            "vlm_requests": totals.get("vlm_requests", 0),
-            "prompt_tokens": totals.get("prompt_tokens", 0),
-            "completion_tokens": totals.get("completion_tokens", 0),
-            "vlm_seconds": totals.get("vlm_seconds", 0.0),
-        }
+        zeros = {"vlm_requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "vlm_seconds": 0.0}
+        return {**zeros, **(self.engine.meter.totals() if self.engine else {})}
 
 
 class ModelStage(Stage):
@@ -118,8 +111,9 @@ class ModelStage(Stage):
 
     A subclass sets ``version`` (an explicit constant: bump it when the stage's logic changes
     what it writes), ``table`` and ``child_table``, and implements :meth:`items`,
-    :meth:`run_batch`, :meth:`hashed_settings` and :meth:`summarize`; :meth:`carried`, :meth:`precomputed` and
-    :meth:`unreadable` have defaults. Its ``engine`` may be None (rules only: no canary)."""
+    :meth:`run_batch`, :meth:`hashed_settings` and :meth:`summarize` (and :meth:`unreadable`
+    when its items have images); :meth:`carried` and :meth:`precomputed` have defaults. Its
+    ``engine`` may be None (rules only: no canary, no checkpoints)."""
 
     version: ClassVar[str]
     table: ClassVar[str]

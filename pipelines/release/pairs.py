@@ -22,6 +22,7 @@ only copies bytes, exactly as for the figure level.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -301,6 +302,8 @@ class _Planner:
         box = (pair["x1"], pair["y1"], pair["x2"], pair["y2"])
         where = (pair["pmcid"], pair["image_file"], pair["panel_index"])
         crop = self.crops.get(where) if pair["level"] == PANEL and self.panel_boxes.get(where) == box else None
+        if crop is not None and not self._intact(crop):
+            crop = None  # its bytes are not the ones indexed (a lake written before commits): cut it again
         row.update(caption=pair["text"].strip(), width=box[2] - box[0], height=box[3] - box[1])
         if crop is not None:
             if crop["gate"]:
@@ -327,6 +330,15 @@ class _Planner:
             # one per line, in negative_index order ("" when none: every region sample has the member)
             row["neg_txt"] = "\n".join(" ".join(n["text"].split()) for n in row["meta"]["negatives"])
         return row
+
+    def _intact(self, crop: dict) -> bool:
+        """A reused crop's bytes are the ones its index row names (their sha256): a reader checks
+        what it was given before a sample points at it."""
+        try:
+            data = self.reader.read(crop["tar_path"], crop["offset"], crop["size"])
+        except (OSError, ValueError):
+            return False
+        return hashlib.sha256(data).hexdigest() == crop["sha256"]
 
     def _decode(self, pair: dict) -> tuple[Image.Image | None, str | None]:
         source = self.raw.get((pair["pmcid"], pair["image_file"]))
