@@ -201,12 +201,12 @@ class LongCapStage(ModelStage):
         captions: list[CaptionItem] = [item.data for item in items]
         for caption, item in zip(captions, items, strict=True):
             caption.image = item.image
-        outcomes = []
-        for caption, response in zip(captions, engine.generate([longcap_request(c) for c in captions]), strict=True):
-            outcomes.append(Outcome(self.caption_rows.refine(caption, response)))
-            caption.image = None
-            done()  # a figure is done when its answer is refined (with a streaming engine: as it returns)
-        return outcomes
+        outcomes: dict[int, Outcome] = {}
+        for index, response in engine.stream([longcap_request(c) for c in captions]):
+            outcomes[index] = Outcome(self.caption_rows.refine(captions[index], response))
+            captions[index].image = None
+            done()  # a figure is done when its answer is back, not its whole batch
+        return [outcomes[index] for index in range(len(captions))]
 
     def summarize(self, partition: Partition, run: ModelRun) -> StageResult:
         return longcap_result(self, partition, run)

@@ -10,7 +10,7 @@ keep every request (:meth:`MeteredEngine.record`).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse
@@ -66,6 +66,11 @@ class MeteredEngine(VlmEngine):
         for request, response in zip(requests, responses, strict=True):
             self.record(request, response)
         return responses
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        for index, response in self.engine.stream(requests):
+            self.record(requests[index], response)
+            yield index, response
 
     def record(self, request: VlmRequest, response: VlmResponse) -> None:
         """Count one answered request (subclasses keep more)."""
