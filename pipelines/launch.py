@@ -194,6 +194,7 @@ class LaunchInfo:
     run_id: str = "manual"
     run_dir: str | None = None
     checkpoint_dir: str | None = None
+    tmp_dir: str | None = None  # where this job stages the files it writes (the lake's _tmp/; see atomic_write)
     gpus: int = 0
     backend: str | None = None
     dagster_run_id: str | None = None
