@@ -120,6 +120,18 @@ class TableWriter:
         self._writer.close()
 
 
+@contextlib.contextmanager
+def _writing(table: str, local: str, batch_rows: int, dest: str, commit: str) -> Iterator[TableWriter]:
+    """A :class:`TableWriter` closed when the block ends, aborted (nothing flushed) when it raises."""
+    writer = TableWriter(table, local, batch_rows, dest, commit)
+    try:
+        yield writer
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
 TMP_DIR = "_tmp"  # partial files of running (or killed) writers; never read, never published
 JOURNAL_DIR = "_commits"  # journals of commits being published (or left by a killed publisher)
 COMMIT_KEY = b"panelforge.commit"  # Parquet metadata: the id of the commit that published the file
@@ -244,14 +256,8 @@ class Commit:
         """Stream ``table`` of this partition (or of ``shard``, or into the file ``dest``) into the
         commit, as :meth:`Lake.table_writer` does into the lake."""
         dest = dest or self.lake.table_path(table, release or self.release, shard or self.shard or ALL)
-        with self.file(dest) as local:
-            writer = TableWriter(table, local, batch_rows, dest, self.id)
-            try:
-                yield writer
-                writer.close()
-            except BaseException:
-                writer.abort()
-                raise
+        with self.file(dest) as local, _writing(table, local, batch_rows, dest, self.id) as writer:
+            yield writer
 
     def write_table(
         self,
@@ -555,14 +561,8 @@ class Lake:
         ends without an exception; if it raises, nothing is published and no file is left.
         """
         dest = self.table_path(table, release, shard)
-        with self.atomic_local_file(dest) as tmp:
-            writer = TableWriter(table, tmp, batch_rows, dest, uuid.uuid4().hex)
-            try:
-                yield writer
-                writer.close()
-            except BaseException:
-                writer.abort()
-                raise
+        with self.atomic_local_file(dest) as tmp, _writing(table, tmp, batch_rows, dest, uuid.uuid4().hex) as writer:
+            yield writer
 
     def read_table(self, table: str, release: str, shard: str) -> pa.Table | None:
         """Return one partition of ``table``, or None when it was never written."""

@@ -123,9 +123,18 @@ class ModelStage(Stage):
     label: ClassVar[str] = ""  # what the progress lines say ("mining", "long captions")
 
     engine: VlmEngine | None
-    batch_size: int = 16
+    settings: object  # a dataclass with ``figures_per_batch`` and ``require_canary`` (or override both)
     checkpoint_every: int = CHECKPOINT_EVERY
-    require_canary: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        """Items per batch: what bounds memory (decoded images) and what goes to the model at once."""
+        return self.settings.figures_per_batch
+
+    @property
+    def require_canary(self) -> bool:
+        """Refuse to run when the engine does not apply JSON schemas (the canary fails)."""
+        return self.settings.require_canary
 
     # ---- what a subclass says ------------------------------------------------------------------
 

@@ -52,7 +52,8 @@ class NegativesStage(ModelStage):
     max_per_type: int = 1
     vlm_per_pair: int = 2
     seed: int = 0
-    batch_size: int = 64
+    batch_size: int = 64  # region pairs per VLM call
+    require_canary: bool = True
 
     name = "pair_negatives"
     label = "negatives"
@@ -160,14 +161,6 @@ class LongCapStage(ModelStage):
     @property
     def compute(self) -> Compute:  # type: ignore[override]
         return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
-
-    @property
-    def batch_size(self) -> int:  # type: ignore[override]
-        return self.settings.figures_per_batch
-
-    @property
-    def require_canary(self) -> bool:  # type: ignore[override]
-        return self.settings.require_canary
 
     def hashed_settings(self) -> dict:
         settings = self.settings.as_dict()

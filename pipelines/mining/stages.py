@@ -83,14 +83,6 @@ class MiningStage(ModelStage):
     def compute(self) -> Compute:  # type: ignore[override]
         return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
 
-    @property
-    def batch_size(self) -> int:  # type: ignore[override]
-        return self.settings.figures_per_batch
-
-    @property
-    def require_canary(self) -> bool:  # type: ignore[override]
-        return self.settings.require_canary
-
     def hashed_settings(self) -> dict:
         return {"prompts": PROMPT_VERSION, "settings": self.settings.as_dict()}
 
