@@ -89,6 +89,8 @@ def clip_evaluation(
         "synthetic": models.synthetic,
         "benchmarks": config.benchmarks,
     }
-    result = launcher.run(context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"))
+    result = launcher.run(
+        context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"), tmp_url=lk.job_tmp_dir()
+    )
     result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()

@@ -199,5 +199,7 @@ def panel_detector(
     }
     if detector.synthetic:
         context.log.info("training a tiny RANDOMLY initialised DAB-DETR (synthetic): its numbers are no quality claim")
-    result = launcher.run(context, "pipelines.panels.train", job, lk.path("models", "panels", "runs"))
+    result = launcher.run(
+        context, "pipelines.panels.train", job, lk.path("models", "panels", "runs"), tmp_url=lk.job_tmp_dir()
+    )
     return result.get_materialize_result()

@@ -165,7 +165,7 @@ def clip_continual_pretraining(
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
     check_clip_job(job, config, launcher)
-    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
     result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()
 
@@ -279,6 +279,8 @@ def multilevel_training(
             check_weights(run.model, run.pretrained)
         except (ModelUnavailableError, ValueError) as exc:
             raise Failure(str(exc), allow_retries=False) from None
-    result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))
+    result = launcher.run(
+        context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")), tmp_url=lk.job_tmp_dir()
+    )
     result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()

@@ -14,12 +14,14 @@ that Dagster retries it, and marks no item failed.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
+
+from pipelines.fingerprints import fingerprint, model_identity
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
@@ -119,6 +121,7 @@ class VlmRequest:
     system: str | None = None
     schema: dict | None = None
     max_tokens: int | None = None  # the prompt's budget; the engine's sampling.max_tokens caps it
+    prompt_name: str | None = None  # which prompt it asks (``Prompt.request`` sets it): costs per prompt
 
 
 @dataclass
@@ -197,11 +200,16 @@ def in_order(responses: Iterable[tuple[int, VlmResponse]], n: int) -> list[VlmRe
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
-    """The provenance columns every table written with a model's answers carries."""
+    """The provenance columns every table written with a model's answers carries. A model loaded
+    from a local directory is named by the directory's name, its revision by the content hash of
+    its files (``model_identity``): released data never holds a machine's path."""
     info = engine.info()
+    model, revision = info["model"], info["revision"]
+    if model and os.path.isdir(model):
+        model, revision = os.path.basename(os.path.normpath(model)), revision or model_identity(model)
     return {
-        "model": info["model"],
-        "model_revision": info["revision"],
+        "model": model,
+        "model_revision": revision,
         "prompt_version": prompt_version,
         "sampling": json.dumps(info["sampling"], sort_keys=True),
         "backend": info["backend"],
@@ -212,11 +220,8 @@ def provenance(engine: VlmEngine, prompt_version: str) -> dict:
 
 def engine_fingerprint(engine: VlmEngine, **settings: object) -> str:
     """What a reused result must have been made with: the engine (not its backend's version: the
-    same model and prompts through another server give the same answers) and ``settings``."""
+    same model and prompts through another server give the same answers; and not where its weights
+    lie: a local directory counts by its content, see ``model_identity``) and ``settings``."""
     info = {k: v for k, v in engine.info().items() if k not in ("backend", "backend_version")}
+    info["model"] = model_identity(engine.config.model, engine.config.revision)
     return fingerprint({"engine": info, **settings})
-
-
-def fingerprint(value: object) -> str:
-    """A short stable hash of a JSON-able value (prompts, schemas, settings)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
