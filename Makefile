@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`. Everything else is optional.
+# The two commands of the README: `make demo` and `make test` (`make test-fast` for the fast tiers). Everything else is optional.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +7,7 @@ DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF
 BENCH_ENV := HF_HUB_OFFLINE=1
 PORT ?= 3000
 
-.PHONY: install demo test ui screenshots lint format bench bench-report gpu-check clean
+.PHONY: install demo test test-fast ui screenshots lint format bench bench-report gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
@@ -20,8 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m jobs.demo
 
+# every tier (what CI runs), the 30 slowest tests listed at the end; docs/testing.md
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=30
+
+# the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/unit tests/stages tests/assets --durations=10
 
 # the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)

@@ -2,7 +2,7 @@
 
 One entry per module of ``benchmarks/`` that measures something. ``runs`` are the commands
 ``make bench`` (or ``make gpu-check``) runs and the results file(s) each writes;
-``tests/test_benchmark_report.py`` checks the Makefile runs exactly these and that every file in
+``tests/unit/test_benchmark_report.py`` checks the Makefile runs exactly these and that every file in
 ``benchmarks/results/`` belongs to one entry. ``rows`` and ``tables`` name numbers by their path
 in the JSON (``"a/b/0/c"``; ``{key}`` is the row of a table, ``{name}`` the value of a top-level
 entry, a final ``#count`` the length of a list), so the page is generated from the results, never

@@ -1,5 +1,5 @@
 """A code location of assets in the ``gpu`` pool, for the tests of what happens to a pool's slot
-when the run holding it dies (``tests/test_run_monitoring.py``): ``hold_gpu`` takes the slot and
+when the run holding it dies (``tests/e2e/test_run_monitoring.py``): ``hold_gpu`` takes the slot and
 sleeps until it is killed; ``use_gpu`` only needs the slot (a run of it alone waits in Dagster's
 run queue); ``gpu_after_cpu`` needs it after a step outside the pool (its run starts, and the step
 waits inside it, as a command-line materialization does). Nothing heavy is imported, so the code

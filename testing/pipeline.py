@@ -3,6 +3,9 @@ tests and benchmarks that need a lake: the same stage objects, the same ``run``.
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 from pipelines.acquire.source import open_source
@@ -26,7 +29,7 @@ def parse_release(lake: Lake, release: str) -> dict[str, StageResult]:
     return {shard: ParseStage().run(lake, Partition(release, shard)) for shard in lake.shards()}
 
 
-def sample_lake(root: Path, release: str = "2026", n_shards: int = 4, parse: bool = True) -> Lake:
+def build_sample_lake(root: Path, release: str = "2026", n_shards: int = 4, parse: bool = True) -> Lake:
     """The bundled sample, acquired from a mirror on disk into ``root/lake`` (and parsed)."""
     lake = Lake(root / "lake")
     with open_source(build_cloud_mirror(root / "mirror").as_uri()) as source:
@@ -34,3 +37,29 @@ def sample_lake(root: Path, release: str = "2026", n_shards: int = 4, parse: boo
     if parse:
         parse_release(lake, release)
     return lake
+
+
+_TEMPLATES: dict[tuple[str, int, bool], Path] = {}  # built sample lakes of this process, by what they hold
+
+
+def _template(release: str, n_shards: int, parse: bool) -> Path:
+    key = (release, n_shards, parse)
+    if key not in _TEMPLATES:
+        root = Path(tempfile.mkdtemp(prefix="panelforge-sample-lake-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        build_sample_lake(root, release, n_shards, parse)
+        _TEMPLATES[key] = root
+    return _TEMPLATES[key]
+
+
+def sample_lake(root: Path, release: str = "2026", n_shards: int = 4, parse: bool = True) -> Lake:
+    """The bundled sample acquired (and parsed) into ``root/lake``, its mirror at ``root/mirror``.
+
+    Built once per process for each (release, shards, parse) and copied here after: a lake is
+    relocatable (every path in it is relative to its root), so the copy is the lake a fresh build
+    would write, and a dozen test modules and benchmarks pay for one acquisition and one parse."""
+    template = _template(release, n_shards, parse)
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(template / "mirror", root / "mirror")
+    shutil.copytree(template / "lake", root / "lake")
+    return Lake(root / "lake")

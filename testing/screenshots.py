@@ -1,7 +1,7 @@
 """``make screenshots``: the README's pictures of the UI, taken from the demo's instance.
 
 Starts the web server alone (no daemon: looking launches nothing) over ``.demo/dagster_home`` and
-the demo's lake, opens it in headless Chromium and takes the steps of ``tests/test_ui_browser.py``
+the demo's lake, opens it in headless Chromium and takes the steps of ``tests/e2e/test_ui_browser.py``
 (``testing/ui.py``): the expanded asset lineage, a partitioned asset's partitions, a run of the
 acquisition with its log, and a plot in an asset's metadata panel. Writes
 ``docs/screenshots/{asset-graph,partitioned-asset,run,metadata-plot}.png``. Run ``make demo`` first.

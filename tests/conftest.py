@@ -1,10 +1,23 @@
-"""Shared fixtures: the sample mirrors, loopback servers, an isolated lake and rate-limit state."""
+"""Shared fixtures: the sample mirrors, loopback servers, an isolated lake and rate-limit state,
+the expensive things built once per session (a parsed sample lake, tiny training data and
+models, one local Ray), and the rule that keeps the fast tiers fast.
+
+The tiers are directories: ``tests/unit`` (plain functions), ``tests/stages`` (stage objects on a
+lake), ``tests/assets`` (through Dagster, in this process) and ``tests/e2e`` (anything that starts
+a process: ``dagster dev``, PostgreSQL, Ray, Chromium, launched jobs, the command line). A test
+that uses a fixture of :data:`PROCESS_FIXTURES` is marked ``e2e`` and must live in ``tests/e2e``;
+a test outside it that starts a heavy program anyway fails at once (:func:`_no_processes_outside_e2e`).
+docs/testing.md says how to run each tier.
+"""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import re
 import socket
+import subprocess
 from pathlib import Path
 
 # The Dagster definitions read these at import: 4 shards keep the tests' partition counts small.
@@ -12,21 +25,83 @@ os.environ["PANELFORGE_SHARDS"] = "4"
 os.environ.setdefault("PANELFORGE_PROFILE", "local")
 # Ray reads its auth mode when it is imported, and the Ray clusters the tests start spawn their
 # servers with the environment of ray.init: both must agree whatever imports Ray first (collecting
-# tests/test_vlm_ray.py does). Token auth is Ray 2.60's default for a local cluster; RayResource
+# tests/e2e/test_vlm_ray.py does). Token auth is Ray 2.60's default for a local cluster; RayResource
 # says so too (resources/compute.py).
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import pytest
 
-from pipelines.acquire.retry import RetryPolicy
-from pipelines.acquire.source import open_source
 from pipelines.lake import Lake
 from testing.loopback.faults import FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, sample_rows
+from tests.helpers import FAST_RETRY, REPO, SAMPLE_IMAGES, source_for, write_subset  # noqa: F401 - FAST_RETRY re-exported
 
-FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
+E2E = REPO / "tests" / "e2e"
+
+# Every fixture that starts a process, and what it starts. A test using one (directly or through
+# another fixture) is end-to-end: marked ``e2e`` here and refused at collection outside tests/e2e.
+PROCESS_FIXTURES = {
+    "local_ray": "a local Ray (GCS, raylet, worker processes) for the session",
+    "ray_cluster": "a two-node Ray cluster, each node its own `ray start` (e2e/test_ray_multinode.py)",
+    "postgres": "a PostgreSQL server (e2e/test_postgres_instance.py)",
+    "dagster_dev": "`dagster dev`, web server and daemon (e2e/test_e2e_dagster_dev.py)",
+    "dagster_ui": "`dagster dev` on a demo-like instance, set up by the CLI (e2e/test_ui_browser.py)",
+    "headless_chromium": "headless Chromium through Playwright (e2e/test_ui_browser.py)",
+    "daemon_refresh": "`dagster dev` and the CLI carrying two releases through (e2e/test_refresh_daemon.py)",
+}
+
+# What a fast-tier test may not start even without a fixture: a Python interpreter (a CLI, a
+# launched job, a killed writer), Dagster, Ray, torchrun, a browser, a database server. Small
+# programs (tesseract, git, make -n, duckdb) stay allowed.
+HEAVY_PROGRAM = re.compile(
+    r"(^|/)(python[0-9.]*|dagster(-webserver|-daemon)?|ray|raylet|gcs_server|torchrun|chrom(e|ium)[\w-]*|"
+    r"postgres|initdb|pg_ctl)$"
+)
+
+
+def _in_e2e(item: pytest.Item) -> bool:
+    return Path(str(item.path)).resolve().is_relative_to(E2E)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = []
+    for item in items:
+        starts = sorted(PROCESS_FIXTURES.keys() & set(item.fixturenames))
+        if _in_e2e(item):
+            item.add_marker(pytest.mark.e2e)
+        elif starts:
+            item.add_marker(pytest.mark.e2e)
+            misplaced.append(f"  {item.nodeid}: uses {', '.join(starts)} ({PROCESS_FIXTURES[starts[0]]})")
+        elif item.get_closest_marker("e2e"):
+            misplaced.append(f"  {item.nodeid}: marked e2e")
+    if misplaced:
+        raise pytest.UsageError(
+            "tests that start a process belong in tests/e2e (conftest.PROCESS_FIXTURES), not in the fast tiers:\n"
+            + "\n".join(misplaced)
+        )
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_outside_e2e(request, monkeypatch):
+    """Outside tests/e2e, starting a heavy program (see :data:`HEAVY_PROGRAM`) fails the test
+    with the program's name: what starts one belongs in tests/e2e."""
+    if _in_e2e(request.node):
+        return
+    execute = subprocess.Popen._execute_child
+
+    def guarded(self, args, executable, *rest, **kwargs):
+        argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+        program = os.fsdecode(executable or argv[0])
+        if HEAVY_PROGRAM.search(program):
+            raise RuntimeError(
+                f"{request.node.nodeid} starts {program!r} ({' '.join(map(os.fsdecode, argv))[:200]}): "
+                "a test that starts a process belongs in tests/e2e (see tests/conftest.py)"
+            )
+        return execute(self, args, executable, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", guarded)
 
 
 @pytest.fixture(autouse=True)
@@ -93,5 +168,132 @@ def ftp_server(legacy_mirror):
         yield server
 
 
-def source_for(url: str, rate: float = 200.0):
-    return open_source(url, rate_limit=rate, retry=FAST_RETRY)
+# ------------------------------------------------------------------ built once per session
+
+
+PARSED_RELEASE = "2025"
+
+
+@pytest.fixture(scope="session")
+def parsed_lake(tmp_path_factory, cloud_mirror) -> Lake:
+    """The sample release ``2025`` acquired through the S3 loopback server and parsed, 4 shards.
+    Shared by the session: never write to it; ``tests.helpers.copy_lake`` it first."""
+    from testing.pipeline import parse_release
+    from tests.helpers import run_release
+
+    lake = Lake(tmp_path_factory.mktemp("parsed") / "lake")
+    with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:
+        run_release(lake, source, PARSED_RELEASE)
+    parse_release(lake, PARSED_RELEASE)
+    return lake
+
+
+HARD_NEGATIVES = "arrows mark the cytoplasm\narrows mark the membrane"  # two hard negatives, one a line
+
+
+@pytest.fixture(scope="session")
+def multilevel_tiny(tmp_path_factory) -> Path:
+    """The multi-level trainer's tiny OpenCLIP ``local-dir:`` model (32 px, seed 0); read-only."""
+    from pipelines.training.tiny import TINY_CLIP_32PX, write_tiny_clip
+
+    folder = tmp_path_factory.mktemp("model") / "tiny"
+    return write_tiny_clip(folder, seed=0, model_cfg=TINY_CLIP_32PX["model_cfg"])
+
+
+@pytest.fixture(scope="session")
+def multilevel_release(tmp_path_factory) -> dict[str, str]:
+    """2 figures -> 3 panels -> 4 regions of real sample images, linked by key; two regions with
+    hard negatives. {level: subset folder}; read-only."""
+    root = tmp_path_factory.mktemp("release")
+    jpg = [p.read_bytes() for p in SAMPLE_IMAGES[:4]]
+    figures = [("PMC1-fig1", "Panels of stained cells and blots."), ("PMC2-fig3", "Survival curves and scans.")]
+    panels = [("PMC1-fig1_p000", "stained cells"), ("PMC1-fig1_p001", "western blot"), ("PMC2-fig3_p000", "a scan")]
+    regions = [
+        ("PMC1-fig1_p000_r00", "arrows mark the nuclei", "bright round nuclei", HARD_NEGATIVES),
+        ("PMC1-fig1_p000_r01", "asterisk marks a vessel", "", ""),
+        ("PMC1-fig1_p001_r00", "the upper band", "a dark band", "the lower band"),
+        ("PMC2-fig3_p000_r00", "the left lesion", "a round lesion", ""),
+    ]  # fmt: skip
+    meta = lambda d="": json.dumps({"description": d}).encode()  # noqa: E731
+    return {
+        "figure": str(write_subset(root / "commercial", [
+            {"__key__": k, "jpg": jpg[i], "txt": t.encode(), "json": meta()} for i, (k, t) in enumerate(figures)
+        ])),
+        "panel": str(write_subset(root / "panel-commercial", [
+            {"__key__": k, "jpg": jpg[i % 4], "txt": t.encode(), "json": meta()} for i, (k, t) in enumerate(panels)
+        ])),
+        "region": str(write_subset(root / "region-commercial", [
+            {"__key__": k, "jpg": jpg[(i + 1) % 4], "txt": t.encode(), "json": meta(d), "neg.txt": n.encode()}
+            for i, (k, t, d, n) in enumerate(regions)
+        ])),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def boxed_release(tmp_path_factory) -> dict[str, str]:
+    """2 figures (787x393 sample images) and 4 regions with boxes in figure pixels; the last
+    region's box runs off its figure (x2 900 > 787), so it is skipped at every read. Read-only."""
+    root = tmp_path_factory.mktemp("boxed")
+    jpg = [p.read_bytes() for p in SAMPLE_IMAGES[:2]]
+    meta = lambda **m: json.dumps(m).encode()  # noqa: E731
+    figures = [
+        {"__key__": "PMC1-fig1", "jpg": jpg[0], "txt": b"Panels of stained cells.", "json": meta()},
+        {"__key__": "PMC2-fig3", "jpg": jpg[1], "txt": b"Survival curves.", "json": meta()},
+    ]
+    regions = [
+        ("PMC1-fig1_p000_r00", [100, 50, 300, 200], "arrows mark the nuclei", "the cytoplasm\nthe membrane"),
+        ("PMC1-fig1_p000_r01", [400, 100, 500, 390], "asterisk marks a vessel", ""),
+        ("PMC1-fig1_p001_r00", [0, 0, 787, 393], "the upper band", "the lower band"),
+        ("PMC2-fig3_p000_r00", [700, 300, 900, 400], "the left lesion", ""),
+    ]  # fmt: skip
+    region_samples = [
+        {"__key__": k, "jpg": jpg[0], "txt": t.encode(), "json": meta(box=b, figure_key=k.split("_")[0]),
+         "neg.txt": n.encode()}
+        for k, b, t, n in regions
+    ]  # fmt: skip
+    return {
+        "figure": str(write_subset(root / "commercial", figures)),
+        "region": str(write_subset(root / "region-commercial", region_samples)),
+    }
+
+
+# ------------------------------------------------------------------ processes (tests/e2e only)
+
+
+def _start_local_ray():
+    import ray
+
+    if ray.is_initialized():  # another Ray in this process (a cluster's driver): its workers lack PYTHONPATH
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    return ray
+
+
+@pytest.fixture(scope="session")
+def _local_ray_session():
+    """One local Ray for the session. Its workers import ``pipelines`` (the stages' functions are
+    pickled by reference), so they get the repository on PYTHONPATH; offline, so a model's config
+    is never fetched. No dashboard: ray[default] is not installed here."""
+    pytest.importorskip("ray")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HF_HUB_OFFLINE")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    ray = _start_local_ray()
+    yield
+    ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def local_ray(_local_ray_session):
+    """The session's local Ray (started again if a test in between shut it down, as the
+    multi-node cluster's driver does)."""
+    import ray
+
+    if not ray.is_initialized():
+        _start_local_ray()
+    return ray

@@ -1,12 +1,47 @@
-"""Small helpers for tests: run a whole release through the plain pipeline."""
+"""Small helpers for tests: run a whole release through the plain pipeline, open a source with
+fast retries, copy a lake, write a WebDataset subset. Fixtures live in ``conftest.py``; test
+modules import helpers from here, never from each other."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+from pipelines.acquire.retry import RetryPolicy
+from pipelines.acquire.source import open_source
+from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
 from testing.pipeline import acquire_release
 
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
 N_SHARDS = 4
 SHARDS = shard_keys(N_SHARDS)
+FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
+
+
+def source_for(url: str, rate: float = 200.0):
+    return open_source(url, rate_limit=rate, retry=FAST_RETRY)
+
+
+def copy_lake(lake: Lake, dest: Path) -> Lake:
+    """A private copy of ``lake`` at ``dest/lake`` (a lake is relocatable: a session-scoped lake
+    is built once and each test that writes gets its own copy)."""
+    shutil.copytree(lake.root, dest / "lake")
+    return Lake(dest / "lake")
+
+
+def write_subset(folder: Path, samples: list[dict]) -> Path:
+    """One release-like WebDataset subset folder: panelforge-000000.tar and its sizes.json."""
+    import webdataset as wds
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with wds.TarWriter(str(folder / "panelforge-000000.tar")) as sink:
+        for sample in samples:
+            sink.write(sample)
+    (folder / "sizes.json").write_text(json.dumps({"panelforge-000000.tar": len(samples)}))
+    return folder
 
 
 def open_test_release(instance, *releases: str) -> None:

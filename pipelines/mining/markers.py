@@ -20,7 +20,7 @@ numpy and scipy.ndimage only, built on what such marks look like:
 Precision matters more than recall: a missed marker costs one region, a false marker makes a
 wrong image–text pair. So every test is a conjunction and the thresholds are on the strict
 side; text glyphs (``V``, ``T``, ``O``, ``X``), axes, ticks and plot lines must fail them
-(``tests/test_mining_markers.py`` checks a chart with axis text). Grey marks are not looked
+(``tests/unit/test_mining_markers.py`` checks a chart with axis text). Grey marks are not looked
 for (too easily confused with content).
 
 Cost is bounded: the panel is downscaled so its longer side is at most ``WORK_SIDE`` pixels, at

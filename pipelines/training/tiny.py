@@ -29,6 +29,16 @@ TINY_CLIP = {
     },
     "preprocess_cfg": {},
 }
+# Smaller still (32 px images, width 32, 2 vision layers): the multi-level trainer's tests, which
+# run many steps at several levels.
+TINY_CLIP_32PX = {
+    "model_cfg": {
+        "embed_dim": 32,
+        "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 16},
+        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    },
+    "preprocess_cfg": {},
+}
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
 BERT_WORDS = (
     "the panel shows fluorescence microscopy of stained cells with nuclei in blue and actin in green "

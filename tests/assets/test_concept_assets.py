@@ -20,8 +20,7 @@ from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 from resources.settings import REPO
-from tests.conftest import source_for
-from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release, run_release
+from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release, run_release, source_for
 
 MODEL = {"n_components": 8, "k": 4, "sample_size": 1000, "seed": 0}
 

@@ -13,7 +13,7 @@ from pipelines.acquire.source import open_source
 from resources.profiles import build_resources
 from resources.settings import Settings, SettingsError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_job_schedule_and_sensor_resolves():

@@ -20,7 +20,7 @@ import yaml
 
 from pipelines.vlm.ray_llm import VLLM_VERSION
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 HELM_VALUES = DEPLOY / "helm" / "values.yaml"
 RAYCLUSTER = DEPLOY / "kuberay" / "raycluster.yaml"

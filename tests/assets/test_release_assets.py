@@ -28,8 +28,8 @@ from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 from tests.helpers import materialize_one, open_test_release
-from tests.test_parse import FOLDER_TO_PMCID
-from tests.test_release import RELEASE, SHARDS, parsed_lake, write_hand_labels  # noqa: F401 - the fixture
+from tests.stages.test_release import RELEASE, SHARDS, write_hand_labels
+from tests.unit.test_parse import FOLDER_TO_PMCID
 
 TOKEN = "hf_test_secret_0123456789abcdef"
 HEMIBRAIN = FOLDER_TO_PMCID["biorxiv-2020.04.07.030213"]
@@ -52,7 +52,7 @@ class FakeHfApi:
 
 
 @pytest.fixture(scope="module")
-def release(parsed_lake, tmp_path_factory):  # noqa: F811
+def release(parsed_lake, tmp_path_factory):
     import shutil
 
     tmp = tmp_path_factory.mktemp("release_assets")

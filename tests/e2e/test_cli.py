@@ -14,7 +14,7 @@ from assets.partitions import RELEASES, SHARDS
 from jobs.cli import main
 from pipelines.partitioning import shard_keys
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

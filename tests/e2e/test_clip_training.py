@@ -24,8 +24,9 @@ from pipelines.training.clip import (
     trainer_command,
     wise_ft,
 )
+from pipelines.training.tiny import TINY_CLIP, write_tiny_clip
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
 CAPTIONS = [
     "Fluorescence microscopy of stained cells.",
@@ -33,14 +34,7 @@ CAPTIONS = [
     "Western blot of protein lysates.",
     "Line plot of survival over time.",
 ]
-TINY = {
-    "model_cfg": {
-        "embed_dim": 32,
-        "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
-    },
-    "preprocess_cfg": {},
-}
+TINY = TINY_CLIP  # pipelines/training/tiny.py
 
 
 def write_subset(folder: Path, shards: int, per_shard: int) -> Path:
@@ -63,15 +57,7 @@ def write_subset(folder: Path, shards: int, per_shard: int) -> Path:
 
 def write_tiny_model(folder: Path) -> Path:
     """The tiny model with its (random, seeded) weights saved beside its config: the base model."""
-    import open_clip
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "open_clip_config.json").write_text(json.dumps(TINY))
-    torch.manual_seed(0)
-    model = open_clip.create_model(f"local-dir:{folder}")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "open_clip_model.safetensors"))
-    return folder
+    return write_tiny_clip(folder, seed=0)
 
 
 @pytest.fixture(scope="module")

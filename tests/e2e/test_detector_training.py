@@ -22,7 +22,7 @@ from pipelines.panels.detector import Classes, Detector, DetectorConfig, build_m
 from pipelines.panels.train import CocoDataset, TrainConfig, batch_indices, collate, load_checkpoint, main, train
 from tests.panel_fixtures import REDUCED, make_coco, write_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DETECTOR = DetectorConfig(synthetic=True, input_size=96, labels=2, threshold=0.0, max_panels=10)
 
 

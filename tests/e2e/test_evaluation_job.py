@@ -12,13 +12,14 @@ from dagster import DagsterInstance
 from assets.evaluation import clip_evaluation
 from pipelines.evaluation.job import EvalJobConfig, main
 from pipelines.evaluation.split import make_heldout_split
+from pipelines.training.tiny import TINY_CLIP as TINY
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 from resources.settings import REPO
 from tests.helpers import materialize_one
-from tests.test_evaluation import TINY, _release_lake
-from tests.test_evaluation_benchmarks import write_vqa_rad
+from tests.unit.test_evaluation import _release_lake
+from tests.unit.test_evaluation_benchmarks import write_vqa_rad
 
 
 def test_clip_evaluation_asset_launches_the_job_and_reports(tmp_path):

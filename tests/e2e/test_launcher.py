@@ -15,7 +15,7 @@ from resources.settings import Settings, SettingsError
 from testing.loopback.ray_jobs import RayJobsLoopbackServer
 
 MODULE = "pipelines.launch_selftest"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _asset(workdir: str, config: dict):

@@ -3,6 +3,7 @@ refinement 8, joint 8 epochs): stage boundaries, loss weights and trainable grou
 steps, and a few CPU steps of the real trainer (ROI processor) through all four stages."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +15,17 @@ from pipelines.training.multilevel import (
     curriculum_weights,
     stage_at,
 )
-from tests.test_multilevel_training import tiny  # noqa: F401 - the tiny model fixture
-from tests.test_roi_features import boxed  # noqa: F401 - figures and regions with boxes
+
+
+@pytest.fixture
+def tiny(multilevel_tiny) -> Path:
+    return multilevel_tiny  # the session's tiny OpenCLIP (tests/conftest.py)
+
+
+@pytest.fixture
+def boxed(boxed_release) -> dict[str, str]:
+    return boxed_release  # the session's figures and boxed regions (tests/conftest.py)
+
 
 STAGES = PRESETS["region-aware"]["curriculum"]
 
@@ -128,7 +138,7 @@ def test_two_ddp_ranks_with_loader_workers_run_the_four_stages(boxed, tiny, tmp_
     import fsspec
 
     from pipelines import launch
-    from tests.test_multilevel_torchrun import _torchrun
+    from tests.e2e.test_multilevel_torchrun import _torchrun
 
     run = tmp_path / "ddp"
     config = {

@@ -9,9 +9,9 @@ import torch
 from pipelines.training.distributed import DistInfo
 from pipelines.training.multilevel import LevelReader
 from testing.distributed import gather_on_ranks
-from tests.test_multilevel_training import _write
+from tests.helpers import write_subset as _write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_gather_features_joins_ranks_in_order_with_the_local_gradient_only(tmp_path):

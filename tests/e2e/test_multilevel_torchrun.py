@@ -10,13 +10,24 @@ import sys
 from pathlib import Path
 
 import fsspec
+import pytest
 import torch
 
 from pipelines import launch
 from resources.launcher import build_command
-from tests.test_multilevel_training import data, tiny  # noqa: F401 - module fixtures
 
-REPO = Path(__file__).resolve().parents[1]
+
+@pytest.fixture
+def data(multilevel_release) -> dict[str, str]:
+    return multilevel_release  # the session's linked figure/panel/region subsets (tests/conftest.py)
+
+
+@pytest.fixture
+def tiny(multilevel_tiny) -> Path:
+    return multilevel_tiny  # the session's tiny OpenCLIP (tests/conftest.py)
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _torchrun(config: dict, path: Path) -> subprocess.CompletedProcess:

@@ -24,16 +24,21 @@ from testing.loopback.postgres import PostgresServer, postgres_server
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.system import postgres_bindir, require
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PG_", "PANELFORGE_"))}
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[PostgresServer]:
+def postgres() -> Iterator[PostgresServer]:
     bindir = postgres_bindir()
     require(bindir, "PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
     with postgres_server(bindir) as pg:
         yield pg
+
+
+@pytest.fixture(scope="module")
+def server(postgres: PostgresServer) -> PostgresServer:
+    return postgres
 
 
 _databases = iter(range(1, 1000))

@@ -27,18 +27,14 @@ from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, 
 from pipelines.concepts.embed import ensure_ray
 from pipelines.concepts.shard import image_refs
 from pipelines.lake import Lake
-from pipelines.parse.stages import ParseStage
 from pipelines.schemas import Table
-from pipelines.stage import Partition
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.profiles import build_resources
 from resources.quality import QualityResource
 from resources.settings import Settings, SettingsError
-from testing.loopback.s3_server import S3LoopbackServer
 from testing.ray_cluster import LocalRayCluster
-from tests.conftest import source_for
-from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release, run_release
+from tests.helpers import N_SHARDS, SHARDS, materialize_one, open_test_release
 
 ray = pytest.importorskip("ray")
 
@@ -49,20 +45,14 @@ BACKFILL = SHARDS[:3]  # several partitions; each run costs a fresh actor proces
 ACTOR = "_EmbedActor"  # Ray Data names the pool's actors MapWorker(MapBatches(_EmbedActor))
 
 
-@pytest.fixture(scope="module")
-def parsed_lake(tmp_path_factory, cloud_mirror) -> Path:
-    """The sample release acquired and parsed, 4 shards (a template each test copies)."""
-    root = tmp_path_factory.mktemp("multinode") / "lake"
-    lake = Lake(root)
-    with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:
-        run_release(lake, source, RELEASE)
-    for shard in SHARDS:
-        ParseStage().run(lake, Partition(RELEASE, shard))
-    return root
+@pytest.fixture
+def parsed_lake(parsed_lake) -> Path:
+    """The session's sample release 2025, acquired and parsed, 4 shards (a template each test copies)."""
+    return parsed_lake.root
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def ray_cluster():
     """The two-node cluster, and this process as its driver (the same token as the nodes)."""
     if ray.is_initialized():  # an earlier test's local Ray in this process: it would be reused
         ray.shutdown()
@@ -70,6 +60,11 @@ def cluster():
         cluster.add_worker(num_cpus=1, resources=GPU_LIKE)
         ensure_ray(cluster.address)  # as a run connects (the stages call it again: a no-op)
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 def _copy(template: Path, tmp_path: Path) -> Lake:

@@ -62,7 +62,7 @@ from testing.loopback.sample_mirror import build_cloud_mirror
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # builds two releases through mining on 2 CPUs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 FIRST, SECOND = "2026", "2027"
 N_SHARDS = 2
@@ -198,7 +198,7 @@ def _wait_for_release(instance, dev: DagsterDev) -> float:
 
 
 @pytest.fixture(scope="module")
-def refreshed(tmp_path_factory, rows):
+def daemon_refresh(tmp_path_factory, rows):
     tmp = tmp_path_factory.mktemp("refresh_daemon")
     home, lake_dir = tmp / "dagster_home", tmp / "lake"
     m2026, m2027 = _mirrors(tmp, rows)
@@ -285,6 +285,11 @@ def refreshed(tmp_path_factory, rows):
         "added": added,
         "later_runs": later_runs,
     }
+
+
+@pytest.fixture(scope="module")
+def refreshed(daemon_refresh):
+    return daemon_refresh
 
 
 def test_cli_opened_the_release_and_automation_is_on(refreshed):

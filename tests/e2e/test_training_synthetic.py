@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance
 
 from assets.evaluation import clip_evaluation
@@ -26,9 +27,15 @@ from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 from resources.settings import REPO
+from tests.helpers import SAMPLE_IMAGES as IMAGES
 from tests.helpers import materialize_one
-from tests.test_evaluation import _release_lake
-from tests.test_multilevel_training import IMAGES, _write, data  # noqa: F401 - the release fixture
+from tests.helpers import write_subset as _write
+from tests.unit.test_evaluation import _release_lake
+
+
+@pytest.fixture
+def data(multilevel_release) -> dict[str, str]:
+    return multilevel_release  # the session's linked figure/panel/region subsets (tests/conftest.py)
 
 
 def _resources(home: Path) -> dict:

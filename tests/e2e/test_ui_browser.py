@@ -31,7 +31,7 @@ def shoot(page, tmp: Path, name: str, full_page: bool = False) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def headless_chromium():
     executable = chromium()
     require(executable, "Chromium is not installed (apt-get install chromium; .ci/run does)")
     from testing.ui import chromium_browser  # Playwright is a dev extra: import only when it runs
@@ -41,7 +41,12 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, cloud_mirror):
+def browser(headless_chromium):
+    return headless_chromium
+
+
+@pytest.fixture(scope="module")
+def dagster_ui(tmp_path_factory, cloud_mirror):
     """A demo-like instance (demo profile, the sample mirror on disk) with release 2026 open.
     Automation ticks once at start (nothing to do yet) and not again for an hour, so the
     inventory launched from the UI does not set off the rest of the graph under the test."""
@@ -61,6 +66,11 @@ def server(tmp_path_factory, cloud_mirror):
         yield dev, tmp
     finally:
         dev.stop()
+
+
+@pytest.fixture(scope="module")
+def server(dagster_ui):
+    return dagster_ui
 
 
 @pytest.fixture(scope="module")

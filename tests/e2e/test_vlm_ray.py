@@ -45,7 +45,7 @@ from resources.vlm import VlmEngineResource
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data.llm")  # needs aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +428,7 @@ PINNED_CHECK = """
 import json
 from pipelines.vlm.engine import EngineConfig
 from pipelines.vlm.ray_llm import RayVllmSettings, pinned_chat_template, processor_config
-from tests.test_vlm_ray import _render
+from tests.e2e.test_vlm_ray import _render
 
 repo, pinned = "{repo}", "{pinned}"
 config = EngineConfig(model=repo, revision=pinned, synthetic=True)

@@ -24,8 +24,7 @@ from testing.loopback.sample_mirror import (
 from testing.loopback.sample_mirror import (
     SAMPLE_DIR as SAMPLE,
 )
-from tests.conftest import source_for
-from tests.helpers import N_SHARDS, files, inventory_rows, manifest, run_release
+from tests.helpers import N_SHARDS, files, inventory_rows, manifest, run_release, source_for
 
 # By hand from `ls sample/articles/*`: 17 articles with 157 image files; 21 nXML-only articles.
 ARTICLES, IMAGES = 38, 157

@@ -24,10 +24,9 @@ from pipelines.stage import Partition
 from resources.settings import Settings, SettingsError
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
-from tests.conftest import FAST_RETRY
-from tests.helpers import N_SHARDS
+from tests.helpers import FAST_RETRY, N_SHARDS
 
-# By hand from `ls sample/articles/*` (see tests/test_acquisition.py): 38 articles, 157 images.
+# By hand from `ls sample/articles/*` (see tests/stages/test_acquisition.py): 38 articles, 157 images.
 ARTICLES = 38
 
 

@@ -29,10 +29,10 @@ from pipelines.release.stages import SamplePlanStage, WebDatasetStage, license_s
 from pipelines.release.webdataset import ShardLimits, dataset_dir
 from pipelines.stage import Partition
 from testing.pipeline import sample_lake
-from tests.test_evaluation import _tiny_clip
+from tests.unit.test_evaluation import _tiny_clip
 
 RELEASE = "2026"
-SAMPLE = Path(__file__).parent.parent / "sample"
+SAMPLE = Path(__file__).parents[2] / "sample"
 HEMIBRAIN = "PMC900000001"  # biorxiv-2020.04.07.030213: 29 figures in FIGURES.csv, CC BY
 SHARE = 0.25
 

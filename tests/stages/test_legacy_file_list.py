@@ -4,7 +4,7 @@ from pathlib import Path
 
 from pipelines.acquire.layouts import parse_legacy_file_list
 
-DATA = Path(__file__).parent / "data" / "oa_file_list.headerless_sample.csv"
+DATA = Path(__file__).parents[1] / "data" / "oa_file_list.headerless_sample.csv"
 
 
 def test_real_excerpt_parses_completely():

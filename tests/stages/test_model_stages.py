@@ -33,7 +33,7 @@ from pipelines.stage import Partition
 from pipelines.vlm.engine import EngineConfig, VlmOutage, VlmRequest
 from testing.vlm import ScriptedEngine
 
-REPO = Path(__file__).resolve().parents[1]  # what the child processes import, whatever the cwd
+REPO = Path(__file__).resolve().parents[2]  # what the child processes import, whatever the cwd
 
 RELEASE, SHARD = "2026", "000"
 PARTITION = Partition(RELEASE, SHARD)
@@ -136,7 +136,7 @@ def test_a_process_killed_with_minus_9_mid_run_resumes_from_its_checkpoints(base
         f"""
         import os
         from pipelines.lake import Lake
-        from tests.test_model_stages import PARTITION, Counting, mining
+        from tests.stages.test_model_stages import PARTITION, Counting, mining
 
         class Killed(BaseException):
             pass
@@ -290,7 +290,7 @@ def test_the_negatives_vlm_path_is_a_model_stage(tmp_path):
 def test_every_request_is_built_from_a_prompt():
     """No hand-built VlmRequest in the product: Prompt.request carries schema, budget, system
     text and prompt name together."""
-    root = Path(__file__).resolve().parents[1] / "pipelines"
+    root = Path(__file__).resolve().parents[2] / "pipelines"
     found = [
         f"{path.relative_to(root)}:{n}"
         for path in root.rglob("*.py")

@@ -17,11 +17,11 @@ from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Panel
 from pipelines.stage import Partition
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
-from tests.test_parse import FOLDER_TO_PMCID
+from tests.unit.test_parse import FOLDER_TO_PMCID
 
 RELEASE = "2026"
 TINY = DetectorConfig(synthetic=True, threshold=0.0)  # a random model: every query above 0 is a panel
-BOXES = Path(__file__).resolve().parents[1] / "sample" / "panels" / "boxes.json"
+BOXES = Path(__file__).resolve().parents[2] / "sample" / "panels" / "boxes.json"
 
 
 @pytest.fixture(scope="module")

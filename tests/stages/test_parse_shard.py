@@ -15,9 +15,8 @@ from pipelines.parse.duplicates import find_duplicates
 from pipelines.parse.images import image_info
 from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
-from tests.conftest import source_for
-from tests.helpers import N_SHARDS, files, run_release
-from tests.test_parse import ARTICLE_FACTS
+from tests.helpers import N_SHARDS, files, run_release, source_for
+from tests.unit.test_parse import ARTICLE_FACTS
 
 BROKEN, BOMB = "PMC534114", "PMC900000012"  # an nXML-only article; elife-54296 (one figure)
 SHARDS = [f"{i:03d}" for i in range(N_SHARDS)]
@@ -89,7 +88,7 @@ def test_the_written_tables_hold_every_article_in_batches(sample_lake):
     figures = _rows(sample_lake, "2026", "figures")
     assert len(articles) == 38 and all(a["parse_status"] == "ok" for a in articles)
     assert sum(r.parsed for r in results.values()) == 38 and sum(r.articles for r in results.values()) == 38
-    for pmcid, n_fig, n_child, _, _ in ARTICLE_FACTS:  # counted by hand from the XML (tests/test_parse.py)
+    for pmcid, n_fig, n_child, _, _ in ARTICLE_FACTS:  # counted by hand from the XML (tests/unit/test_parse.py)
         mine = [f for f in figures if f["pmcid"] == pmcid]
         assert (len(mine), sum(f["is_child"] for f in mine)) == (n_fig, n_child), pmcid
     # PMC900000009 is elife-46472: 8 figures, one JPEG each, 600 px wide

@@ -23,8 +23,15 @@ from testing.loopback.faults import Fault, FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, package_path, sample_rows
-from tests.conftest import FAST_RETRY, source_for  # FAST_RETRY: 4 attempts, ms delays
-from tests.helpers import N_SHARDS, files, inventory_rows, manifest, run_release
+from tests.helpers import (  # FAST_RETRY: 4 attempts, ms delays
+    FAST_RETRY,
+    N_SHARDS,
+    files,
+    inventory_rows,
+    manifest,
+    run_release,
+    source_for,
+)
 
 # By hand from sample/release.csv: 38 articles, hashed into shards 000: 4, 001: 12, 002: 13, 003: 9.
 SHARD, SHARD_ARTICLES = "002", 13

@@ -9,7 +9,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tarfile
 from collections import Counter, defaultdict
 
@@ -33,28 +32,10 @@ from pipelines.release.webdataset import (
     write_subset,
 )
 from pipelines.stage import Partition
-from testing.pipeline import parse_release
-from tests.conftest import source_for
-from tests.helpers import SHARDS, run_release
-from tests.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
+from tests.helpers import SHARDS, copy_lake
+from tests.unit.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
 
 RELEASE = "2025"
-
-
-@pytest.fixture(scope="module")
-def parsed_lake(tmp_path_factory, cloud_mirror) -> Lake:
-    from testing.loopback.s3_server import S3LoopbackServer
-
-    lake = Lake(tmp_path_factory.mktemp("release") / "lake")
-    with S3LoopbackServer(cloud_mirror) as server, source_for(server.url) as source:
-        run_release(lake, source, RELEASE)
-    parse_release(lake, RELEASE)
-    return lake
-
-
-def copy_lake(lake: Lake, tmp_path) -> Lake:
-    shutil.copytree(lake.root, tmp_path / "lake")
-    return Lake(tmp_path / "lake")
 
 
 def plan_release(lake: Lake, seed: int = 0) -> dict[str, list[dict]]:

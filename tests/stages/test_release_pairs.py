@@ -33,6 +33,7 @@ from pipelines.release.stages import (
 from pipelines.release.webdataset import ShardLimits, dataset_dir
 from pipelines.schemas import LONG_CAPTIONS, PAIRS, PANELS
 from pipelines.stage import Partition, StageInputError
+from pipelines.training.tiny import TINY_CLIP
 from testing.pipeline import sample_lake
 
 RELEASE = "2026"
@@ -399,14 +400,8 @@ def test_openclip_reads_long_captions_with_a_512_token_context(built, tmp_path):
     lake, key = built["lake"], built["key"]
     model_dir = tmp_path / "tiny"
     model_dir.mkdir()
-    config = {
-        "model_cfg": {
-            "embed_dim": 32,
-            "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16},
-            "text_cfg": {"context_length": 512, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
-        },
-        "preprocess_cfg": {},
-    }
+    tiny = TINY_CLIP["model_cfg"]  # with a 512-token text tower
+    config = {"model_cfg": {**tiny, "text_cfg": {**tiny["text_cfg"], "context_length": 512}}, "preprocess_cfg": {}}
     (model_dir / "open_clip_config.json").write_text(json.dumps(config))
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{model_dir}")
     tokenizer = open_clip.get_tokenizer(f"local-dir:{model_dir}")

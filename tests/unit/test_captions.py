@@ -20,7 +20,7 @@ from pipelines.panels.captions import (
 )
 from pipelines.panels.types import CaptionSplit
 
-CASES = json.loads((Path(__file__).parent / "data" / "caption_splits.json").read_text("utf-8"))["cases"]
+CASES = json.loads((Path(__file__).parents[1] / "data" / "caption_splits.json").read_text("utf-8"))["cases"]
 SCHEMES = {"upper", "lower", "digit", "roman", "alnum", "fignum", "position", "none"}
 
 

@@ -30,7 +30,7 @@ from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from testing.loopback.sample_mirror import SAMPLE_DIR
 
-PUBLISHED = Path(__file__).parent / "data" / "published"
+PUBLISHED = Path(__file__).parents[1] / "data" / "published"
 LARGE = json.loads((PUBLISHED / "dinov2-large.config.json").read_text())
 REGISTERS_LARGE = json.loads((PUBLISHED / "dinov2-with-registers-large.config.json").read_text())
 FIGURE = SAMPLE_DIR / "articles" / "elife-46472" / "fig1.jpg"

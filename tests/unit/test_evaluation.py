@@ -36,8 +36,9 @@ from pipelines.evaluation.split import (
     webdataset_keep,
 )
 from pipelines.lake import Lake
+from pipelines.training.tiny import TINY_CLIP
 
-SAMPLE_IMAGES = sorted((Path(__file__).parent.parent / "sample" / "images").glob("*/*.jpg"))
+SAMPLE_IMAGES = sorted((Path(__file__).parents[2] / "sample" / "images").glob("*/*.jpg"))
 
 # Image i (row) against text j (column); pair i is (image i, text i).
 #   image 0: its text scores highest                      -> rank 0
@@ -271,14 +272,7 @@ def test_release_pairs_filters_and_one_per_article(tmp_path):
 
 # ---- harness end to end --------------------------------------------------------------------------
 
-TINY = {
-    "model_cfg": {
-        "embed_dim": 32,
-        "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
-    },
-    "preprocess_cfg": {},
-}
+TINY = TINY_CLIP  # pipelines/training/tiny.py
 
 
 def _tiny_clip(directory: Path, seed: int, name: str):

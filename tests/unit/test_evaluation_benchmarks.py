@@ -23,7 +23,7 @@ from pipelines.evaluation.benchmarks_formats import (
 )
 from pipelines.evaluation.datasets import CLASSIFICATION, VQA
 
-SAMPLE_IMAGES = sorted((Path(__file__).parent.parent / "sample" / "images").glob("*/*.jpg"))
+SAMPLE_IMAGES = sorted((Path(__file__).parents[2] / "sample" / "images").glob("*/*.jpg"))
 
 
 def _vqa_rad_row(qid, image, question, answer, answer_type, phrase_type="freeform") -> dict:

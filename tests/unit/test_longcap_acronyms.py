@@ -13,7 +13,7 @@ import pytest
 from pipelines.longcap.acronyms import Definition, expand_inline, find_definitions, used_acronyms
 from pipelines.parse.nxml import parse_article
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 
 
 def longs(text: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from pipelines.longcap.tokens import (
 )
 from pipelines.parse.nxml import parse_article
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample"
 TINY = tiny_tokenizer(512)
 
 

@@ -20,17 +20,17 @@ from safetensors.torch import load_file
 from pipelines.training import hf_text
 from pipelines.training.clip import EXPORT_WEIGHTS as WEIGHTS
 from pipelines.training.clip import ClipTrainConfig, assemble_model, longclip_config, train
-from pipelines.training.tiny import write_tiny_modernbert
+from pipelines.training.tiny import TINY_CLIP, write_tiny_clip, write_tiny_modernbert
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
 # 10 words repeated 12 times: 120 words, each one token, so 122 tokens with [CLS] and [SEP] (> 77)
 LONG = " ".join(["fluorescence microscopy of stained cells with nuclei in blue and"] * 12)
 SHORT = "western blot of protein lysates"  # 5 tokens, 7 with [CLS] and [SEP]
+# the tiny CLIP of pipelines/training/tiny.py with a smaller text tower (only its vision tower is used)
 TINY_VISION = {
     "model_cfg": {
-        "embed_dim": 32,
-        "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16},
+        **TINY_CLIP["model_cfg"],
         "text_cfg": {"context_length": 16, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1},
     },
     "preprocess_cfg": {},
@@ -39,14 +39,7 @@ TINY_VISION = {
 
 def write_tiny_vision(folder: Path) -> Path:
     """A tiny CLIP whose vision tower stands in for DFN-2B's ViT-L/14 (its weights beside its config)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "open_clip_config.json").write_text(json.dumps(TINY_VISION))
-    torch.manual_seed(1)
-    model = open_clip.create_model(f"local-dir:{folder}")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "open_clip_model.safetensors"))
-    return folder
+    return write_tiny_clip(folder, seed=1, model_cfg=TINY_VISION["model_cfg"])
 
 
 def write_subset(folder: Path, captions: list[str], per_shard: int = 4) -> Path:

@@ -14,7 +14,7 @@ from pipelines.mining.markers import Marker, detect_markers
 from pipelines.mining.regions import fuse_regions
 from testing.markers import draw_arrow, draw_arrowhead, draw_asterisk, draw_box, draw_circle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHOTO = ROOT / "sample" / "images" / "PMC7003341" / "40779_2020_233_Fig3_HTML.jpg"  # CT scans (CC BY)
 # bioRxiv 2021.11.17.469032 Figure 2 (CC BY 4.0, attributed in sample/SOURCES.md): yellow
 # chevron arrowheads, "yellow arrows in a and c" in the caption

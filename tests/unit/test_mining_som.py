@@ -348,7 +348,7 @@ def test_request_fields_are_the_prompt_module_s():
 # --- the tiny real model, end to end ---------------------------------------------------------
 
 SAMPLE_FIGURE = (
-    Path(__file__).resolve().parents[1] / "sample" / "images" / "PMC7003341" / "40779_2020_233_Fig1_HTML.jpg"
+    Path(__file__).resolve().parents[2] / "sample" / "images" / "PMC7003341" / "40779_2020_233_Fig1_HTML.jpg"
 )
 
 

@@ -12,7 +12,17 @@ import webdataset as wds
 from pipelines.training.distributed import DistInfo
 from pipelines.training.loader import Share, reader_share, resume_positions
 from pipelines.training.multilevel import MultilevelConfig, Trainer, train
-from tests.test_multilevel_training import IMAGES, data, tiny  # noqa: F401 - module fixtures
+from tests.helpers import SAMPLE_IMAGES as IMAGES
+
+
+@pytest.fixture
+def data(multilevel_release) -> dict[str, str]:
+    return multilevel_release  # the session's linked figure/panel/region subsets (tests/conftest.py)
+
+
+@pytest.fixture
+def tiny(multilevel_tiny) -> Path:
+    return multilevel_tiny  # the session's tiny OpenCLIP (tests/conftest.py)
 
 
 def test_reader_share_splits_ranks_then_workers():

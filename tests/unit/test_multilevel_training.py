@@ -10,7 +10,6 @@ from pathlib import Path
 import fsspec
 import pytest
 import torch
-import webdataset as wds
 
 from pipelines import launch
 from pipelines.training.multilevel import (
@@ -27,18 +26,10 @@ from pipelines.training.multilevel import (
     region_text,
     train,
 )
+from pipelines.training.tiny import TINY_CLIP_32PX as TINY
+from tests.helpers import SAMPLE_IMAGES as IMAGES
 
-REPO = Path(__file__).resolve().parents[1]
-IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
-TINY = {
-    "model_cfg": {
-        "embed_dim": 32,
-        "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 16},
-        "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    },
-    "preprocess_cfg": {},
-}
-NEGS = "arrows mark the cytoplasm\narrows mark the membrane"  # two hard negatives, one a line
+REPO = Path(__file__).resolve().parents[2]
 E = torch.eye(2)  # two orthonormal embeddings: cosine 1 with itself, 0 with the other
 
 
@@ -176,56 +167,15 @@ def test_decode_refuses_a_sample_without_image_or_text_and_caps_negatives(tmp_pa
 # ----------------------------------------------------------------------------------- training
 
 
-def _write(folder: Path, samples: list[dict]) -> Path:
-    """One release-like subset folder: panelforge-000000.tar and its sizes.json."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with wds.TarWriter(str(folder / "panelforge-000000.tar")) as sink:
-        for sample in samples:
-            sink.write(sample)
-    (folder / "sizes.json").write_text(json.dumps({"panelforge-000000.tar": len(samples)}))
-    return folder
+@pytest.fixture
+def data(multilevel_release) -> dict[str, str]:
+    """2 figures -> 3 panels -> 4 regions, linked by key (the session's, tests/conftest.py)."""
+    return multilevel_release
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, str]:
-    """2 figures -> 3 panels -> 4 regions, linked by key; two regions with hard negatives."""
-    root = tmp_path_factory.mktemp("release")
-    jpg = [p.read_bytes() for p in IMAGES[:4]]
-    figures = [("PMC1-fig1", "Panels of stained cells and blots."), ("PMC2-fig3", "Survival curves and scans.")]
-    panels = [("PMC1-fig1_p000", "stained cells"), ("PMC1-fig1_p001", "western blot"), ("PMC2-fig3_p000", "a scan")]
-    regions = [
-        ("PMC1-fig1_p000_r00", "arrows mark the nuclei", "bright round nuclei", NEGS),
-        ("PMC1-fig1_p000_r01", "asterisk marks a vessel", "", ""),
-        ("PMC1-fig1_p001_r00", "the upper band", "a dark band", "the lower band"),
-        ("PMC2-fig3_p000_r00", "the left lesion", "a round lesion", ""),
-    ]  # fmt: skip
-    meta = lambda d="": json.dumps({"description": d}).encode()  # noqa: E731
-    return {
-        "figure": str(_write(root / "commercial", [
-            {"__key__": k, "jpg": jpg[i], "txt": t.encode(), "json": meta()} for i, (k, t) in enumerate(figures)
-        ])),
-        "panel": str(_write(root / "panel-commercial", [
-            {"__key__": k, "jpg": jpg[i % 4], "txt": t.encode(), "json": meta()} for i, (k, t) in enumerate(panels)
-        ])),
-        "region": str(_write(root / "region-commercial", [
-            {"__key__": k, "jpg": jpg[(i + 1) % 4], "txt": t.encode(), "json": meta(d), "neg.txt": n.encode()}
-            for i, (k, t, d, n) in enumerate(regions)
-        ])),
-    }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    import open_clip
-    from safetensors.torch import save_file
-
-    folder = tmp_path_factory.mktemp("model") / "tiny"
-    folder.mkdir()
-    (folder / "open_clip_config.json").write_text(json.dumps(TINY))
-    torch.manual_seed(0)
-    model = open_clip.create_model(f"local-dir:{folder}")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "open_clip_model.safetensors"))
-    return folder
+@pytest.fixture
+def tiny(multilevel_tiny) -> Path:
+    return multilevel_tiny
 
 
 def _config(preset: str, data: dict, tiny: Path, run_dir: Path, steps: int, **extra) -> MultilevelConfig:

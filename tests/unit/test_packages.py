@@ -121,7 +121,7 @@ def test_article_xml_is_recognised_by_its_root_element():
     assert is_article_xml(XML)
     assert is_article_xml(b'<?xml version="1.0"?><!-- c --><pmc-articleset><article/></pmc-articleset>')
     assert is_article_xml(b'<j:article xmlns:j="x"/>')
-    manifest = Path(__file__).parents[1] / "sample" / "articles" / "pone.0056489" / "MANIFEST.xml"
+    manifest = Path(__file__).parents[2] / "sample" / "articles" / "pone.0056489" / "MANIFEST.xml"
     assert not is_article_xml(manifest.read_bytes())  # mentions <article uri=...> inside <manifest>
     assert classify("MANIFEST.xml", manifest.read_bytes()) is None
 

@@ -13,7 +13,7 @@ from pipelines.panels.layout import MAX_PANELS, split_panels
 from pipelines.panels.postprocess import iou
 from tests.panel_figures import draw_panel, grid
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOXES = ROOT / "sample" / "panels" / "boxes.json"
 
 

@@ -97,7 +97,7 @@ def vit_l14(tmp_path_factory) -> Path:
     beside it: a ``local-dir:`` model, as a training run exports one."""
     from pipelines.training.tiny import write_tiny_clip
 
-    cfg = json.loads((Path(__file__).parent / "data" / "published" / "open_clip-ViT-L-14.json").read_text())
+    cfg = json.loads((Path(__file__).parents[1] / "data" / "published" / "open_clip-ViT-L-14.json").read_text())
     cfg["embed_dim"] = 32
     cfg["vision_cfg"].update(layers=2, width=64)  # head_width stays OpenCLIP's 64: one head
     cfg["text_cfg"].update(width=64, heads=2, layers=2)

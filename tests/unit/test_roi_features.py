@@ -13,7 +13,12 @@ import torch
 from pipelines import launch
 from pipelines.training.multilevel import Decoded, MultilevelConfig, RoiRegion, box_in_parent, decode_roi, train
 from pipelines.training.roi import RoiProcessor, box_to_grid, roi_pool, token_grid
-from tests.test_multilevel_training import IMAGES, _write, tiny  # noqa: F401 - the tiny model fixture
+
+
+@pytest.fixture
+def tiny(multilevel_tiny) -> Path:
+    return multilevel_tiny  # the session's tiny OpenCLIP (tests/conftest.py)
+
 
 # ----------------------------------------------------------------------------------- arithmetic
 
@@ -103,32 +108,10 @@ def test_roi_modes_need_the_parent_in_the_region_slot(tmp_path):
 # ----------------------------------------------------------------------------------- training
 
 
-@pytest.fixture(scope="module")
-def boxed(tmp_path_factory) -> dict[str, str]:
-    """2 figures (787x393 sample images) and 4 regions with boxes in figure pixels; the last
-    region's box runs off its figure (x2 900 > 787), so it is skipped at every read."""
-    root = tmp_path_factory.mktemp("boxed")
-    jpg = [p.read_bytes() for p in IMAGES[:2]]
-    meta = lambda **m: json.dumps(m).encode()  # noqa: E731
-    figures = [
-        {"__key__": "PMC1-fig1", "jpg": jpg[0], "txt": b"Panels of stained cells.", "json": meta()},
-        {"__key__": "PMC2-fig3", "jpg": jpg[1], "txt": b"Survival curves.", "json": meta()},
-    ]
-    regions = [
-        ("PMC1-fig1_p000_r00", [100, 50, 300, 200], "arrows mark the nuclei", "the cytoplasm\nthe membrane"),
-        ("PMC1-fig1_p000_r01", [400, 100, 500, 390], "asterisk marks a vessel", ""),
-        ("PMC1-fig1_p001_r00", [0, 0, 787, 393], "the upper band", "the lower band"),
-        ("PMC2-fig3_p000_r00", [700, 300, 900, 400], "the left lesion", ""),
-    ]  # fmt: skip
-    region_samples = [
-        {"__key__": k, "jpg": jpg[0], "txt": t.encode(), "json": meta(box=b, figure_key=k.split("_")[0]),
-         "neg.txt": n.encode()}
-        for k, b, t, n in regions
-    ]  # fmt: skip
-    return {
-        "figure": str(_write(root / "commercial", figures)),
-        "region": str(_write(root / "region-commercial", region_samples)),
-    }
+@pytest.fixture
+def boxed(boxed_release) -> dict[str, str]:
+    """2 figures and 4 regions with boxes in figure pixels, the last off its figure (tests/conftest.py)."""
+    return boxed_release
 
 
 def _config(mode: str, data: dict, model: Path, run: Path, steps: int, **extra) -> MultilevelConfig:

@@ -30,7 +30,7 @@ from pipelines.panels.synthetic import (
 )
 from pipelines.schemas import TABLES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL = [  # single-panel figures of the sample (sample/articles/FIGURES.csv, layout_observed = single)
     "scielo-hoehnea-49-e1112020/2236-8906-hoehnea-49-e1112020-gf1.jpg",
     "scielo-hoehnea-49-e1112020/2236-8906-hoehnea-49-e1112020-gf2.jpg",

@@ -10,7 +10,7 @@ sample's annotations and of every written file with the digests below.
 These digests are not expectations derived by hand: they were computed by the generator as it was
 before the split (one ``pipelines/panels/synthetic.py``, commit recorded in the history of this
 file), with the pinned Pillow and matplotlib (its fonts). A change that is meant to alter the output
-bumps ``GENERATOR_VERSION`` and rewrites them: ``python -m tests.test_synthetic_identity``.
+bumps ``GENERATOR_VERSION`` and rewrites them: ``python -m tests.unit.test_synthetic_identity``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from PIL import Image
 
 from pipelines.panels.synthetic import GeneratorConfig, SourceCache, SourcePanel, generate_sample, write_coco_dataset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The inputs live here, not shared with test_synthetic.py: the digests pin them as much as the code.
 REAL = [  # single-panel figures of the sample (sample/articles/FIGURES.csv, layout_observed = single)
     "scielo-hoehnea-49-e1112020/2236-8906-hoehnea-49-e1112020-gf1.jpg",
