@@ -115,25 +115,6 @@ def test_changed_config_is_a_new_training(tmp_path):
     assert len([p for p in (tmp_path / "runs").iterdir()]) == 2
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A real Ray on this machine (no dashboard: ray[default] is not installed here)."""
-    ray = pytest.importorskip("ray")
-    import os
-
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
-    if ray.is_initialized():  # an earlier test's Ray in this process: its workers lack that PYTHONPATH
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-    if saved is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = saved
-
-
 def test_ray_task_streams_reports_and_resumes(tmp_path, local_ray):
     """The Ray backend without a dashboard address: the entrypoint runs in a Ray task; messages
     come back as fsspec chunks in the run dir."""

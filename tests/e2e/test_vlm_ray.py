@@ -48,25 +48,6 @@ pytest.importorskip("ray.data.llm")  # needs aiohttp
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """Ray on this machine; workers import ``pipelines`` (preprocess/postprocess are pickled by
-    reference), so they get the repository on PYTHONPATH. Shut down at the end of the module."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "HF_HUB_OFFLINE")}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved["PYTHONPATH"]]))
-    os.environ["HF_HUB_OFFLINE"] = "1"  # build_processor reads the model's config: fail fast, offline
-    if ray.is_initialized():  # an earlier test's Ray in this process: its workers lack that PYTHONPATH
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
 def _picture(width: int = 40, height: int = 30) -> Image.Image:
     pixels = np.random.default_rng(7).integers(0, 255, (height, width, 3), dtype=np.uint8)
     return Image.fromarray(pixels)

@@ -261,43 +261,6 @@ def test_config_rejects_unknown_keys_and_levels_without_data(tmp_path):
                                     "panel_data": ["y"]}).validate()  # fmt: skip
 
 
-def test_the_asset_launches_the_trainer_on_a_release(data, tiny, tmp_path):
-    import shutil
-
-    from dagster import DagsterInstance, materialize
-
-    from assets.training import multilevel_training
-    from pipelines.lake import Lake
-    from resources.compute import ModelsResource
-    from resources.lake import LakeResource
-    from resources.launcher import JobLauncherResource
-
-    home = tmp_path / "lake"
-    for level, subset in (("figure", "commercial"), ("panel", "panel-commercial"), ("region", "region-commercial")):
-        shutil.copytree(data[level], Lake(str(home)).path("dataset", "r1", subset))
-    instance = DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("releases", ["r1"])
-    settings = {"preset": "region-aware", "model": f"local-dir:{tiny}", "steps": 2, "batch_size": 2, "warmup": 1}
-    settings |= {"device": "cpu", "log_every": 1, "overrides": json.dumps({"negative_loss": "softmax"})}
-    launcher = JobLauncherResource(backend="subprocess", cwd=str(REPO), env={"PYTHONPATH": str(REPO)})
-    result = materialize(
-        [multilevel_training],
-        partition_key="r1",
-        instance=instance,
-        resources={"lake": LakeResource(home=str(home)), "launcher": launcher, "models": ModelsResource()},
-        run_config={"ops": {"multilevel_training": {"config": settings}}},
-    )
-    assert result.success
-    (materialization,) = result.asset_materializations_for_node("multilevel_training")
-    metadata = {k: v.value for k, v in materialization.metadata.items()}
-    assert metadata["preset"] == "region-aware" and metadata["steps"] == 2
-    assert math.isfinite(metadata["final_loss"])
-    run_dir = Path(metadata["launch_run_dir"])
-    assert run_dir.parent == home / "models" / "multilevel" / "runs"
-    assert json.loads((run_dir / "config.json").read_text())["negative_loss"] == "softmax"
-    assert (run_dir / "model" / "open_clip_model.safetensors").exists()
-
-
 def test_the_recipes_start_from_trained_weights_and_random_init_is_asked_for(tiny, tmp_path):
     """Zoom-in starts from BMC-CLIP (Panel2Patch: "a ViT-L/14 encoder initialized from
     BMC-CLIP"), region-aware from BIOMEDICA's CommonPool base; no weights is refused unless
