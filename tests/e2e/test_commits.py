@@ -80,7 +80,7 @@ def _run_killed(lake: Lake, kill: str) -> int:
         import os
         from pipelines import lake as lake_module
         from pipelines.lake import Lake
-        from tests.unit.test_commits import NEW, _publish
+        from tests.e2e.test_commits import NEW, _publish
 
         kill = {kill!r}
         lake = Lake({lake.root!r})
@@ -160,7 +160,7 @@ def test_a_live_commit_is_not_swept_by_another(lake):
         f"""
         import time
         from pipelines.lake import Lake
-        from tests.unit.test_commits import NEW, _figure_rows
+        from tests.e2e.test_commits import NEW, _figure_rows
         lake = Lake({lake.root!r})
         with lake.commit("pairs", "2026", "001") as commit:
             commit.write_table("mining_figures", _figure_rows(NEW))

@@ -15,9 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
-import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -51,13 +48,18 @@ ANSWERS = {
 }
 
 
-@pytest.fixture(scope="module")
-def base_lake(tmp_path_factory) -> Lake:
+def paneled_lake(root: Path) -> Lake:
+    """The sample release parsed, shard 000 split into panels: what the model stages read."""
     from testing.pipeline import sample_lake
 
-    lake = sample_lake(tmp_path_factory.mktemp("model-stages"), RELEASE)
+    lake = sample_lake(root, RELEASE)
     PanelStage(PanelSettings()).run(lake, PARTITION)
     return lake
+
+
+@pytest.fixture(scope="module")
+def base_lake(tmp_path_factory) -> Lake:
+    return paneled_lake(tmp_path_factory.mktemp("model-stages"))
 
 
 def copy_of(lake: Lake, dest: Path) -> Lake:
@@ -127,33 +129,6 @@ def _parquet(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
     return pq.read_table(path).to_pylist()
-
-
-def test_a_process_killed_with_minus_9_mid_run_resumes_from_its_checkpoints(base_lake, tmp_path):
-    """The same, with a real kill: the child process exits at once (os._exit) during a batch."""
-    lake = copy_of(base_lake, tmp_path / "lake")
-    script = textwrap.dedent(
-        f"""
-        import os
-        from pipelines.lake import Lake
-        from tests.stages.test_model_stages import PARTITION, Counting, mining
-
-        class Killed(BaseException):
-            pass
-
-        engine = Counting(die_after=7)
-        engine.die = Killed()
-        try:
-            mining(engine, batch=3).run(Lake({lake.root!r}), PARTITION)
-        except Killed:
-            os._exit(9)
-        """
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    assert subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, timeout=600).returncode == 9
-    rerun = Counting()
-    result = mining(rerun, batch=3).run(lake, PARTITION)
-    assert result.counts["resumed"] == 6 and len(rerun.per_item()) == ASKED - 6
 
 
 def test_a_settings_change_killed_between_two_tables_publishes_neither(base_lake, tmp_path, monkeypatch):
