@@ -9,7 +9,6 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.lake import Lake
 from pipelines.panels.detector import (
     Classes,
     Detector,
@@ -17,8 +16,6 @@ from pipelines.panels.detector import (
     Frame,
     build_model,
     class_map,
-    decode_and_detect,
-    detect_images,
     frame_for,
     openpmc_detect,
     openpmc_nms,
@@ -35,7 +32,6 @@ from pipelines.panels.postprocess import finalize
 from pipelines.panels.types import Panel
 from pipelines.weights import ModelUnavailableError
 from testing.loopback.sample_mirror import SAMPLE_DIR
-from tests.panel_fixtures import write_tar
 
 SYNTHETIC = DetectorConfig(synthetic=True, threshold=0.0, input_size=256, max_panels=5, labels=2)
 FIGURES = [SAMPLE_DIR / "articles" / "elife-46472" / f"fig{i}.jpg" for i in (1, 2, 3)]
@@ -253,35 +249,6 @@ def test_a_saved_model_loads_by_directory(tmp_path):
     # labels=1 keeps the panels and leaves the glyph class alone
     panels_only = Detector(DetectorConfig(model=str(tmp_path / "m"), threshold=0.0, input_size=256, max_panels=5))
     assert panels_only.classes == Classes(0) and panels_only.detect(images)[0].label_boxes == []
-
-
-def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path):
-    lake = Lake(tmp_path / "lake")
-    good = [p.read_bytes() for p in FIGURES] + [_png(Image.new("RGBA", (90, 300), (0, 0, 0, 0)))]
-    truncated = good[0][:300]
-    members = [("PMC1/fig1.jpg", good[0]), ("PMC1/broken.jpg", truncated), ("PMC2/fig2.jpg", good[1])]
-    members += [("PMC2/doc.pdf", b"%PDF-1.4 not an image"), ("PMC3/fig3.jpg", good[2]), ("PMC3/alpha.png", good[3])]
-    refs = write_tar(tmp_path / "lake", "raw/release=2025/shard=00/part-00000.tar", members)
-    for i, ref in enumerate(refs):
-        ref.update(pmcid=ref["image_file"].split("/")[0], fig_id=None if i == 3 else f"F{i}", sha256=str(i))
-    rows = detect_images(lake, refs, SYNTHETIC, batch_size=2, actors=1)
-    assert [r["image_file"] for r in rows] == [m for m, _ in members]
-    assert rows[1]["error"].startswith("undecodable image") and rows[3]["error"].startswith("not an image")
-    assert rows[1]["panels"] == [] and rows[3]["label_boxes"] == [] and rows[3]["fig_id"] is None
-    local = decode_and_detect(Detector(SYNTHETIC), [d for _, d in members], batch_size=2)
-    assert isinstance(local[1], str) and isinstance(local[3], str)
-    for row, expected in zip(rows, local, strict=True):
-        if isinstance(expected, str):
-            continue
-        assert row["error"] is None and (row["width"], row["height"]) in [
-            (600, 994),
-            (600, 970),
-            (600, 1170),
-            (90, 300),
-        ]
-        for got, want in ((row["panels"], expected.panels), (row["label_boxes"], expected.label_boxes)):
-            assert [p.box for p in got] == [p.box for p in want]
-            assert np.allclose([p.score for p in got], [p.score for p in want], atol=1e-5)
 
 
 def test_frame_is_plain_data():

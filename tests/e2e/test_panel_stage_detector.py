@@ -1,0 +1,65 @@
+"""The panel stage with the synthetic DAB-DETR, which runs in a Ray Data actor pool (a local Ray):
+candidates go to the detector and are recorded; a rerun of the next release carries every image
+and other settings look again. (The layout-only panel stage: tests/stages/test_panel_stage.py.)"""
+
+import pytest
+
+from pipelines.panels.stages import PanelSettings, PanelStage
+from pipelines.panels.types import CONSENSUS, XYCUT
+from pipelines.stage import Partition
+from testing.pipeline import sample_lake
+from tests.helpers import SHARDS
+from tests.stages.test_panel_stage import RELEASE, TINY, _rows
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    """The sample release split into panels by the layout alone, every shard (as
+    test_layout_only_run_on_the_sample leaves the module's lake in tests/stages/test_panel_stage.py)."""
+    lake = sample_lake(tmp_path_factory.mktemp("panels"), RELEASE)
+    for shard in SHARDS:
+        PanelStage(PanelSettings()).run(lake, Partition(RELEASE, shard))
+    return lake
+
+
+def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
+    import shutil
+
+    for table in ("figures", "raw_files", "panel_figures", "panels"):
+        for shard in SHARDS:
+            src = lake.table_path(table, RELEASE, shard)
+            dst = lake.table_path(table, "2027", shard)
+            if table in ("figures", "raw_files"):
+                import os
+
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(src, dst)
+    results = {s: PanelStage(PanelSettings()).run(lake, Partition("2027", s)) for s in SHARDS}
+    assert sum(r.skipped for r in results.values()) == 128 and sum(r.ok for r in results.values()) == 0
+    key = ("pmcid", "image_file", "panel_index", "x1", "y1", "x2", "y2", "method")
+    old = sorted(tuple(p[k] for k in key) for p in _rows(lake, "panels"))
+    new = sorted(tuple(p[k] for k in key) for p in _rows(lake, "panels", "2027"))
+    assert new == old
+    # a rerun of a partition carries its own rows too (the one reuse rule)
+    again = PanelStage(PanelSettings()).run(lake, Partition("2027", SHARDS[1]))
+    assert again.skipped == again.items and again.ok == 0
+    # other settings (a detector now) are not carried: every image is looked at again
+    changed = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition("2027", SHARDS[0]))
+    assert changed.skipped == 0
+
+
+def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
+    shard = SHARDS[1]
+    lines: list[str] = []
+    result = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition(RELEASE, shard), lines.append)
+    figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
+    candidates = [f for f in figures if f["n_detr"] is not None]
+    n = len(candidates)
+    assert lines[-1].startswith(f"panel detection done: {n}/{n} images (100%)")  # the run log hears of the detector
+    expected = [f for f in figures if f["reason"] is None or f["n_xycut"] >= 2 or f["caption_labels"] >= 2]
+    assert result.counts["sent_to_detector"] == len(candidates) > 0
+    assert all(f["n_xycut"] >= 2 or f["caption_labels"] >= 2 for f in candidates)
+    assert len(candidates) <= len(expected)
+    for f in candidates:
+        assert f["model"] == "synthetic-tiny-dab-detr" and f["synthetic"] and f["threshold"] == 0.0
+        assert f["agreement"] is not None and f["method"] in (XYCUT, CONSENSUS)
