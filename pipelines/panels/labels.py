@@ -1,0 +1,581 @@
+"""Printed panel labels: where they may be on the image, what an OCR engine reads there, and
+which of the readings form the figure's label sequence.
+
+How figures are typeset decides every rule here. A panel label is a short, usually bold glyph
+group ("A", "b", "2", "ii", "A1", "(c)") set in the white space at a panel's corner (mostly its
+top-left, sometimes below the panel or inside a photograph's corner, white on black); the labels
+of one figure share font, size and case and follow a sequence (a, b, c ... or 1, 2, 3 ...).
+
+1. **Candidates** (``find_candidates``), on the grey work copy (longest side at most 1024 px):
+   ink is dark on light (grey < ``DARK``) or light on dark (grey > ``LIGHT``); glyphs closer
+   than a pixel or two are joined into *tokens* (the dot and stem of an "i", "A1", "ii"). A
+   token is a candidate when it is glyph-sized (``MIN_HEIGHT`` px up to ``MAX_HEIGHT_SHARE`` of
+   the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
+   and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
+   and ``RING_Y`` x its height above and below. Words, tick strips and symbols packed in text
+   fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
+   are ranked (taller first, then standing at the left edge of the ink around them) and at most
+   ``MAX_CANDIDATES`` are read.
+2. **Reading** (``LabelReader``): each candidate is cut from the figure at full resolution,
+   turned dark on white, scaled so that the token is ``OCR_HEIGHT`` px tall and padded, and
+   read by an OCR engine (``TesseractReader``: libtesseract in process through ``tesserocr``,
+   single-character / single-word page modes; ``RapidOcrReader``: the PP-OCRv4 recogniser of
+   ``rapidocr-onnxruntime`` on a batch of crops). A reading counts when it is a label: one
+   letter, a number up to 99, a Roman numeral up to xx, or a letter with a number ("A1"),
+   optionally in brackets or followed by "." or ")".
+3. **Sequence** (``choose_labels``): the readings are grouped by scheme (upper, lower, digit,
+   roman, alnum). A scheme's labels must start at its first label (a, A, 1, i, A1) or at the
+   second with the first missed, may skip at most one label between two found ones, and must
+   share a height within ``HEIGHT_SPREAD``; a repeated label keeps the reading most like the
+   others. Digits and Roman numerals are panel labels only when the caption uses that scheme
+   (tick labels are digits too); letters also without a caption. When the caption names its
+   labels, a reading outside them is dropped. The longest consistent sequence (ties: taller,
+   then more confident) wins; the case of shape-ambiguous letters (c, o, s, u, v, w, x, z) is
+   the case of the other labels.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+from pipelines.panels.types import Box
+
+DARK = 140
+LIGHT = 150
+MIN_HEIGHT = 6  # work pixels: below this a glyph is too small to be a label anyone reads
+MAX_HEIGHT_SHARE = 0.09
+MAX_HEIGHT_PX = 96
+MAX_GLYPHS = 3.6  # token width / height: "iii", "A12", "(a)" at most
+MIN_WIDTH_SHARE = 0.08  # "1", "I", "l"
+MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
+RING_X = 0.6
+RING_Y = 0.35
+MAX_CANDIDATES = 16  # read in a first pass
+MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
+CORNER_BONUS = 0.6
+MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
+OCR_HEIGHT = 36
+HEIGHT_SPREAD = 0.4  # labels of one figure: every height within 40 % of their median
+AMBIGUOUS_CASE = set("cosuvwxz")
+ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
+SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
+_LABEL_TEXT = re.compile(r"^[(\[]?([A-Za-z]|[1-9]\d?|[ivxIVX]{1,5}|[A-Za-z][1-9]\d?)[)\].:,]?$")
+TESSDATA_DIRS = (
+    "/usr/share/tesseract-ocr/5/tessdata",
+    "/usr/share/tesseract-ocr/4.00/tessdata",
+    "/usr/share/tessdata",
+    "/usr/local/share/tessdata",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A token that may be a label: ``box`` in work pixels, ``dark`` True for dark ink on a
+    light ground, ``score`` the ranking key (higher first)."""
+
+    box: Box
+    dark: bool
+    score: float
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+
+@dataclass(frozen=True)
+class PrintedLabel:
+    """A label read on the image: ``text`` as printed without brackets ("A", "b", "2", "ii",
+    "a1"), ``box`` in the figure's original pixels, the OCR engine's ``confidence`` (0-1)."""
+
+    text: str
+    box: Box
+    confidence: float = 1.0
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+
+# ---- 1. candidates ------------------------------------------------------------------------
+
+
+def _dilate(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by one pixel in the 8 directions (a 3 x 3 dilation by shifts: an order of
+    magnitude faster than ``ndimage.binary_dilation`` here)."""
+    rows = mask.copy()
+    rows[:, 1:] |= mask[:, :-1]
+    rows[:, :-1] |= mask[:, 1:]
+    out = rows.copy()
+    out[1:] |= rows[:-1]
+    out[:-1] |= rows[1:]
+    return out
+
+
+def _tokens(mask: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Glyph groups of ``mask``: with ``join`` the mask dilated by one pixel is labelled
+    (8-connected), so that glyphs a pixel or two apart are one token; without, pixels are
+    joined only through their sides (4-connected), so that a glyph touching a panel at a
+    corner stays apart. Returns the label image (0 = no ink), each token's box (x1, y1, x2, y2;
+    undilated) and ink count."""
+    from scipy import ndimage
+
+    eight = np.ones((3, 3), bool)
+    grown = _dilate(mask) if join else mask
+    labels, n = ndimage.label(grown, structure=eight if join else None)
+    if n == 0:
+        return labels, np.zeros((0, 4), int), np.zeros(0, int)
+    slices = ndimage.find_objects(labels)
+    boxes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
+    if join:  # the dilation grew every token by a pixel on each side
+        boxes[:, :2] += 1
+        boxes[:, 2:] -= 1
+        np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
+    ink = np.bincount(labels[mask], minlength=n + 1)[1:]
+    return labels, boxes, ink
+
+
+def _scan(gray: np.ndarray, mask: np.ndarray, dark: bool, max_height: float, tight: bool) -> list[Candidate]:
+    """The free-standing glyph tokens of one ink mask (module doc, step 1)."""
+    h, w = gray.shape
+    labels, boxes, ink = _tokens(mask, join=not tight)
+    if not len(boxes):
+        return []
+    x1, y1, x2, y2 = boxes.T
+    bh, bw = y2 - y1, x2 - x1
+    # text-sized tokens are the neighbours that make a glyph part of a word or a number; larger
+    # ink (a photograph, a frame, an axis) beside a label does not, nor do thin brackets ("(a)")
+    small = np.concatenate([[False], (bh <= max_height) & (bw <= 8 * max_height) & (bw >= 0.45 * bh)])
+    keep = np.flatnonzero(
+        (bh >= MIN_HEIGHT)
+        & (bh <= max_height)
+        & (bw <= MAX_GLYPHS * bh)
+        & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
+        & (ink <= MAX_FILL * bw * bh)
+        & (ink >= 0.08 * bw * bh)
+    )
+    out = []
+    for i in keep:
+        a, b, c, d, th = int(x1[i]), int(y1[i]), int(x2[i]), int(y2[i]), int(bh[i])
+        rx, ry = math.ceil(RING_X * th), math.ceil(RING_Y * th)
+        oa, ob, oc, od = max(0, a - rx), max(0, b - ry), min(w, c + rx), min(h, d + ry)
+        ids = labels[ob:od, oa:oc]
+        near = small[ids] & (ids != i + 1)  # with a joined token's one-pixel halo
+        ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
+        if np.count_nonzero(near) > 0.004 * ring_area:
+            continue
+        # light ink must stand on a dark ground (the holes of dark glyphs are light too)
+        if not dark and gray[ob:od, oa:oc].mean() >= DARK:
+            continue
+        # a label stands at a corner of what it names: no ink at all for two heights to its
+        # left or for a height above it ranks it higher
+        left_free = not mask[b:d, max(0, a - 2 * th) : a].any()
+        above_free = not mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
+        score = math.sqrt(th) * corner * (1.0 if dark else 0.95) * (0.9 if tight else 1.0)
+        out.append(Candidate(box=(a, b, c, d), dark=dark, score=score))
+    return out
+
+
+def _has_dark_ground(gray: np.ndarray, block: int = 8) -> bool:
+    """Whether the figure has a dark area (an 8 x 8 block of mean grey under ``DARK``/2) where
+    light labels could stand; a white figure with dark lines and text has none."""
+    h, w = gray.shape
+    hb, wb = h // block, w // block
+    if hb == 0 or wb == 0:
+        return False
+    means = gray[: hb * block, : wb * block].reshape(hb, block, wb, block).mean(axis=(1, 3))
+    return bool((means < DARK / 2).any())
+
+
+def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]:
+    """Tokens of ``gray`` (a work copy, uint8/int16 array) that may be printed labels, best
+    first (module doc, step 1): dark glyphs on light ground, and light ones where the figure
+    has dark ground. ``touching``: instead, the glyphs that touch other ink at a corner pixel
+    (a label set against a dark panel), found by joining pixels through their sides only, and
+    not already found the first way."""
+    longest = max(gray.shape)
+    max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * longest)
+    dark_mask = gray < DARK
+    if touching:
+        found = {c.box for c in _scan(gray, dark_mask, True, max_height, tight=False)}
+        out = [c for c in _scan(gray, dark_mask, True, max_height, tight=True) if c.box not in found]
+    else:
+        out = _scan(gray, dark_mask, True, max_height, tight=False)
+        if _has_dark_ground(gray):
+            out += _scan(gray, gray > LIGHT, False, max_height, tight=False)
+    out.sort(key=lambda c: (-c.score, c.box[1], c.box[0]))
+    return out
+
+
+# ---- 2. reading -----------------------------------------------------------------------------
+
+
+def crop_for_ocr(
+    gray_full: Image.Image, candidate: Candidate, scale: tuple[float, float], binarize: bool = True
+) -> Image.Image:
+    """The candidate cut from the full-resolution grey figure, scaled so that the token is
+    ``OCR_HEIGHT`` px tall, dark on light, padded by half a height of white. ``binarize``:
+    black on white at the midpoint of its darkest and lightest grey (anti-aliasing and JPEG
+    noise removed: Tesseract reads single glyphs far better so; PP-OCR reads the grey crop
+    better)."""
+    sx, sy = scale
+    x1, y1, x2, y2 = candidate.box
+    box = (
+        max(0, math.floor((x1 - 1) * sx)),
+        max(0, math.floor((y1 - 1) * sy)),
+        min(gray_full.width, math.ceil((x2 + 1) * sx)),
+        min(gray_full.height, math.ceil((y2 + 1) * sy)),
+    )
+    crop = gray_full.crop(box)
+    factor = OCR_HEIGHT / max(1, crop.height)
+    size = (max(1, round(crop.width * factor)), OCR_HEIGHT)
+    crop = crop.resize(size, Image.Resampling.LANCZOS if factor < 1 else Image.Resampling.BICUBIC)
+    pixels = np.asarray(crop)
+    if not candidate.dark:
+        pixels = 255 - pixels
+    if binarize:
+        middle = (int(pixels.min()) + int(pixels.max())) / 2
+        pixels = np.where(pixels <= middle, 0, 255).astype(np.uint8)
+    margin = OCR_HEIGHT // 2
+    canvas = np.full((size[1] + 2 * margin, size[0] + 2 * margin), 255, np.uint8)
+    canvas[margin : margin + size[1], margin : margin + size[0]] = pixels
+    return Image.fromarray(canvas)
+
+
+def label_text(raw: str) -> str | None:
+    """The label a reading names, without brackets or punctuation, or None when the reading is
+    not a label ("A", "(b)", "c.", "2)", "iv", "A1" are labels; "+", "AB", "100" are not)."""
+    text = raw.strip().replace(" ", "")
+    if len(text) == 2 and text[0] != text[1] and text[0].casefold() == text[1].casefold():
+        text = text[1]  # "Cc", "sS": one glyph whose case the engine could not tell
+    m = _LABEL_TEXT.match(text)
+    if not m:
+        return None
+    label = m.group(1)
+    if len(label) > 1 and label.isalpha() and label.lower() not in ROMANS:
+        return None
+    return label
+
+
+class LabelReader(Protocol):
+    """An OCR engine reading candidate crops; ``read`` returns (text, confidence 0-1) per crop."""
+
+    name: str
+    binarize: bool  # whether crops are thresholded to black on white before reading
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]: ...
+
+
+def find_tessdata() -> str | None:
+    """Where Debian (or a source build) keeps Tesseract's ``eng.traineddata``."""
+    for folder in TESSDATA_DIRS:
+        if (Path(folder) / "eng.traineddata").exists():
+            return folder
+    return None
+
+
+class TesseractReader:
+    """Tesseract 5 (LSTM) in process through ``tesserocr``: one API per thread, single-character
+    mode for one-glyph tokens, single-word mode for wider ones."""
+
+    name = "tesseract"
+    binarize = True
+
+    def __init__(self, tessdata: str | None = None):
+        import tesserocr
+
+        self.tessdata = tessdata or find_tessdata()
+        if self.tessdata is None:
+            raise RuntimeError(
+                "Tesseract's eng.traineddata not found (apt-get install tesseract-ocr tesseract-ocr-eng); "
+                f"looked in {', '.join(TESSDATA_DIRS)}"
+            )
+        self._tesserocr = tesserocr
+        self._local = threading.local()
+        self.version = tesserocr.tesseract_version().split()[1] if tesserocr.tesseract_version() else "?"
+
+    def _api(self, psm, charset: str | None):
+        apis = getattr(self._local, "apis", None)
+        if apis is None:
+            apis = self._local.apis = {}
+        key = (psm, charset)
+        if key not in apis:
+            api = self._tesserocr.PyTessBaseAPI(path=self.tessdata, lang="eng", psm=psm)
+            if charset:
+                api.SetVariable("tessedit_char_whitelist", charset)
+            apis[key] = api
+        return apis[key]
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]:
+        psm = self._tesserocr.PSM
+        out = []
+        for crop in crops:
+            single = crop.width - OCR_HEIGHT <= 1.15 * OCR_HEIGHT
+            api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_WORD, charset)
+            # raw 8-bit pixels: ``SetImage`` would encode every crop as a BMP first
+            api.SetImageBytes(crop.tobytes(), crop.width, crop.height, 1, crop.width)
+            text = api.GetUTF8Text().strip()
+            out.append((text, max(0.0, api.MeanTextConf()) / 100.0))
+        return out
+
+
+class RapidOcrReader:
+    """PP-OCRv4's recogniser (``rapidocr-onnxruntime``, ONNX on CPU) on batches of crops; the
+    text detector is not run: the candidates are the detections."""
+
+    name = "rapidocr"
+    binarize = False  # PP-OCR reads the grey crop better than a thresholded one
+
+    def __init__(self, batch_size: int = 16):
+        from rapidocr_onnxruntime import RapidOCR
+
+        engine = RapidOCR()
+        self.recognizer = engine.text_rec
+        self.recognizer.rec_batch_num = batch_size
+        # crops of one to three glyphs: a 48 x 64 input instead of the 48 x 320 text-line one
+        self.recognizer.rec_image_shape = [3, 48, 64]
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]:
+        """``charset`` is not used: PP-OCR has no character whitelist; the readings are filtered
+        by ``label_text`` and the sequence rules instead."""
+        if not crops:
+            return []
+        arrays = [np.ascontiguousarray(np.asarray(c.convert("RGB"))[:, :, ::-1]) for c in crops]
+        results, _ = self.recognizer(arrays)
+        return [(str(text), float(score)) for text, score in results]
+
+
+_READERS: dict[str, LabelReader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def get_reader(engine: str = "tesseract") -> LabelReader:
+    """One reader per engine and process (engines load their models once)."""
+    with _READERS_LOCK:
+        if engine not in _READERS:
+            if engine == "tesseract":
+                _READERS[engine] = TesseractReader()
+            elif engine == "rapidocr":
+                _READERS[engine] = RapidOcrReader()
+            else:
+                raise ValueError(f"unknown OCR engine {engine!r} (tesseract, rapidocr)")
+        return _READERS[engine]
+
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHARSETS = {
+    None: LETTERS,
+    "upper": LETTERS,
+    "lower": LETTERS,
+    "digit": "0123456789()",
+    "roman": "ivxIVX()",
+    "alnum": LETTERS + "0123456789",
+}
+
+
+def read_candidates(
+    image: Image.Image,
+    candidates: Sequence[Candidate],
+    work_size: tuple[int, int],
+    reader: LabelReader,
+    scheme: str | None = None,
+) -> list[PrintedLabel]:
+    """Every candidate whose reading is a label, with its box in the figure's pixels. The
+    engine is told the characters of ``scheme`` (the caption's; letters when unknown: digits
+    and numerals are labels only where the caption says so)."""
+    if not candidates:
+        return []
+    gray = image if image.mode == "L" else image.convert("L")
+    sx, sy = image.width / work_size[0], image.height / work_size[1]
+    crops = [crop_for_ocr(gray, c, (sx, sy), getattr(reader, "binarize", True)) for c in candidates]
+    out = []
+    for cand, (raw, conf) in zip(candidates, reader.read(crops, CHARSETS.get(scheme, LETTERS)), strict=True):
+        text = label_text(raw)
+        if text is None or conf < MIN_CONFIDENCE:
+            continue
+        x1, y1, x2, y2 = cand.box
+        box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+        out.append(PrintedLabel(text=text, box=box, confidence=round(conf, 3)))
+    return out
+
+
+# ---- 3. sequence ----------------------------------------------------------------------------
+
+
+def label_schemes(text: str) -> tuple[str, ...]:
+    """The schemes a label may belong to ("i" and "v" are letters and Roman numerals)."""
+    if len(text) > 1 and text[0].isalpha() and text[1:].isdigit():
+        return ("alnum",)
+    if text.isdigit():
+        return ("digit",)
+    out = []
+    if text.lower() in ROMANS:
+        out.append("roman")
+    if len(text) == 1:
+        out.append("upper" if text.isupper() else "lower")
+        if text.lower() in AMBIGUOUS_CASE:
+            out.append("lower" if text.isupper() else "upper")
+    return tuple(out)
+
+
+def label_index(text: str, scheme: str) -> int:
+    if scheme in ("upper", "lower"):
+        return ord(text.lower()) - ord("a")
+    if scheme == "digit":
+        return int(text) - 1
+    if scheme == "roman":
+        return ROMANS.index(text.lower())
+    return (ord(text[0].lower()) - ord("a")) * 100 + int(text[1:]) - 1
+
+
+def _in_scheme(text: str, scheme: str) -> str:
+    """``text`` as the scheme prints it (case of ambiguous letters)."""
+    if scheme == "upper":
+        return text.upper()
+    if scheme == "lower":
+        return text.lower()
+    return text
+
+
+def caption_scheme(labels: Sequence[str]) -> str | None:
+    """The scheme of a caption's labels (as ``split_caption`` names them), None without labels."""
+    if not labels:
+        return None
+    first = labels[0]
+    schemes = label_schemes(first)
+    if len(labels) > 1 and "roman" in schemes and any(len(x) > 1 for x in labels if x.lower() in ROMANS):
+        return "roman"
+    if "alnum" in schemes:
+        return "alnum"
+    if "digit" in schemes:
+        return "digit"
+    return "upper" if first.isupper() else "lower"
+
+
+def _consistent(reads: list[tuple[int, PrintedLabel]]) -> list[tuple[int, PrintedLabel]]:
+    """The largest subset of (index, label) sharing a height and forming a run from the first
+    or second label with at most one label missing between two found ones."""
+    if not reads:
+        return []
+    best: list[tuple[int, PrintedLabel]] = []
+    heights = sorted({r.height for _, r in reads})
+    for ref in heights:
+        near = [(i, r) for i, r in reads if abs(r.height - ref) <= HEIGHT_SPREAD * ref]
+        by_index: dict[int, PrintedLabel] = {}
+        for i, r in sorted(near, key=lambda x: (abs(x[1].height - ref), -x[1].confidence)):
+            by_index.setdefault(i, r)
+        present = sorted(by_index)
+        if not present or present[0] > 1:
+            continue
+        run = [present[0]]
+        for index in present[1:]:
+            if index - run[-1] > 2:
+                break
+            run.append(index)
+        chosen = [(i, by_index[i]) for i in run]
+        key = (len(chosen), float(np.median([r.height for _, r in chosen])), sum(r.confidence for _, r in chosen))
+        if not best or key > (
+            len(best),
+            float(np.median([r.height for _, r in best])),
+            sum(r.confidence for _, r in best),
+        ):
+            best = chosen
+    return best
+
+
+def choose_labels(reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None) -> list[PrintedLabel]:
+    """The readings that form the figure's label sequence (module doc, step 3), in sequence
+    order. ``caption_labels``: the caption's labels when the caption was read (None: unknown)."""
+    wanted = {x.casefold() for x in caption_labels} if caption_labels else None
+    cap_scheme = caption_scheme(list(caption_labels or []))
+    options: dict[str, list[tuple[int, PrintedLabel]]] = {s: [] for s in SCHEMES}
+    for r in reads:
+        if wanted is not None and r.text.casefold() not in wanted:
+            continue
+        for scheme in label_schemes(r.text):
+            if scheme in ("digit", "roman") and cap_scheme != scheme:
+                continue
+            if scheme == "alnum" and cap_scheme not in (None, "alnum"):
+                continue
+            options[scheme].append((label_index(r.text, scheme), r))
+    best: list[tuple[int, PrintedLabel]] = []
+    best_scheme, best_key = None, None
+    for scheme in SCHEMES:
+        run = _consistent(options[scheme])
+        if len(run) < 2:
+            continue
+        # a scheme that matches the case the letters were read in beats its case-swapped twin
+        exact = sum(1 for _, r in run if scheme in label_schemes(r.text)[:1])
+        key = (len(run), exact, float(np.median([r.height for _, r in run])))
+        if best_key is None or key > best_key:
+            best, best_scheme, best_key = run, scheme, key
+    if best_scheme is None:
+        return []
+    return [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in sorted(best, key=lambda x: x[0])]
+
+
+@dataclass
+class LabelReading:
+    """What ``read_labels`` found on a figure: the chosen sequence, every reading that is a
+    label, and how many candidates were found and read."""
+
+    labels: list[PrintedLabel]
+    readings: list[PrintedLabel]
+    candidates: int
+    read: int
+
+
+def _complete(labels: Sequence[PrintedLabel], caption_labels: Sequence[str] | None) -> bool:
+    """Whether a second pass could not add a label: every caption label found, or (no caption
+    labels) a gapless sequence of two or more."""
+    if caption_labels:
+        return {x.casefold() for x in caption_labels} <= {lab.text.casefold() for lab in labels}
+    if caption_labels is not None:
+        return True  # a caption without labels: no label is missing
+    if len(labels) < 2:
+        return False
+    schemes = [label_schemes(lab.text)[0] for lab in labels]
+    indices = [label_index(lab.text, sc) for lab, sc in zip(labels, schemes, strict=True)]
+    return indices == list(range(indices[0], indices[0] + len(indices)))
+
+
+def read_labels(
+    image: Image.Image, gray: np.ndarray, reader: LabelReader, caption_labels: Sequence[str] | None = None
+) -> LabelReading:
+    """The printed labels of a figure (module doc): the best ``MAX_CANDIDATES`` candidates are
+    read; when labels are still missing (the caption names more, or the sequence has a gap),
+    up to ``MORE_CANDIDATES`` more are read: the next candidates as tall as the labels found
+    (tall text and symbols outrank small labels in the first pass) and glyphs touching a panel."""
+    candidates = find_candidates(gray)
+    scheme = caption_scheme(list(caption_labels or []))
+    size = (gray.shape[1], gray.shape[0])
+    first = candidates[:MAX_CANDIDATES]
+    readings = read_candidates(image, first, size, reader, scheme)
+    labels = choose_labels(readings, caption_labels)
+    read, total = len(first), len(candidates)
+    if not _complete(labels, caption_labels):
+        touching = find_candidates(gray, touching=True)
+        total += len(touching)
+        rest = sorted(candidates[MAX_CANDIDATES:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
+        if labels:
+            ref = float(np.median([lab.height for lab in labels])) * gray.shape[0] / image.height
+            rest = [c for c in rest if abs(c.height - ref) <= HEIGHT_SPREAD * ref]
+        more = rest[:MORE_CANDIDATES]
+        if more:
+            readings = readings + read_candidates(image, more, size, reader, scheme)
+            labels = choose_labels(readings, caption_labels)
+            read += len(more)
+    return LabelReading(labels=labels, readings=readings, candidates=total, read=read)

@@ -1,0 +1,337 @@
+"""The figure-level panel decision: ``panels_for_figure(image, caption)``.
+
+It is what the ``panels`` stage keeps for a figure when no detector weights are configured, and
+the fallback and second opinion around the detector when they are. Each piece of evidence can
+be switched off (``evidence``), so that the benchmark measures what each one adds:
+
+* ``labels`` - printed panel labels read by OCR (``pipelines.panels.labels``). A figure whose
+  labels form a sequence of two or more is cut so that every label gets its own region
+  (``partition_by_labels``): the region is cut at the gutters (white, then divider lines, then
+  the figure's background colour) of the axis that separates the most labels; the pieces
+  without a label belong to the label that precedes them in that direction (labels are printed
+  at a panel's top-left) or, when the figure prints its labels below the panels, to the one
+  that follows them; a piece with no label on that side is shared (a title, a legend for all)
+  and left out; a region with one label is one panel, whatever gutters it has inside (a grid
+  of micrograph tiles under one label is one panel). Labels no gutter separates (panels that
+  touch) are parted at the labels' own edges.
+* ``caption`` - the caption's label set (``captions.split_caption``). It restricts the label
+  readings to the caption's labels and scheme (digits and Roman numerals count only where the
+  caption uses them), and, where no labels were read, a caption that defines none keeps a
+  figure whose layout is in doubt whole.
+* ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
+  is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
+  strips, axis titles, legends, colour bars and titles join the block beside them. Without
+  this evidence the layout splitter's own answer (``layout.split_panels``) is used.
+* ``kind`` - the concept stage's ``panel_type``: a figure labelled ``single panel`` stays whole
+  unless two or more printed labels are read.
+
+Boxes are in the original image's pixels, in reading order, ``label`` set where a printed label
+was read. A figure of one colour has no panel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+from pipelines.panels.captions import split_caption
+from pipelines.panels.inputs import normalize_mode
+from pipelines.panels.labels import LabelReader, PrintedLabel, get_reader, read_labels
+from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
+from pipelines.panels.postprocess import finalize
+from pipelines.panels.regions import Structure, box_area, cut, ink_structure, union
+from pipelines.panels.types import Box, Panel
+
+EVIDENCE = ("labels", "caption", "structure", "kind")
+SINGLE_PANEL = "single panel"
+SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
+
+
+@dataclass
+class Decision:
+    """What ``decide`` found: the panels and the evidence behind them."""
+
+    panels: list[Panel]
+    route: str  # labels | structure | layout | single | uniform
+    labels: list[PrintedLabel] = field(default_factory=list)  # the chosen label sequence
+    readings: list[PrintedLabel] = field(default_factory=list)  # every reading that is a label
+    caption_labels: list[str] | None = None
+    candidates: int = 0
+
+
+@dataclass
+class _Label:
+    box: Box  # work pixels
+    text: str
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+
+def panels_for_figure(
+    image: Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> list[Panel]:
+    """The panels of one figure (module doc). ``caption``: the figure's caption (None when not
+    known; "" is a caption without labels); ``panel_type``: the concept stage's label;
+    ``reader``: the OCR engine (default Tesseract); ``evidence``: which evidence to use."""
+    return decide(image, caption, panel_type=panel_type, reader=reader, evidence=evidence).panels
+
+
+def decide(
+    image: Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> Decision:
+    """``panels_for_figure`` with the evidence it used."""
+    image = normalize_mode(image)
+    sheet = make_sheet(image)
+    h, w = sheet.gray.shape
+    root = trim_box(sheet.masks[0], (0, 0, w, h))
+    if root is None or trim_box(sheet.colour_masks[-1], (0, 0, w, h)) is None:
+        return Decision(panels=[], route="uniform")
+    caption_labels = None
+    if "caption" in evidence and caption is not None:
+        caption_labels = list(split_caption(caption).panels)
+    decision = Decision(panels=[], route="layout", caption_labels=caption_labels)
+    labels: list[PrintedLabel] = []
+    if "labels" in evidence:
+        found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
+        labels = found.labels
+        decision.candidates, decision.readings, decision.labels = found.candidates, found.readings, labels
+    if len(labels) >= 2:
+        work = [_Label(_to_work(sheet, lab.box), lab.text) for lab in labels]
+        direction = _direction(root, work)
+        parts = partition_by_labels(sheet, root, work, direction)
+        decision.route = "labels"
+        panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
+        decision.panels = finalize(panels, sheet.width, sheet.height)
+        return decision
+    single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
+    if single_kind:
+        decision.route = "single"
+        panels = [Panel(box=sheet.to_original(root))]
+    elif "structure" in evidence:
+        structure = ink_structure(sheet)
+        boxes = partition_by_structure(sheet, structure, root)
+        decision.route = "structure"
+        panels = [Panel(box=sheet.to_original(box)) for box in boxes]
+    else:
+        panels = split_panels(image)
+    if len(labels) == 1 and len(panels) == 1:
+        panels = [Panel(box=panels[0].box, score=panels[0].score, label=labels[0].text)]
+    decision.panels = finalize(panels, sheet.width, sheet.height)
+    return decision
+
+
+def _to_work(sheet: Sheet, box: Box) -> Box:
+    return (
+        int(box[0] / sheet.sx),
+        int(box[1] / sheet.sy),
+        int(np.ceil(box[2] / sheet.sx)),
+        int(np.ceil(box[3] / sheet.sy)),
+    )
+
+
+# ---- labels ---------------------------------------------------------------------------------
+
+
+def _direction(root: Box, labels: list[_Label]) -> str:
+    """``after`` when the figure prints its labels below its panels (graphic content above the
+    first label row, none below the last), else ``before``."""
+    height = float(np.median([lab.box[3] - lab.box[1] for lab in labels]))
+    above = min(lab.box[1] for lab in labels) - root[1]
+    below = root[3] - max(lab.box[3] for lab in labels)
+    return "after" if above > 2.5 * height and below < 1.0 * height else "before"
+
+
+def _piece_of(pieces: list[Box], axis: int, label: _Label) -> int:
+    """The piece whose span along ``axis`` holds the label's centre (the nearest when the
+    centre falls in a gutter)."""
+    c = label.centre[1] if axis == 0 else label.centre[0]
+    spans = [(p[1], p[3]) if axis == 0 else (p[0], p[2]) for p in pieces]
+
+    def distance(i: int) -> float:
+        lo, hi = spans[i]
+        return 0.0 if lo <= c < hi else min(abs(c - lo), abs(c - hi))
+
+    return min(range(len(pieces)), key=distance)
+
+
+def partition_by_labels(
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int = 0
+) -> list[tuple[Box, str | None]]:
+    """Regions of ``box``, one per label (module doc), as (work box, label text)."""
+    return _by_labels(sheet, box, labels, direction, depth) or _part_at_labels(box, labels)
+
+
+def _by_labels(
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int
+) -> list[tuple[Box, str | None]] | None:
+    """``partition_by_labels``, or None when no gutter of ``box`` separates its labels."""
+    if len(labels) <= 1 or depth >= MAX_DEPTH:
+        return [(box, labels[0].text if labels else None)]
+    best = None
+    for mask in sheet.masks:
+        for axis in (0, 1):
+            pieces = cut(sheet, box, axis, mask)
+            if not pieces:
+                continue
+            owners: list[list[_Label]] = [[] for _ in pieces]
+            for lab in labels:
+                owners[_piece_of(pieces, axis, lab)].append(lab)
+            labelled = sum(1 for o in owners if o)
+            if labelled >= 2 and (best is None or labelled > best[0]):
+                best = (labelled, axis, pieces, owners)
+        if best is not None:
+            break
+    if best is None:
+        return None
+    _, axis, pieces, owners = best
+    out: list[tuple[Box, str | None]] = []
+    for members, extras, group_labels in _assemble(pieces, owners, direction):
+        if len(group_labels) == 1:
+            out.append((union(pieces[i] for i in members + extras), group_labels[0].text))
+            continue
+        # the unlabelled pieces after a row of labels are usually those labels' panels; a
+        # last one that no gutter of the others crosses is shared (a legend for all)
+        sub = None
+        for keep in range(len(extras), -1, -1):
+            region = union(pieces[i] for i in members + extras[:keep])
+            sub = _by_labels(sheet, region, group_labels, direction, depth + 1)
+            if sub is not None:
+                for i in extras[keep:]:
+                    sub = _attach(sub, pieces[i], axis)
+                break
+        if sub is None:
+            sub = _part_at_labels(union(pieces[i] for i in members + extras), group_labels)
+        out.extend(sub)
+    return out
+
+
+def _assemble(
+    pieces: list[Box], owners: list[list[_Label]], direction: str
+) -> list[tuple[list[int], list[int], list[_Label]]]:
+    """Pieces grouped under the labels they belong to: (labelled piece indices, unlabelled
+    piece indices, labels). An unlabelled piece belongs to the labelled piece before it
+    (``before``) or after it (``after``); one with none on that side is shared and dropped."""
+    order = list(range(len(pieces)))
+    if direction == "after":
+        order.reverse()
+    groups: list[tuple[list[int], list[int], list[_Label]]] = []
+    for i in order:
+        if owners[i]:
+            groups.append(([i], [], list(owners[i])))
+        elif groups:
+            groups[-1][1].append(i)
+    return groups
+
+
+def _attach(parts: list[tuple[Box, str | None]], piece: Box, axis: int) -> list[tuple[Box, str | None]]:
+    """An unlabelled piece joins the part beside it that spans it across the cut; else it is
+    shared by several panels and joins none."""
+    lo, hi = (piece[0], piece[2]) if axis == 0 else (piece[1], piece[3])
+    best, gap = None, None
+    for k, (box, _) in enumerate(parts):
+        a, b = (box[0], box[2]) if axis == 0 else (box[1], box[3])
+        if min(b, hi) - max(a, lo) < SHARED_COVER * (hi - lo):
+            continue
+        d = max(box[1] - piece[3], piece[1] - box[3]) if axis == 0 else max(box[0] - piece[2], piece[0] - box[2])
+        if gap is None or d < gap:
+            best, gap = k, d
+    if best is None:
+        return parts
+    parts = list(parts)
+    box, text = parts[best]
+    parts[best] = (union([box, piece]), text)
+    return parts
+
+
+def _part_at_labels(box: Box, labels: list[_Label]) -> list[tuple[Box, str | None]]:
+    """Labels no gutter separates (panels that touch): a row of labels parts the region just
+    before each label's left edge, a column just above each label's top; labels in a grid are
+    parted both ways."""
+    heights = [lab.box[3] - lab.box[1] for lab in labels]
+    tol = 0.6 * float(np.median(heights))
+    xs = _clusters(sorted(lab.box[0] for lab in labels), tol)
+    ys = _clusters(sorted(lab.box[1] for lab in labels), tol)
+    cols = [box[0]] + [max(box[0], x - 1) for x in xs[1:]] + [box[2]]
+    rows = [box[1]] + [max(box[1], y - 1) for y in ys[1:]] + [box[3]]
+    out = []
+    for r in range(len(rows) - 1):
+        for c in range(len(cols) - 1):
+            cell = (cols[c], rows[r], cols[c + 1], rows[r + 1])
+            inside = [
+                lab for lab in labels if cell[0] <= lab.centre[0] < cell[2] and cell[1] <= lab.centre[1] < cell[3]
+            ]
+            if inside and box_area(cell) > 0:
+                out.append((cell, inside[0].text))
+    return out or [(box, labels[0].text)]
+
+
+def _clusters(values: list[int], tol: float) -> list[int]:
+    """The smallest value of each run of sorted values no more than ``tol`` apart."""
+    out = values[:1]
+    for previous, v in zip(values, values[1:], strict=False):
+        if v - previous > tol:
+            out.append(v)
+    return out
+
+
+# ---- chart structure ----------------------------------------------------------------------------
+
+
+def partition_by_structure(
+    sheet: Sheet, structure: Structure, box: Box, depth: int = 0, count: list | None = None
+) -> list[Box]:
+    """Regions of ``box`` that each hold one graphic block with its own text (module doc)."""
+    count = count if count is not None else [1]
+    best = None
+    if depth < MAX_DEPTH:
+        for mask in sheet.masks:
+            for axis in (0, 1):
+                pieces = cut(sheet, box, axis, mask)
+                if not pieces:
+                    continue
+                major = [structure.is_major(p, pieces, axis) for p in pieces]
+                n = sum(major)
+                if n >= 2 and (best is None or n > best[0]):
+                    best = (n, axis, pieces, major)
+            if best is not None:
+                break
+    if best is None or count[0] + best[0] - 1 > MAX_PANELS:
+        return [box]
+    count[0] += best[0] - 1
+    _, axis, pieces, major = best
+    majors = [i for i, m in enumerate(major) if m]
+    groups: dict[int, list[int]] = {i: [i] for i in majors}
+    for i, m in enumerate(major):
+        if m:
+            continue
+        before = max((j for j in majors if j < i), default=None)
+        after = min((j for j in majors if j > i), default=None)
+        if before is None or after is None:
+            groups[before if after is None else after].append(i)
+            continue
+        gap_before = _gap(pieces[before], pieces[i], axis)
+        gap_after = _gap(pieces[i], pieces[after], axis)
+        groups[before if gap_before <= gap_after else after].append(i)
+    out: list[Box] = []
+    for members in groups.values():
+        out.extend(partition_by_structure(sheet, structure, union(pieces[i] for i in members), depth + 1, count))
+    return out
+
+
+def _gap(a: Box, b: Box, axis: int) -> int:
+    return b[1] - a[3] if axis == 0 else b[0] - a[2]
