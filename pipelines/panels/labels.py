@@ -64,7 +64,9 @@ MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, w
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
 OCR_HEIGHT = 36
-HEIGHT_SPREAD = 0.4  # labels of one figure: every height within 40 % of their median
+HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
+CAPS_SPREAD = 0.25  # capitals, digits
+ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a column
 AMBIGUOUS_CASE = set("cosuvwxz")
 ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
 SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
@@ -124,22 +126,22 @@ def _dilate(mask: np.ndarray) -> np.ndarray:
     return out
 
 
-def _tokens(mask: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Glyph groups of ``mask``: with ``join`` the mask dilated by one pixel is labelled
-    (8-connected), so that glyphs a pixel or two apart are one token; without, pixels are
-    joined only through their sides (4-connected), so that a glyph touching a panel at a
-    corner stays apart. Returns the label image (0 = no ink), each token's box (x1, y1, x2, y2;
-    undilated) and ink count."""
+def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Glyph groups of ``mask``. ``connect``: ``joined`` labels the mask dilated by one pixel
+    (8-connected), so that glyphs a pixel or two apart are one token; ``touching`` labels it
+    as it is (8-connected); ``sides`` joins pixels through their sides only (4-connected), so
+    that a glyph touching a panel at a corner pixel stays apart. Returns the label image (0 =
+    no ink), each token's box (x1, y1, x2, y2; undilated) and ink count."""
     from scipy import ndimage
 
     eight = np.ones((3, 3), bool)
-    grown = _dilate(mask) if join else mask
-    labels, n = ndimage.label(grown, structure=eight if join else None)
+    grown = _dilate(mask) if connect == "joined" else mask
+    labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
     if n == 0:
         return labels, np.zeros((0, 4), int), np.zeros(0, int)
     slices = ndimage.find_objects(labels)
     boxes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
-    if join:  # the dilation grew every token by a pixel on each side
+    if connect == "joined":  # the dilation grew every token by a pixel on each side
         boxes[:, :2] += 1
         boxes[:, 2:] -= 1
         np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
@@ -147,17 +149,18 @@ def _tokens(mask: np.ndarray, join: bool = True) -> tuple[np.ndarray, np.ndarray
     return labels, boxes, ink
 
 
-def _scan(gray: np.ndarray, mask: np.ndarray, dark: bool, max_height: float, tight: bool) -> list[Candidate]:
+def _scan(gray: np.ndarray, mask: np.ndarray, dark: bool, max_height: float, connect: str) -> list[Candidate]:
     """The free-standing glyph tokens of one ink mask (module doc, step 1)."""
     h, w = gray.shape
-    labels, boxes, ink = _tokens(mask, join=not tight)
+    labels, boxes, ink = _tokens(mask, connect)
     if not len(boxes):
         return []
     x1, y1, x2, y2 = boxes.T
     bh, bw = y2 - y1, x2 - x1
     # text-sized tokens are the neighbours that make a glyph part of a word or a number; larger
-    # ink (a photograph, a frame, an axis) beside a label does not, nor do thin brackets ("(a)")
-    small = np.concatenate([[False], (bh <= max_height) & (bw <= 8 * max_height) & (bw >= 0.45 * bh)])
+    # ink (a photograph, a frame, an axis, a rule) beside a label does not, nor do thin
+    # brackets ("(a)")
+    small = np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
     keep = np.flatnonzero(
         (bh >= MIN_HEIGHT)
         & (bh <= max_height)
@@ -184,7 +187,7 @@ def _scan(gray: np.ndarray, mask: np.ndarray, dark: bool, max_height: float, tig
         left_free = not mask[b:d, max(0, a - 2 * th) : a].any()
         above_free = not mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
-        score = math.sqrt(th) * corner * (1.0 if dark else 0.95) * (0.9 if tight else 1.0)
+        score = math.sqrt(th) * corner * (1.0 if dark else 0.95) * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=dark, score=score))
     return out
 
@@ -204,18 +207,25 @@ def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]
     """Tokens of ``gray`` (a work copy, uint8/int16 array) that may be printed labels, best
     first (module doc, step 1): dark glyphs on light ground, and light ones where the figure
     has dark ground. ``touching``: instead, the glyphs that touch other ink at a corner pixel
-    (a label set against a dark panel), found by joining pixels through their sides only, and
-    not already found the first way."""
+    (a label set against a dark panel, a white label a pixel below a panel's light frame), found
+    by joining pixels through their sides only, and not already found the first way."""
     longest = max(gray.shape)
     max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * longest)
     dark_mask = gray < DARK
     if touching:
-        found = {c.box for c in _scan(gray, dark_mask, True, max_height, tight=False)}
-        out = [c for c in _scan(gray, dark_mask, True, max_height, tight=True) if c.box not in found]
+        out = []
+        masks = [(dark_mask, True)] + ([(gray > LIGHT, False)] if _has_dark_ground(gray) else [])
+        for mask, dark in masks:
+            found = {c.box for c in _scan(gray, mask, dark, max_height, "joined")}
+            for connect in ("touching", "sides"):
+                for cand in _scan(gray, mask, dark, max_height, connect):
+                    if cand.box not in found:
+                        found.add(cand.box)
+                        out.append(cand)
     else:
-        out = _scan(gray, dark_mask, True, max_height, tight=False)
+        out = _scan(gray, dark_mask, True, max_height, "joined")
         if _has_dark_ground(gray):
-            out += _scan(gray, gray > LIGHT, False, max_height, tight=False)
+            out += _scan(gray, gray > LIGHT, False, max_height, "joined")
     out.sort(key=lambda c: (-c.score, c.box[1], c.box[0]))
     return out
 
@@ -246,9 +256,22 @@ def crop_for_ocr(
     pixels = np.asarray(crop)
     if not candidate.dark:
         pixels = 255 - pixels
+    middle = (int(pixels.min()) + int(pixels.max())) / 2
+    ink = pixels <= middle
+    # ink touching the crop's edge belongs to a neighbour (the corner of a panel the label
+    # touches, a bracket): white it out
+    from scipy import ndimage
+
+    parts, n = ndimage.label(ink)
+    if n > 1:
+        edge = np.unique(np.concatenate([parts[0], parts[-1], parts[:, 0], parts[:, -1]]))
+        edge = edge[edge > 0]
+        if len(edge) and len(edge) < n:
+            stray = np.isin(parts, edge)
+            ink &= ~stray
+            pixels = np.where(stray, 255, pixels).astype(np.uint8)
     if binarize:
-        middle = (int(pixels.min()) + int(pixels.max())) / 2
-        pixels = np.where(pixels <= middle, 0, 255).astype(np.uint8)
+        pixels = np.where(ink, 0, 255).astype(np.uint8)
     margin = OCR_HEIGHT // 2
     canvas = np.full((size[1] + 2 * margin, size[0] + 2 * margin), 255, np.uint8)
     canvas[margin : margin + size[1], margin : margin + size[0]] = pixels
@@ -441,6 +464,20 @@ def label_index(text: str, scheme: str) -> int:
     return (ord(text[0].lower()) - ord("a")) * 100 + int(text[1:]) - 1
 
 
+def label_at(index: int, scheme: str, like: str = "a") -> str:
+    """The label at ``index`` of a scheme (``like``: a label of the figure, for the case)."""
+    if scheme in ("upper", "lower"):
+        letter = chr(ord("a") + index)
+        return letter.upper() if scheme == "upper" else letter
+    if scheme == "digit":
+        return str(index + 1)
+    if scheme == "roman":
+        numeral = ROMANS[index]
+        return numeral.upper() if like.isupper() else numeral
+    letter = chr(ord("a") + index // 100)
+    return (letter.upper() if like[0].isupper() else letter) + str(index % 100 + 1)
+
+
 def _in_scheme(text: str, scheme: str) -> str:
     """``text`` as the scheme prints it (case of ambiguous letters)."""
     if scheme == "upper":
@@ -465,19 +502,34 @@ def caption_scheme(labels: Sequence[str]) -> str | None:
     return "upper" if first.isupper() else "lower"
 
 
-def _consistent(reads: list[tuple[int, PrintedLabel]]) -> list[tuple[int, PrintedLabel]]:
+def _aligned(r: PrintedLabel, others: Sequence[PrintedLabel]) -> int:
+    """How many of ``others`` share a column (left edge) or a row (top or bottom edge) with
+    ``r``: labels are set at the same place of panels laid out in rows and columns."""
+    tol = ALIGN_TOLERANCE * r.height
+    return sum(
+        1
+        for o in others
+        if abs(o.box[0] - r.box[0]) <= tol or abs(o.box[1] - r.box[1]) <= tol or abs(o.box[3] - r.box[3]) <= tol
+    )
+
+
+def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[list[tuple[int, PrintedLabel]], int]:
     """The largest subset of (index, label) sharing a height and forming a run from the first
-    or second label with at most one label missing between two found ones."""
-    if not reads:
-        return []
+    or second label with at most one label missing between two found ones; of two readings of
+    one label, the one aligned with more of the other labels (then the more confident). Also
+    returns how many aligned pairs the subset has."""
     best: list[tuple[int, PrintedLabel]] = []
-    heights = sorted({r.height for _, r in reads})
-    for ref in heights:
-        near = [(i, r) for i, r in reads if abs(r.height - ref) <= HEIGHT_SPREAD * ref]
-        by_index: dict[int, PrintedLabel] = {}
-        for i, r in sorted(near, key=lambda x: (abs(x[1].height - ref), -x[1].confidence)):
-            by_index.setdefault(i, r)
-        present = sorted(by_index)
+    best_key = None
+    for ref in sorted({r.height for _, r in reads}):
+        near = [(i, r) for i, r in reads if abs(r.height - ref) <= spread * ref]
+        by_index: dict[int, list[PrintedLabel]] = {}
+        for i, r in near:
+            by_index.setdefault(i, []).append(r)
+        chosen_at: dict[int, PrintedLabel] = {}
+        for i, options in by_index.items():
+            others = [r for j, rs in by_index.items() if j != i for r in rs]
+            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.height - ref)))
+        present = sorted(chosen_at)
         if not present or present[0] > 1:
             continue
         run = [present[0]]
@@ -485,20 +537,25 @@ def _consistent(reads: list[tuple[int, PrintedLabel]]) -> list[tuple[int, Printe
             if index - run[-1] > 2:
                 break
             run.append(index)
-        chosen = [(i, by_index[i]) for i in run]
-        key = (len(chosen), float(np.median([r.height for _, r in chosen])), sum(r.confidence for _, r in chosen))
-        if not best or key > (
-            len(best),
-            float(np.median([r.height for _, r in best])),
-            sum(r.confidence for _, r in best),
-        ):
-            best = chosen
-    return best
+        chosen = [(i, chosen_at[i]) for i in run]
+        labels = [r for _, r in chosen]
+        aligned = sum(_aligned(r, [o for o in labels if o is not r]) for r in labels) // 2
+        key = (len(chosen), aligned, float(np.median([r.height for r in labels])), sum(r.confidence for r in labels))
+        if best_key is None or key > best_key:
+            best, best_key = chosen, key
+    return best, (best_key[1] if best_key else 0)
 
 
 def choose_labels(reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None) -> list[PrintedLabel]:
     """The readings that form the figure's label sequence (module doc, step 3), in sequence
     order. ``caption_labels``: the caption's labels when the caption was read (None: unknown)."""
+    return choose_sequence(reads, caption_labels)[0]
+
+
+def choose_sequence(
+    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None
+) -> tuple[list[PrintedLabel], str | None]:
+    """``choose_labels`` and the scheme of the sequence (None when there is none)."""
     wanted = {x.casefold() for x in caption_labels} if caption_labels else None
     cap_scheme = caption_scheme(list(caption_labels or []))
     options: dict[str, list[tuple[int, PrintedLabel]]] = {s: [] for s in SCHEMES}
@@ -514,17 +571,19 @@ def choose_labels(reads: Sequence[PrintedLabel], caption_labels: Sequence[str] |
     best: list[tuple[int, PrintedLabel]] = []
     best_scheme, best_key = None, None
     for scheme in SCHEMES:
-        run = _consistent(options[scheme])
+        # capitals and digits share one height; lower-case letters differ by their ascenders
+        run, aligned = _consistent(options[scheme], HEIGHT_SPREAD if scheme in ("lower", "roman") else CAPS_SPREAD)
         if len(run) < 2:
             continue
         # a scheme that matches the case the letters were read in beats its case-swapped twin
         exact = sum(1 for _, r in run if scheme in label_schemes(r.text)[:1])
-        key = (len(run), exact, float(np.median([r.height for _, r in run])))
+        key = (len(run), aligned, exact, float(np.median([r.height for _, r in run])))
         if best_key is None or key > best_key:
             best, best_scheme, best_key = run, scheme, key
     if best_scheme is None:
-        return []
-    return [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in sorted(best, key=lambda x: x[0])]
+        return [], None
+    chosen = [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in sorted(best, key=lambda x: x[0])]
+    return chosen, best_scheme
 
 
 @dataclass
@@ -533,12 +592,13 @@ class LabelReading:
     label, and how many candidates were found and read."""
 
     labels: list[PrintedLabel]
+    scheme: str | None
     readings: list[PrintedLabel]
     candidates: int
     read: int
 
 
-def _complete(labels: Sequence[PrintedLabel], caption_labels: Sequence[str] | None) -> bool:
+def _complete(labels: Sequence[PrintedLabel], scheme: str | None, caption_labels: Sequence[str] | None) -> bool:
     """Whether a second pass could not add a label: every caption label found, or (no caption
     labels) a gapless sequence of two or more."""
     if caption_labels:
@@ -547,9 +607,8 @@ def _complete(labels: Sequence[PrintedLabel], caption_labels: Sequence[str] | No
         return True  # a caption without labels: no label is missing
     if len(labels) < 2:
         return False
-    schemes = [label_schemes(lab.text)[0] for lab in labels]
-    indices = [label_index(lab.text, sc) for lab, sc in zip(labels, schemes, strict=True)]
-    return indices == list(range(indices[0], indices[0] + len(indices)))
+    indices = [label_index(lab.text, scheme) for lab in labels]
+    return indices == list(range(0, len(indices)))
 
 
 def read_labels(
@@ -564,9 +623,9 @@ def read_labels(
     size = (gray.shape[1], gray.shape[0])
     first = candidates[:MAX_CANDIDATES]
     readings = read_candidates(image, first, size, reader, scheme)
-    labels = choose_labels(readings, caption_labels)
+    labels, chosen_scheme = choose_sequence(readings, caption_labels)
     read, total = len(first), len(candidates)
-    if not _complete(labels, caption_labels):
+    if not _complete(labels, chosen_scheme, caption_labels):
         touching = find_candidates(gray, touching=True)
         total += len(touching)
         rest = sorted(candidates[MAX_CANDIDATES:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
@@ -576,6 +635,6 @@ def read_labels(
         more = rest[:MORE_CANDIDATES]
         if more:
             readings = readings + read_candidates(image, more, size, reader, scheme)
-            labels = choose_labels(readings, caption_labels)
+            labels, chosen_scheme = choose_sequence(readings, caption_labels)
             read += len(more)
-    return LabelReading(labels=labels, readings=readings, candidates=total, read=read)
+    return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)

@@ -39,7 +39,14 @@ from PIL import Image
 
 from pipelines.panels.captions import split_caption
 from pipelines.panels.inputs import normalize_mode
-from pipelines.panels.labels import LabelReader, PrintedLabel, get_reader, read_labels
+from pipelines.panels.labels import (
+    LabelReader,
+    PrintedLabel,
+    get_reader,
+    label_at,
+    label_index,
+    read_labels,
+)
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
 from pipelines.panels.postprocess import finalize
 from pipelines.panels.regions import Structure, box_area, cut, ink_structure, union
@@ -47,6 +54,7 @@ from pipelines.panels.types import Box, Panel
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
 SINGLE_PANEL = "single panel"
+UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
 
 
@@ -108,12 +116,17 @@ def decide(
     labels: list[PrintedLabel] = []
     if "labels" in evidence:
         found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
-        labels = found.labels
+        labels, scheme = found.labels, found.scheme
         decision.candidates, decision.readings, decision.labels = found.candidates, found.readings, labels
     if len(labels) >= 2:
         work = [_Label(_to_work(sheet, lab.box), lab.text) for lab in labels]
         direction = _direction(root, work)
-        parts = partition_by_labels(sheet, root, work, direction)
+        missing = _missing(labels, scheme, caption_labels) if "structure" in evidence else []
+        first_missing = bool(missing) and min(label_index(lab.text, scheme) for lab in labels) > 0
+        parts = partition_by_labels(sheet, root, work, direction, first_missing)
+        if "structure" in evidence:
+            if missing:
+                parts = fill_missing(sheet, ink_structure(sheet), parts, work, scheme, missing, direction)
         decision.route = "labels"
         panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
         decision.panels = finalize(panels, sheet.width, sheet.height)
@@ -124,7 +137,10 @@ def decide(
         panels = [Panel(box=sheet.to_original(root))]
     elif "structure" in evidence:
         structure = ink_structure(sheet)
-        boxes = partition_by_structure(sheet, structure, root)
+        # a caption that names no panel is evidence of one: only a clear gutter parts it
+        unnamed = caption_labels is not None and not caption_labels
+        min_gap = UNNAMED_GUTTER * max(w, h) if unnamed else 0
+        boxes = partition_by_structure(sheet, structure, root, min_gap)
         decision.route = "structure"
         panels = [Panel(box=sheet.to_original(box)) for box in boxes]
     else:
@@ -170,14 +186,17 @@ def _piece_of(pieces: list[Box], axis: int, label: _Label) -> int:
 
 
 def partition_by_labels(
-    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int = 0
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str, first_missing: bool = False
 ) -> list[tuple[Box, str | None]]:
-    """Regions of ``box``, one per label (module doc), as (work box, label text)."""
-    return _by_labels(sheet, box, labels, direction, depth) or _part_at_labels(box, labels)
+    """Regions of ``box``, one per label (module doc), as (work box, label text).
+    ``first_missing``: the sequence's first label was not read, so the pieces before the first
+    label read are its panel (joined to the next region until ``fill_missing`` parts them),
+    not a shared title."""
+    return _by_labels(sheet, box, labels, direction, 0, first_missing) or _part_at_labels(box, labels)
 
 
 def _by_labels(
-    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int, first_missing: bool = False
 ) -> list[tuple[Box, str | None]] | None:
     """``partition_by_labels``, or None when no gutter of ``box`` separates its labels."""
     if len(labels) <= 1 or depth >= MAX_DEPTH:
@@ -200,7 +219,7 @@ def _by_labels(
         return None
     _, axis, pieces, owners = best
     out: list[tuple[Box, str | None]] = []
-    for members, extras, group_labels in _assemble(pieces, owners, direction):
+    for members, extras, group_labels in _assemble(pieces, owners, direction, first_missing):
         if len(group_labels) == 1:
             out.append((union(pieces[i] for i in members + extras), group_labels[0].text))
             continue
@@ -209,7 +228,7 @@ def _by_labels(
         sub = None
         for keep in range(len(extras), -1, -1):
             region = union(pieces[i] for i in members + extras[:keep])
-            sub = _by_labels(sheet, region, group_labels, direction, depth + 1)
+            sub = _by_labels(sheet, region, group_labels, direction, depth + 1, first_missing)
             if sub is not None:
                 for i in extras[keep:]:
                     sub = _attach(sub, pieces[i], axis)
@@ -221,20 +240,26 @@ def _by_labels(
 
 
 def _assemble(
-    pieces: list[Box], owners: list[list[_Label]], direction: str
+    pieces: list[Box], owners: list[list[_Label]], direction: str, first_missing: bool = False
 ) -> list[tuple[list[int], list[int], list[_Label]]]:
     """Pieces grouped under the labels they belong to: (labelled piece indices, unlabelled
     piece indices, labels). An unlabelled piece belongs to the labelled piece before it
-    (``before``) or after it (``after``); one with none on that side is shared and dropped."""
+    (``before``) or after it (``after``); one with none on that side is shared and dropped,
+    unless the first label was not read (``first_missing``): then it joins the first group."""
     order = list(range(len(pieces)))
     if direction == "after":
         order.reverse()
     groups: list[tuple[list[int], list[int], list[_Label]]] = []
+    leading: list[int] = []
     for i in order:
         if owners[i]:
             groups.append(([i], [], list(owners[i])))
+            if first_missing and leading and len(groups) == 1:
+                groups[0][0][:0] = leading
         elif groups:
             groups[-1][1].append(i)
+        else:
+            leading.append(i)
     return groups
 
 
@@ -289,30 +314,79 @@ def _clusters(values: list[int], tol: float) -> list[int]:
     return out
 
 
+def _missing(labels: list[PrintedLabel], scheme: str, caption_labels: list[str] | None) -> list[str]:
+    """Labels of the figure's sequence that were not read: the caption's (when it names the
+    labels read), else those before the last label read."""
+    found = {lab.text.casefold() for lab in labels}
+    if caption_labels and found <= {x.casefold() for x in caption_labels}:
+        return [x for x in caption_labels if x.casefold() not in found]
+    have = {label_index(lab.text, scheme) for lab in labels}
+    return [label_at(i, scheme, labels[0].text) for i in range(max(have)) if i not in have]
+
+
+def fill_missing(
+    sheet: Sheet,
+    structure: Structure,
+    parts: list[tuple[Box, str | None]],
+    labels: list[_Label],
+    scheme: str,
+    missing: list[str],
+    direction: str,
+) -> list[tuple[Box, str | None]]:
+    """A label that was not read leaves its panel joined to the region of the label before it
+    (after it, where labels are printed below their panels): that region is parted at its
+    widest gutters between graphic blocks into one more region per missing label; the new
+    regions have no label (none was read)."""
+    index = {text.casefold(): label_index(text, scheme) for _, text in parts if text}
+    owner_of: dict[str, int] = {}
+    for m in missing:
+        try:
+            k = label_index(m, scheme)
+        except (ValueError, IndexError):
+            continue
+        before = [t for t, i in index.items() if i < k]
+        after = [t for t, i in index.items() if i > k]
+        side = (before, after) if direction == "before" else (after, before)
+        pick = max(side[0], key=lambda t: index[t]) if side[0] else None
+        if pick is None and side[1]:
+            pick = min(side[1], key=lambda t: index[t])
+        if pick is not None:
+            owner_of[pick] = owner_of.get(pick, 0) + 1
+    out: list[tuple[Box, str | None]] = []
+    for box, text in parts:
+        extra = owner_of.get((text or "").casefold(), 0)
+        if not extra:
+            out.append((box, text))
+            continue
+        pieces = split_in(sheet, structure, box, extra + 1)
+        own = [lab for lab in labels if lab.text == text]
+        for piece in pieces:
+            holds = own and piece[0] <= own[0].centre[0] <= piece[2] and piece[1] <= own[0].centre[1] <= piece[3]
+            out.append((piece, text if holds or len(pieces) == 1 else None))
+    return out
+
+
 # ---- chart structure ----------------------------------------------------------------------------
 
 
-def partition_by_structure(
-    sheet: Sheet, structure: Structure, box: Box, depth: int = 0, count: list | None = None
-) -> list[Box]:
-    """Regions of ``box`` that each hold one graphic block with its own text (module doc)."""
-    count = count if count is not None else [1]
+def _major_cut(sheet: Sheet, structure: Structure, box: Box) -> tuple[int, list[list[Box]]] | None:
+    """The cut of ``box`` that leaves the most graphic blocks (two or more), as (axis, groups):
+    each group a major piece with the minor pieces (text strips, legends) that join it, in
+    order along the axis; None when no cut leaves two."""
     best = None
-    if depth < MAX_DEPTH:
-        for mask in sheet.masks:
-            for axis in (0, 1):
-                pieces = cut(sheet, box, axis, mask)
-                if not pieces:
-                    continue
-                major = [structure.is_major(p, pieces, axis) for p in pieces]
-                n = sum(major)
-                if n >= 2 and (best is None or n > best[0]):
-                    best = (n, axis, pieces, major)
-            if best is not None:
-                break
-    if best is None or count[0] + best[0] - 1 > MAX_PANELS:
-        return [box]
-    count[0] += best[0] - 1
+    for mask in sheet.masks:
+        for axis in (0, 1):
+            pieces = cut(sheet, box, axis, mask)
+            if not pieces:
+                continue
+            major = [structure.is_major(p, pieces, axis) for p in pieces]
+            n = sum(major)
+            if n >= 2 and (best is None or n > best[0]):
+                best = (n, axis, pieces, major)
+        if best is not None:
+            break
+    if best is None:
+        return None
     _, axis, pieces, major = best
     majors = [i for i, m in enumerate(major) if m]
     groups: dict[int, list[int]] = {i: [i] for i in majors}
@@ -324,12 +398,51 @@ def partition_by_structure(
         if before is None or after is None:
             groups[before if after is None else after].append(i)
             continue
-        gap_before = _gap(pieces[before], pieces[i], axis)
-        gap_after = _gap(pieces[i], pieces[after], axis)
-        groups[before if gap_before <= gap_after else after].append(i)
+        closer = _gap(pieces[before], pieces[i], axis) <= _gap(pieces[i], pieces[after], axis)
+        groups[before if closer else after].append(i)
+    return axis, [[pieces[i] for i in sorted(groups[j])] for j in majors]
+
+
+def partition_by_structure(
+    sheet: Sheet, structure: Structure, box: Box, min_gap: float = 0, depth: int = 0, count: list | None = None
+) -> list[Box]:
+    """Regions of ``box`` that each hold one graphic block with its own text (module doc),
+    parted only at gutters at least ``min_gap`` work pixels wide."""
+    count = count if count is not None else [1]
+    found = _major_cut(sheet, structure, box) if depth < MAX_DEPTH else None
+    if found is None:
+        return [box]
+    axis, groups = found
+    merged = [list(groups[0])]
+    for group in groups[1:]:
+        if _gap(union(merged[-1]), union(group), axis) < min_gap:
+            merged[-1].extend(group)
+        else:
+            merged.append(list(group))
+    if len(merged) < 2 or count[0] + len(merged) - 1 > MAX_PANELS:
+        return [box]
+    count[0] += len(merged) - 1
     out: list[Box] = []
-    for members in groups.values():
-        out.extend(partition_by_structure(sheet, structure, union(pieces[i] for i in members), depth + 1, count))
+    for group in merged:
+        out.extend(partition_by_structure(sheet, structure, union(group), min_gap, depth + 1, count))
+    return out
+
+
+def split_in(sheet: Sheet, structure: Structure, box: Box, parts: int) -> list[Box]:
+    """``box`` in at most ``parts`` regions, parted at the widest gutters between the graphic
+    blocks of its first cut (a panel whose label was not read, joined to its neighbour)."""
+    found = _major_cut(sheet, structure, box)
+    if found is None or parts < 2:
+        return [box]
+    axis, groups = found
+    boxes = [union(g) for g in groups]
+    gaps = [_gap(boxes[k], boxes[k + 1], axis) for k in range(len(boxes) - 1)]
+    at = sorted(sorted(range(len(gaps)), key=lambda k: -gaps[k])[: parts - 1])
+    out, start = [], 0
+    for k in at:
+        out.append(union(boxes[start : k + 1]))
+        start = k + 1
+    out.append(union(boxes[start:]))
     return out
 
 
