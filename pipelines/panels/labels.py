@@ -63,7 +63,7 @@ MAX_CANDIDATES = 16  # read in a first pass
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
-OCR_HEIGHT = 36
+OCR_HEIGHT = 32
 HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
 CAPS_SPREAD = 0.25  # capitals, digits
 ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a column
@@ -149,46 +149,99 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
     return labels, boxes, ink
 
 
-def _scan(gray: np.ndarray, mask: np.ndarray, dark: bool, max_height: float, connect: str) -> list[Candidate]:
-    """The free-standing glyph tokens of one ink mask (module doc, step 1)."""
+@dataclass
+class _Ink:
+    """One polarity's ink, joined into tokens: which tokens are text-sized, and which are
+    candidates already."""
+
+    mask: np.ndarray
+    dark: bool
+    labels: np.ndarray
+    boxes: np.ndarray
+    ink: np.ndarray
+    small: np.ndarray  # by label id (0: no ink)
+    taken: np.ndarray  # by label id (0: no ink)
+
+
+def _text_sized(boxes: np.ndarray, max_height: float) -> np.ndarray:
+    """By label id (0: no ink): tokens the size of text. They are the neighbours that make a
+    glyph part of a word or a number; larger ink (a photograph, a frame, an axis, a rule) beside
+    a label does not, nor do thin brackets ("(a)")."""
+    bh, bw = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
+    return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
+
+
+def _ink(gray: np.ndarray, dark: bool, max_height: float) -> _Ink:
+    mask = gray < DARK if dark else gray > LIGHT
+    labels, boxes, ink = _tokens(mask, "joined")
+    small = _text_sized(boxes, max_height)
+    return _Ink(mask, dark, labels, boxes, ink, small, np.zeros_like(small))
+
+
+def _scan(
+    gray: np.ndarray, ink: _Ink, max_height: float, connect: str = "joined", window: Box | None = None
+) -> list[Candidate]:
+    """The free-standing glyph tokens of one polarity (module doc, step 1). ``connect``
+    "joined": its tokens; "touching"/"sides": the glyphs inside its tokens that are not
+    candidates themselves, parted by joining pixels without dilation / through their sides
+    only (``_tokens``), inside ``window`` (x1, y1, x2, y2; the whole figure when None)."""
     h, w = gray.shape
-    labels, boxes, ink = _tokens(mask, connect)
+    parts = None
+    if connect == "joined":
+        boxes, count = ink.boxes, ink.ink
+    else:
+        wx1, wy1, wx2, wy2 = window or (0, 0, w, h)
+        inside = ink.mask[wy1:wy2, wx1:wx2] & ~ink.taken[ink.labels[wy1:wy2, wx1:wx2]]
+        parts, boxes, count = _tokens(inside, connect)
+        boxes = boxes + np.array([wx1, wy1, wx1, wy1], dtype=boxes.dtype)
+        part_small = _text_sized(boxes, max_height)
     if not len(boxes):
         return []
     x1, y1, x2, y2 = boxes.T
     bh, bw = y2 - y1, x2 - x1
-    # text-sized tokens are the neighbours that make a glyph part of a word or a number; larger
-    # ink (a photograph, a frame, an axis, a rule) beside a label does not, nor do thin
-    # brackets ("(a)")
-    small = np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
     keep = np.flatnonzero(
         (bh >= MIN_HEIGHT)
         & (bh <= max_height)
         & (bw <= MAX_GLYPHS * bh)
         & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
-        & (ink <= MAX_FILL * bw * bh)
-        & (ink >= 0.08 * bw * bh)
+        & (count <= MAX_FILL * bw * bh)
+        & (count >= 0.08 * bw * bh)
     )
     out = []
     for i in keep:
         a, b, c, d, th = int(x1[i]), int(y1[i]), int(x2[i]), int(y2[i]), int(bh[i])
         rx, ry = math.ceil(RING_X * th), math.ceil(RING_Y * th)
         oa, ob, oc, od = max(0, a - rx), max(0, b - ry), min(w, c + rx), min(h, d + ry)
-        ids = labels[ob:od, oa:oc]
-        near = small[ids] & (ids != i + 1)  # with a joined token's one-pixel halo
+        ids = ink.labels[ob:od, oa:oc]
+        if parts is None:
+            # text-sized ink around, with a joined token's one-pixel halo
+            near = ink.small[ids] & (ids != i + 1)
+        else:
+            # a glyph parted from a larger token: the other text-sized parts and the text-sized
+            # tokens around are its neighbours, not the token it was parted from
+            sub = np.zeros(ids.shape, parts.dtype)  # the window's parts; none outside it
+            ca, cb, cc, cd = max(oa, wx1), max(ob, wy1), min(oc, wx2), min(od, wy2)
+            sub[cb - ob : cd - ob, ca - oa : cc - oa] = parts[cb - wy1 : cd - wy1, ca - wx1 : cc - wx1]
+            inner = sub[b - ob : d - ob, a - oa : c - oa] == i + 1
+            parent = ink.labels[b:d, a:c][inner][0]
+            near = (ink.small[ids] & (ids != parent) & (sub == 0)) | ((sub != i + 1) & part_small[sub])
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
         if np.count_nonzero(near) > 0.004 * ring_area:
             continue
         # light ink must stand on a dark ground (the holes of dark glyphs are light too)
-        if not dark and gray[ob:od, oa:oc].mean() >= DARK:
+        if not ink.dark and gray[ob:od, oa:oc].mean() >= DARK:
             continue
+        if parts is None:
+            ink.taken[i + 1] = True
         # a label stands at a corner of what it names: no ink at all for two heights to its
         # left or for a height above it ranks it higher
-        left_free = not mask[b:d, max(0, a - 2 * th) : a].any()
-        above_free = not mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
+        above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
-        score = math.sqrt(th) * corner * (1.0 if dark else 0.95) * (1.0 if connect == "joined" else 0.9)
-        out.append(Candidate(box=(a, b, c, d), dark=dark, score=score))
+        # labels are set bold: the share of the token's box that is ink ranks it too
+        bold = 0.5 + count[i] / ((c - a) * (d - b))
+        score = math.sqrt(th) * corner * bold * (1.0 if ink.dark else 0.95) * (1.0 if connect == "joined" else 0.9)
+        out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
 
 
@@ -203,31 +256,65 @@ def _has_dark_ground(gray: np.ndarray, block: int = 8) -> bool:
     return bool((means < DARK / 2).any())
 
 
-def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]:
-    """Tokens of ``gray`` (a work copy, uint8/int16 array) that may be printed labels, best
-    first (module doc, step 1): dark glyphs on light ground, and light ones where the figure
-    has dark ground. ``touching``: instead, the glyphs that touch other ink at a corner pixel
-    (a label set against a dark panel, a white label a pixel below a panel's light frame), found
-    by joining pixels through their sides only, and not already found the first way."""
-    longest = max(gray.shape)
-    max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * longest)
-    dark_mask = gray < DARK
-    if touching:
-        out = []
-        masks = [(dark_mask, True)] + ([(gray > LIGHT, False)] if _has_dark_ground(gray) else [])
-        for mask, dark in masks:
-            found = {c.box for c in _scan(gray, mask, dark, max_height, "joined")}
-            for connect in ("touching", "sides"):
-                for cand in _scan(gray, mask, dark, max_height, connect):
-                    if cand.box not in found:
-                        found.add(cand.box)
-                        out.append(cand)
-    else:
-        out = _scan(gray, dark_mask, True, max_height, "joined")
+class CandidateFinder:
+    """Label candidates of one figure (module doc, step 1), best first: ``first()`` the glyph
+    tokens standing free, dark on light ground and, where the figure has dark ground, light
+    on dark; ``touching()`` the glyphs that touch larger ink at a pixel (a label set against
+    a dark panel, a white label a pixel below a panel's light frame), parted from it by joining
+    pixels without dilation and through their sides only."""
+
+    def __init__(self, gray: np.ndarray):
+        self.gray = gray
+        self.max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * max(gray.shape))
+        self.inks = [_ink(gray, True, self.max_height)]
         if _has_dark_ground(gray):
-            out += _scan(gray, gray > LIGHT, False, max_height, "joined")
-    out.sort(key=lambda c: (-c.score, c.box[1], c.box[0]))
+            self.inks.append(_ink(gray, False, self.max_height))
+        self.found: set[Box] = set()
+
+    def first(self) -> list[Candidate]:
+        out = [c for ink in self.inks for c in _scan(self.gray, ink, self.max_height)]
+        self.found |= {c.box for c in out}
+        return _ranked(out)
+
+    def touching(self, near: Sequence[Box] = ()) -> list[Candidate]:
+        """``near``: boxes (work pixels) of labels found; labels are set in rows and columns,
+        so only the bands through them (three label heights wide) are searched; the whole
+        figure when none was found."""
+        h, w = self.gray.shape
+        rows = _merged([(max(0, y1 - (y2 - y1)), min(h, y2 + (y2 - y1))) for x1, y1, x2, y2 in near])
+        cols = _merged([(max(0, x1 - (y2 - y1)), min(w, x2 + (y2 - y1))) for x1, y1, x2, y2 in near])
+        windows: list[Box | None] = [(0, a, w, b) for a, b in rows] + [(a, 0, b, h) for a, b in cols]
+        out = []
+        for ink in self.inks:
+            for window in windows or [None]:
+                for connect in ("touching", "sides"):
+                    for cand in _scan(self.gray, ink, self.max_height, connect, window):
+                        if cand.box not in self.found:
+                            self.found.add(cand.box)
+                            out.append(cand)
+        return _ranked(out)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping spans joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
     return out
+
+
+def _ranked(candidates: list[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: (-c.score, c.box[1], c.box[0]))
+
+
+def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]:
+    """``CandidateFinder(gray).first()``, or with ``touching`` its ``touching()``."""
+    finder = CandidateFinder(gray)
+    first = finder.first()
+    return finder.touching() if touching else first
 
 
 # ---- 2. reading -----------------------------------------------------------------------------
@@ -337,6 +424,8 @@ class TesseractReader:
         key = (psm, charset)
         if key not in apis:
             api = self._tesserocr.PyTessBaseAPI(path=self.tessdata, lang="eng", psm=psm)
+            # crops are dark on light already: no second, inverted reading of a doubtful one
+            api.SetVariable("tessedit_do_invert", "0")
             if charset:
                 api.SetVariable("tessedit_char_whitelist", charset)
             apis[key] = api
@@ -618,7 +707,8 @@ def read_labels(
     read; when labels are still missing (the caption names more, or the sequence has a gap),
     up to ``MORE_CANDIDATES`` more are read: the next candidates as tall as the labels found
     (tall text and symbols outrank small labels in the first pass) and glyphs touching a panel."""
-    candidates = find_candidates(gray)
+    finder = CandidateFinder(gray)
+    candidates = finder.first()
     scheme = caption_scheme(list(caption_labels or []))
     size = (gray.shape[1], gray.shape[0])
     first = candidates[:MAX_CANDIDATES]
@@ -626,7 +716,12 @@ def read_labels(
     labels, chosen_scheme = choose_sequence(readings, caption_labels)
     read, total = len(first), len(candidates)
     if not _complete(labels, chosen_scheme, caption_labels):
-        touching = find_candidates(gray, touching=True)
+        sx, sy = image.width / gray.shape[1], image.height / gray.shape[0]
+        near = [
+            (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
+            for lab in labels
+        ]
+        touching = finder.touching(near)
         total += len(touching)
         rest = sorted(candidates[MAX_CANDIDATES:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
         if labels:
