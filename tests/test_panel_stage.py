@@ -12,7 +12,7 @@ from pipelines.acquire.rawstore import read_raw_file
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.evaluate import match_at_iou, recall_precision
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage, choose, needs_detector
-from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Panel
+from pipelines.panels.types import CONSENSUS, DECISION, DETR, Panel
 from pipelines.stage import Partition
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
@@ -44,13 +44,13 @@ def test_choosing_between_the_methods():
     same = [Panel((2, 0, 100, 100)), Panel((110, 0, 198, 100))]
     other = [Panel((0, 0, 200, 50))]
     settings = PanelSettings(detector=TINY, prefer=DETR)
-    assert choose(a, None, settings) == (XYCUT, a, None)  # no detector: the layout's panels
+    assert choose(a, None, settings) == (DECISION, a, None)  # no detector: the figure decision's panels
     method, panels, agreement = choose(a, same, settings)
     assert method == CONSENSUS and len(panels) == 2 and agreement > 0.95
     method, panels, agreement = choose(a, other, settings)
     assert (method, panels) == (DETR, other) and agreement < 0.7
-    assert choose(a, other, PanelSettings(detector=TINY, prefer=XYCUT))[:2] == (XYCUT, a)
-    assert choose(a, [], settings)[:2] == (XYCUT, a)  # the detector found nothing: the layout's panels stay
+    assert choose(a, other, PanelSettings(detector=TINY, prefer=DECISION))[:2] == (DECISION, a)
+    assert choose(a, [], settings)[:2] == (DECISION, a)  # the detector found nothing: the decision's panels stay
     assert choose([], [], settings)[:2] == (DETR, [])
 
 
@@ -61,7 +61,7 @@ def test_layout_only_run_on_the_sample(lake):
     images = sum(len(f["image_files"] or []) for f in _rows(lake, "figures"))
     assert len(figures) == images == 128 and embedded in (None, 128)  # every resolved figure image, once
     assert sum(r.ok + r.error for r in results.values()) == 128
-    assert {f["method"] for f in figures if f["n_panels"]} == {XYCUT} and not any(f["n_detr"] for f in figures)
+    assert {f["method"] for f in figures if f["n_panels"]} == {DECISION} and not any(f["n_detr"] for f in figures)
     panels = _rows(lake, "panels")
     size = {(f["pmcid"], f["image_file"]): (f["width"], f["height"]) for f in figures}
     for p in panels:
@@ -112,14 +112,14 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
     new = sorted(tuple(p[k] for k in key) for p in _rows(lake, "panels", "2027"))
     assert new == old
     # other settings (a detector now) are not carried: every image is looked at again
-    changed = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition("2027", SHARDS[0]))
+    changed = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(lake, Partition("2027", SHARDS[0]))
     assert changed.skipped == 0
 
 
 def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     shard = SHARDS[1]
     lines: list[str] = []
-    result = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition(RELEASE, shard), lines.append)
+    result = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(lake, Partition(RELEASE, shard), lines.append)
     figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
     candidates = [f for f in figures if f["n_detr"] is not None]
     n = len(candidates)
@@ -130,7 +130,7 @@ def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     assert len(candidates) <= len(expected)
     for f in candidates:
         assert f["model"] == "synthetic-tiny-dab-detr" and f["synthetic"] and f["threshold"] == 0.0
-        assert f["agreement"] is not None and f["method"] in (XYCUT, CONSENSUS)
+        assert f["agreement"] is not None and f["method"] in (DECISION, CONSENSUS)
 
 
 def test_crops_are_the_panels_pixels(lake):
@@ -168,7 +168,7 @@ def test_the_panel_assets_through_dagster(lake, tmp_path):
     open_test_release(instance, RELEASE)
     resources = {
         "lake": LakeResource(home=str(lake.root)),
-        "models": ModelsResource(synthetic=True, panel_detector=None),  # layout splitter only
+        "models": ModelsResource(synthetic=True, panel_detector=None),  # the figure decision only
         "ray": RayResource(),
         "quality": QualityResource(),
     }
@@ -177,7 +177,7 @@ def test_the_panel_assets_through_dagster(lake, tmp_path):
     (event,) = result.get_asset_materialization_events()
     meta = {k: v.value for k, v in event.materialization.metadata.items()}
     figures = lake.read_table("panel_figures", RELEASE, SHARDS[2]).to_pylist()
-    assert meta["images"] == len(figures) and meta["detector"] == "none (layout only)"
+    assert meta["images"] == len(figures) and meta["detector"] == "none (figure decision)"
     assert meta["panels"] == lake.read_table("panels", RELEASE, SHARDS[2]).num_rows
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert set(checks) == {"panel_boxes_inside_image", "panel_count_matches_caption", "zero_panel_share", "error_rate"}

@@ -55,6 +55,8 @@ class FigureSplit:
     width: int = 0
     height: int = 0
     reason: str | None = None  # None when the figure was split
+    labels: list = field(default_factory=list)  # printed labels read (labels.PrintedLabel), original pixels
+    route: str | None = None  # how the figure decision split it (split.Decision.route)
 
 
 def normalize_mode(im: Image.Image) -> Image.Image:

@@ -32,13 +32,21 @@ was read. A figure of one colour has no panel.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
 
 from pipelines.panels.captions import split_caption
-from pipelines.panels.inputs import normalize_mode
+from pipelines.panels.inputs import (
+    MIN_SIDE,
+    FigureSplit,
+    PanelInputError,
+    is_uniform,
+    normalize_mode,
+    prepare_image,
+    scale_boxes,
+)
 from pipelines.panels.labels import (
     LabelReader,
     PrintedLabel,
@@ -53,6 +61,7 @@ from pipelines.panels.regions import Structure, box_area, cut, ink_structure, un
 from pipelines.panels.types import Box, Panel
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
+DECISION_VERSION = 1  # results of another version are not carried over to a new release
 SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
@@ -103,6 +112,8 @@ def decide(
     evidence: Collection[str] = EVIDENCE,
 ) -> Decision:
     """``panels_for_figure`` with the evidence it used."""
+    if min(image.size) < MIN_SIDE:
+        return Decision(panels=[], route="too small")
     image = normalize_mode(image)
     sheet = make_sheet(image)
     h, w = sheet.gray.shape
@@ -129,7 +140,7 @@ def decide(
                 parts = fill_missing(sheet, ink_structure(sheet), parts, work, scheme, missing, direction)
         decision.route = "labels"
         panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
-        decision.panels = finalize(panels, sheet.width, sheet.height)
+        decision.panels = finalize(panels, sheet.width, sheet.height, single=False)
         return decision
     single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
     if single_kind:
@@ -149,6 +160,41 @@ def decide(
         panels = [Panel(box=panels[0].box, score=panels[0].score, label=labels[0].text)]
     decision.panels = finalize(panels, sheet.width, sheet.height)
     return decision
+
+
+def figure_decision(
+    data: bytes | Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> FigureSplit:
+    """The decision on a figure's bytes as the ``panels`` stage takes it: the image prepared
+    by ``inputs.prepare_image`` (one decoder for every stage), boxes and label boxes in the
+    original pixels (a huge JPEG is decoded reduced). Bad input is a ``reason``, never an
+    exception; so is a failure of the decision on one figure (its type and message), so that a
+    batch always completes."""
+    try:
+        image, width, height = prepare_image(data)
+    except PanelInputError as exc:
+        return FigureSplit(reason=exc.reason)
+    if is_uniform(image):
+        return FigureSplit(width=width, height=height, reason="uniform image")
+    try:
+        decision = decide(image, caption, panel_type=panel_type, reader=reader, evidence=evidence)
+    except (ValueError, IndexError, ZeroDivisionError, OSError) as exc:
+        return FigureSplit(width=width, height=height, reason=f"panel decision failed: {type(exc).__name__}: {exc}")
+    boxes = scale_boxes([p.box for p in decision.panels], image.size, width, height)
+    label_boxes = scale_boxes([lab.box for lab in decision.labels], image.size, width, height)
+    return FigureSplit(
+        panels=[replace(p, box=b) for p, b in zip(decision.panels, boxes, strict=True)],
+        width=width,
+        height=height,
+        reason=None if decision.panels else "no content",
+        labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
+        route=decision.route,
+    )
 
 
 def _to_work(sheet: Sheet, box: Box) -> Box:
