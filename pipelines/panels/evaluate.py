@@ -12,6 +12,8 @@ import numpy as np
 from pipelines.panels.postprocess import iou
 from pipelines.panels.types import Box
 
+LABEL_MARGIN = 0.05
+
 
 def match_at_iou(pred: Sequence[Box], truth: Sequence[Box], iou_min: float = 0.5) -> tuple[int, int, int]:
     """``(tp, fp, fn)``: predicted and true boxes matched one to one (each used at most once),
@@ -242,3 +244,30 @@ def score_figures(figures: Sequence[dict], predictions: Sequence[Sequence], pair
         }
     )
     return out
+
+
+def _inside(label, box: Box, margin: float) -> bool:
+    cx, cy = (label.box[0] + label.box[2]) / 2, (label.box[1] + label.box[3]) / 2
+    return box[0] - margin <= cx <= box[2] + margin and box[1] - margin <= cy <= box[3] + margin
+
+
+def label_reading(figures: Sequence[dict], found: Sequence[Sequence]) -> dict:
+    """Printed labels read against the truth, whatever the panels: ``recall`` = true labelled
+    panels with a label of the same text (as printed) read inside their box grown by
+    ``LABEL_MARGIN`` of the figure's longest side (labels are printed just outside a panel,
+    too); ``precision`` = labels read that sit so in a true panel with that label."""
+    panels = hits = read = right = 0
+    for fig, labels in zip(figures, found, strict=True):
+        m = LABEL_MARGIN * max(fig["width"], fig["height"])
+        truth = [(box, label) for box, label in zip(fig["boxes"], fig["labels"], strict=True) if label]
+
+        panels += len(truth)
+        hits += sum(1 for box, label in truth if any(lab.text == label and _inside(lab, box, m) for lab in labels))
+        read += len(labels)
+        right += sum(1 for lab in labels if any(lab.text == label and _inside(lab, box, m) for box, label in truth))
+    return {
+        "labelled_panels": panels,
+        "labels_read": read,
+        "recall": round(hits / panels, 4) if panels else None,
+        "precision": round(right / read, 4) if read else None,
+    }
