@@ -7,7 +7,7 @@ from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Confi
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, run_stage, shard_check
+from assets.report import error_rate_check, outage_of, run_stage, shard_check
 from pipelines.longcap import negatives
 from pipelines.longcap.prompts import PROMPT_VERSION
 from pipelines.longcap.stages import (
@@ -63,7 +63,7 @@ def pair_negatives(
         return run_stage(context, stage, lk)
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = NegativesStage(engine, config.max_per_type, config.vlm_per_pair, config.seed)
-        return run_stage(context, stage, lk)
+        return run_stage(context, stage, lk, outage=outage_of(vlm))
 
 
 class LongCapRunSettings(Config):
@@ -119,4 +119,4 @@ def long_captions(
     )
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
-        return run_stage(context, stage, lk, quality.max_error_rate)
+        return run_stage(context, stage, lk, quality.max_error_rate, outage_of(vlm))

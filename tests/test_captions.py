@@ -1,5 +1,5 @@
 """Caption splitting by panel label: the tricky cases one by one, the extractive guarantee as a
-property, the join to panels, and agreement with hand-split real captions."""
+property, and agreement with hand-split real captions (the join to panels: test_pairing.py)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.panels.captions import assign_captions, caption_agreement, normalize_caption, split_caption
+from benchmarks.captions import EVAL_DIR, load_cases
+from pipelines.panels.captions import (
+    caption_agreement,
+    normalize_caption,
+    phrase_agreement,
+    split_caption,
+)
 from pipelines.panels.types import CaptionSplit
 
 CASES = json.loads((Path(__file__).parent / "data" / "caption_splits.json").read_text("utf-8"))["cases"]
-SCHEMES = {"upper", "lower", "digit", "roman", "alnum", "none"}
+SCHEMES = {"upper", "lower", "digit", "roman", "alnum", "fignum", "position", "none"}
 
 
 def assert_extractive(caption: str | None, split: CaptionSplit) -> None:
+    """Every text a substring of the normalised caption, labels as printed (position words may
+    hold a space: "Lower left"), sub-labels under labels of the split, and the same split again."""
     text = normalize_caption(caption)
     assert split.preface in text
     for label, panel_text in split.panels.items():
         assert panel_text in text, label
-        assert label and all(c.isalnum() for c in label), label
+        assert label and all(c.isalnum() or (c == " " and split.scheme == "position") for c in label), label
     assert split.scheme in SCHEMES
     assert 0.0 <= split.confidence <= 1.0
+    assert set(split.parents) <= set(split.panels) and set(split.parents.values()) <= set(split.panels)
+    assert split_caption(caption) == split
 
 
 # --- normalisation -------------------------------------------------------------------------
@@ -182,7 +192,7 @@ def test_a_range_in_the_preface_is_a_reference():
 def test_text_before_label_style():
     split = split_caption("Effects of drug X. Western blot of lysates (A) and quantification of bands (B).")
     assert split.preface == "Effects of drug X."
-    assert split.panels == {"A": "Western blot of lysates", "B": "quantification of bands"}
+    assert split.panels == {"A": "Western blot of lysates (A)", "B": "quantification of bands (B)"}
     assert split.confidence < 1.0
 
 
@@ -205,6 +215,339 @@ def test_twenty_six_letters():
     letters = string.ascii_uppercase
     split = split_caption(" ".join(f"({c}) Panel text {c}." for c in letters))
     assert list(split.panels) == list(letters) and split.confidence == 1.0
+
+
+# --- house styles (issue 19 §4): expected texts read off each caption by hand ------------------
+
+
+def test_labels_trailing_their_text_get_their_own_item_and_leave_the_head_to_the_preface():
+    split = split_caption(
+        "Figure 2. Chest CT images showing the lungs of patient 1 (A), patient 2 (B), patient 3 (C), "
+        "and patient 5 (D). Arrows mark ground-glass opacities."
+    )
+    assert split.preface == "Figure 2. Chest CT images showing the lungs of"
+    assert split.panels == {
+        "A": "patient 1 (A)",
+        "B": "patient 2 (B)",
+        "C": "patient 3 (C)",  # a label: nothing here speaks of temperature
+        "D": "patient 5 (D)",
+    }
+    assert split.scheme == "upper"
+
+
+def test_a_trailing_list_of_single_words_after_a_long_head():
+    split = split_caption(
+        "Dietary exposure altered transcript levels for TSHb (A) and GPHa (B) in the pituitary gland."
+    )
+    assert split.preface == "Dietary exposure altered transcript levels for"
+    assert split.panels == {"A": "TSHb (A)", "B": "GPHa (B)"}
+
+
+def test_trailing_clauses_of_similar_length_keep_their_subject():
+    split = split_caption("Exposure depressed total T4 in males and females (A), but had no effect on total T3 (B).")
+    assert split.preface == ""
+    assert split.panels == {
+        "A": "Exposure depressed total T4 in males and females (A)",
+        "B": "but had no effect on total T3 (B)",
+    }
+
+
+@pytest.mark.parametrize(
+    "caption, expected",
+    [
+        (
+            "Immunostaining for ghrelin (A-C), GHSR-1a (D, E) and PCNA (F and G) in fetal testis.",
+            {"A": "(A-C)", "B": "(A-C)", "C": "(A-C)", "D": "GHSR-1a (D, E)", "E": "GHSR-1a (D, E)"},
+        ),
+        (
+            "Immunostaining for ghrelin (A\u2013C), GHSR-1a (D, E) and PCNA (F and G) in fetal testis.",
+            {"A": "(A-C)", "F": "PCNA (F and G)", "G": "PCNA (F and G)"},
+        ),
+    ],
+)
+def test_ranges_and_groups_inside_trailing_lists(caption, expected):
+    split = split_caption(caption)
+    assert list(split.panels) == list("ABCDEFG")
+    for label, text in expected.items():
+        assert split.panels[label].endswith(text), (label, split.panels[label])
+    assert split.panels["A"] == split.panels["B"] == split.panels["C"] == "Immunostaining for ghrelin (A-C)"
+
+
+def test_labels_with_a_figure_number():
+    split = split_caption(
+        "Figure 1. Growth of two strains. (1A) Strain 1 at day 1. (1B) Strain 1 at day 3. (2A) Strain 2 at day 1."
+    )
+    assert split.scheme == "fignum"
+    assert split.preface == "Figure 1. Growth of two strains."
+    assert split.panels == {"1A": "Strain 1 at day 1.", "1B": "Strain 1 at day 3.", "2A": "Strain 2 at day 1."}
+
+
+def test_sub_labels_beside_their_panels():
+    split = split_caption(
+        "Brain sections. (a) Overview of the brain. (a1) Hippocampus. (a2) Cortex. (b) Counts per area."
+    )
+    assert split.scheme == "lower"
+    assert split.panels == {
+        "a": "Overview of the brain. (a1) Hippocampus. (a2) Cortex.",
+        "a1": "Hippocampus.",
+        "a2": "Cortex.",
+        "b": "Counts per area.",
+    }
+    assert split.parents == {"a1": "a", "a2": "a"}
+
+
+def test_sub_labels_without_their_panels_are_one_level():
+    split = split_caption("(a1) Day 1. (a2) Day 7. (b1) Counts. (b2) Areas.")
+    assert split.scheme == "alnum"
+    assert split.panels == {"a1": "Day 1.", "a2": "Day 7.", "b1": "Counts.", "b2": "Areas."}
+    assert split.parents == {}
+
+
+def test_letters_inside_one_numbered_part_are_its_sub_panels():
+    split = split_caption(
+        "Fig. 2 (1) Schematic of the device and (2) SEM images of (a) raw fibres, (b, c) annealed fibres "
+        "and (d) coated fibres."
+    )
+    assert split.scheme == "digit"
+    assert split.panels == {
+        "1": "Schematic of the device",
+        "2": "SEM images of (a) raw fibres, (b, c) annealed fibres and (d) coated fibres.",
+        "a": "raw fibres",
+        "b": "annealed fibres",
+        "c": "annealed fibres",
+        "d": "coated fibres.",
+    }
+    assert split.parents == {"a": "2", "b": "2", "c": "2", "d": "2"}
+
+
+def test_upper_and_lower_case_of_one_scheme():
+    split = split_caption(
+        "Sensors. a Schematic of the sensor. b Voltammetry of the electrode. (C) Response to glucose."
+    )
+    assert split.panels == {
+        "a": "Schematic of the sensor.",
+        "b": "Voltammetry of the electrode.",
+        "C": "Response to glucose.",
+    }
+    assert split.scheme == "lower"
+
+
+@pytest.mark.parametrize(
+    "caption, preface, panels",
+    [
+        (
+            "Study area. Upper left (A): map of the region. Upper right (B): satellite image. "
+            "Lower left (C): elevation.",
+            "Study area.",
+            {"A": "map of the region.", "B": "satellite image.", "C": "elevation."},
+        ),
+        (
+            "Cell morphology. Left: untreated cells. Right: cells treated with drug X for 24 h.",
+            "Cell morphology.",
+            {"Left": "untreated cells.", "Right": "cells treated with drug X for 24 h."},
+        ),
+        (
+            "Cell morphology. Top panel: untreated cells. Bottom panel: treated cells.",
+            "Cell morphology.",
+            {"Top": "untreated cells.", "Bottom": "treated cells."},
+        ),
+    ],
+)
+def test_position_words(caption, preface, panels):
+    split = split_caption(caption)
+    assert (split.preface, split.panels) == (preface, panels)
+
+
+def test_position_words_inside_a_panel_text_are_not_labels():
+    split = split_caption(
+        "(A) Sites. (B) Phosphorylation by MAPK1 (left panel), quantified (middle panel). (C) Total protein."
+    )
+    assert split.panels == {
+        "A": "Sites.",
+        "B": "Phosphorylation by MAPK1 (left panel), quantified (middle panel).",
+        "C": "Total protein.",
+    }
+
+
+def test_elife_source_data_and_figure_supplement_blocks_belong_to_no_panel():
+    caption = (
+        "Figure 1. Effect of drug X. (A) Growth curves. (B) Death rates. The raw data are available in "
+        "Figure 1\u2014source data 1. 10.7554/eLife.12345.004 Figure 1\u2014source data 1. Raw counts for all "
+        "panels. Figure 1\u2014figure supplement 1. Dose response of drug X."
+    )
+    split = split_caption(caption)
+    assert split.preface == "Figure 1. Effect of drug X."
+    assert split.panels == {"A": "Growth curves.", "B": "Death rates."}
+
+
+def test_an_elife_doi_line_belongs_to_no_panel():
+    split = split_caption(
+        "Figure 2. (A, B) Images of the two strains. (C) Counts at 37 °C. DOI: http://dx.doi.org/10.7554/eLife.00013.003"
+    )
+    assert split.panels == {
+        "A": "Images of the two strains.",
+        "B": "Images of the two strains.",
+        "C": "Counts at 37 °C.",
+    }
+
+
+def test_a_caption_without_labels_leaves_its_no_panel_tail_out_of_the_preface():
+    split = split_caption(
+        "Figure 3. Rosette colonies at day 2. Scale bar, 2 um. DOI: http://dx.doi.org/10.7554/eLife.1.2"
+    )
+    assert (split.scheme, split.panels, split.preface) == (
+        "none",
+        {},
+        "Figure 3. Rosette colonies at day 2. Scale bar, 2 um.",
+    )
+
+
+def test_credit_lines_belong_to_no_panel():
+    split = split_caption(
+        "Fig. 4 a Fabrication of graphene. Reproduced with permission from [12] Copyright 2017 Nature. "
+        "b TGA curves of the mats (Reproduced with permission from [13], Copyright 2019 Elsevier)"
+    )
+    assert split.panels == {"a": "Fabrication of graphene.", "b": "TGA curves of the mats"}
+
+
+@pytest.mark.parametrize(
+    "caption, labels",
+    [
+        ("Cells kept at 37 (C) and 4 (C) overnight. (A) Growth. (B) Survival.", ["A", "B"]),
+        ("Strains grown at 30 (C) or 37 (C), as noted at 4 °C. (A) Growth. (B) Survival.", ["A", "B"]),
+        ("Growth of strain 1 (A), strain 2 (B) and strain 3 (C) in rich medium.", ["A", "B", "C"]),
+    ],
+)
+def test_celsius_only_where_the_context_says_temperature(caption, labels):
+    assert list(split_caption(caption).panels) == labels
+
+
+def test_references_to_other_figures_are_not_labels():
+    split = split_caption(
+        "(A) Western blot of lysates (Fig. 2B). (B) Quantification (see panel A in Figure 3). "
+        "(C) Controls (Supplementary Fig. S1C), as in Figure 4 (D)."
+    )
+    assert split.panels == {
+        "A": "Western blot of lysates (Fig. 2B).",
+        "B": "Quantification (see panel A in Figure 3).",
+        "C": "Controls (Supplementary Fig. S1C), as in Figure 4 (D).",
+    }
+
+
+@pytest.mark.parametrize(
+    "caption, panels",
+    [
+        (
+            "Figure 3 | Title. a, Western blot of lysates. b, Quantification. c-e, Images at 1, 2 and 3 days.",
+            {"a": "Western blot of lysates.", "b": "Quantification.", "c": "Images at 1, 2 and 3 days."},
+        ),
+        ("Figure 3. A-C, Images of sections. D, Quantification.", {"A": "Images of sections.", "D": "Quantification."}),
+        (
+            "Fig. 2 a Schematic of the construct b Western blot of lysates c Quantification of bands",
+            {"a": "Schematic of the construct", "b": "Western blot of lysates", "c": "Quantification of bands"},
+        ),
+        (
+            "Figure 4. Panel A shows the map of sites; panel B shows counts per site.",
+            {"A": "shows the map of sites", "B": "shows counts per site."},
+        ),
+        (
+            "Figure 5. (A) and (B) Western blots of two lines. (C) Quantification.",
+            {"A": "Western blots of two lines.", "B": "Western blots of two lines.", "C": "Quantification."},
+        ),
+        (
+            "Expression of the genes (A: YPO0421; B: YPO1001; C: YPO2848). Median values are shown.",
+            {"A": "YPO0421", "B": "YPO1001", "C": "YPO2848"},
+        ),
+        (
+            "Spectra of RIF-1. In panel A (1.1-1.6 ppm), H-3 correlates to H-4. Panel B (2.4-4.0 ppm) shows H-2.",
+            {"A": "(1.1-1.6 ppm), H-3 correlates to H-4.", "B": "(2.4-4.0 ppm) shows H-2."},
+        ),
+    ],
+)
+def test_bold_and_worded_label_styles(caption, panels):
+    split = split_caption(caption)
+    for label, text in panels.items():
+        assert split.panels[label] == text, label
+
+
+def test_a_group_whose_text_names_each_label_gives_each_its_description():
+    split = split_caption(
+        "Brain regions. (A, B) Dorsal views of the neurons. Uniglomerular neurons are shown in (A), and "
+        "multiglomerular neurons in (B). (C) Columnar neurons."
+    )
+    assert split.panels == {
+        "A": "Uniglomerular neurons are shown in (A)",
+        "B": "multiglomerular neurons in (B)",
+        "C": "Columnar neurons.",
+    }
+
+
+def test_a_group_whose_text_then_prints_each_label_before_its_description():
+    split = split_caption(
+        "Screens. (A-C) Venn diagrams for: (A) genes up; (B) genes down and (C) genes unchanged. "
+        "All at FDR 0.05. (D) Heat map."
+    )
+    assert split.panels == {
+        "A": "genes up",
+        "B": "genes down",
+        "C": "genes unchanged.",
+        "D": "Heat map.",
+    }
+
+
+def test_a_trailing_item_never_starts_inside_brackets():
+    split = split_caption("Interaction between Flag-HuR (WT, Y68F, Y200F) and SIRT1 mRNA (A) and VHL mRNA (B).")
+    assert split.preface == "Interaction between Flag-HuR (WT, Y68F, Y200F)"  # edges lose a dangling "and"
+    assert split.panels == {"A": "SIRT1 mRNA (A)", "B": "VHL mRNA (B)"}
+
+
+def test_a_source_data_block_of_a_figure_supplement_belongs_to_no_panel():
+    split = split_caption(
+        "Figure 8-figure supplement 3. Knockdowns. (A) Blots of lysates. (B) Protein levels. "
+        "Figure 8-figure supplement 3-source data 1. Source files. (A) Full length blots and (B) traces."
+    )
+    assert split.panels == {"A": "Blots of lysates.", "B": "Protein levels."}
+
+
+def test_a_range_mid_sentence_then_single_labels():
+    split = split_caption(
+        "Serous adenocarcinoma, stage II (a-c). Staining with antibodies against CK8 (a); COX-1 (b); COX-2 (c)."
+    )
+    assert split.panels == {
+        "a": "Staining with antibodies against CK8 (a)",
+        "b": "COX-1 (b)",
+        "c": "COX-2 (c)",
+    }
+
+
+def test_a_single_range_mid_sentence_splits_nothing():
+    split = split_caption("Bands (1-12) as well as regions between bands (A-F) were tested. Region F was active.")
+    assert (split.scheme, split.panels) == ("none", {})
+
+
+def test_another_figures_panels_named_inside_a_panel_text_are_references():
+    split = split_caption(
+        "Fig. 1 a Fabrication methods of graphene. b SEM (a, c, e) and TEM (b, d, f) images of fibres (a, b) "
+        "and coated fibres (c, d)"
+    )
+    assert list(split.panels) == ["a", "b"]
+    assert split.panels["b"] == "SEM (a, c, e) and TEM (b, d, f) images of fibres (a, b) and coated fibres (c, d)"
+
+
+def test_curve_labels_inside_a_panel_text_are_references():
+    split = split_caption(
+        "Fig. 6 a Scheme. b Voltammetry. c Nyquist plots for (a) FTO, (b) fibres, (c) coated fibres and (d) "
+        "fibres with enzyme. d Amperometric response."
+    )
+    assert list(split.panels) == ["a", "b", "c", "d"]
+    assert split.panels["d"] == "Amperometric response."
+
+
+def test_a_glossary_of_abbreviations_is_not_labels():
+    split = split_caption(
+        "(a) Closed channel. (b) Open channel. Membrane, grey bars; E, extracellular; I, intracellular."
+    )
+    assert list(split.panels) == ["a", "b"]
 
 
 # --- extractive guarantee: property tests -----------------------------------------------------
@@ -269,15 +612,45 @@ MARKERS = st.sampled_from(
         "(B1)",
         "(panel B)",
         "(D, upper graph)",
+        "a",
+        "b",
+        "c,",
+        "A-C,",
+        "(a1)",
+        "(a2)",
+        "(b1)",
+        "(1A)",
+        "(1B)",
+        "(2A)",
+        "(a; TF, TGd)",
+        "(A: X; B: Y)",
+        "Left:",
+        "Right:",
+        "Top panel:",
+        "Lower left (A):",
+        "In panel A",
+        "Panel B",
+        "Figure 1-source data 1.",
+        "Figure 2-figure supplement 1.",
+        "DOI: http://dx.doi.org/10.7554/eLife.00013.003",
+        "10.7554/eLife.46472.004",
+        "Reproduced with permission from [3] Copyright 2019 Wiley.",
+        "(reproduced with permission from [4])",
+        "37 (C)",
+        "at 4 °C",
+        "(Fig. 2B)",
+        "(see panel A in Figure 3)",
+        "(Supplementary Fig. S1C)",
     ]
 )
 CAPTIONS = st.lists(st.one_of(WORDS, MARKERS), max_size=60).map(" ".join)
+FIGURE_LABELS = st.sampled_from(["", "Figure 1. ", "Fig. 2 ", "Figure 3-figure supplement 1. ", "Fig. S4. "])
 
 
-@settings(max_examples=300, deadline=None)
-@given(CAPTIONS)
-def test_generated_captions_split_extractively(caption):
-    assert_extractive(caption, split_caption(caption))
+@settings(max_examples=500, deadline=None)
+@given(FIGURE_LABELS, CAPTIONS)
+def test_generated_captions_split_extractively(figure_label, caption):
+    assert_extractive(figure_label + caption, split_caption(figure_label + caption))
 
 
 @settings(max_examples=100, deadline=None)
@@ -301,63 +674,6 @@ def test_normalize_is_idempotent_and_split_never_crashes(text):
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_real_captions_split_extractively(case):
     assert_extractive(case["caption"], split_caption(case["caption"]))
-
-
-# --- the join to panels -----------------------------------------------------------------------
-
-SPLIT = CaptionSplit(preface="Drug X.", panels={"A": "Blot.", "B": "Counts."}, scheme="upper", confidence=1.0)
-
-
-def row(label, text, match, mismatch, split=SPLIT):
-    return {
-        "label": label,
-        "text": text,
-        "preface": split.preface,
-        "match": match,
-        "scheme": split.scheme,
-        "confidence": split.confidence,
-        "count_mismatch": mismatch,
-    }
-
-
-def test_assign_by_printed_label_case_insensitively():
-    rows = assign_captions([(0, "a"), (1, "B")], SPLIT)
-    assert rows == [row("a", "Blot.", "label", False), row("B", "Counts.", "label", False)]
-
-
-def test_assign_by_label_with_a_panel_the_caption_does_not_name():
-    rows = assign_captions([(0, "A"), (1, "B"), (2, "C")], SPLIT)
-    assert rows == [row("A", "Blot.", "label", True), row("B", "Counts.", "label", True), row("C", None, "none", True)]
-
-
-def test_assign_by_reading_order_when_no_label_is_printed():
-    rows = assign_captions([(1, None), (0, None)], SPLIT)
-    assert rows == [row("B", "Counts.", "order", False), row("A", "Blot.", "order", False)]
-
-
-def test_assign_by_order_with_more_panels_than_labels():
-    rows = assign_captions([(0, None), (1, None), (2, None)], SPLIT)
-    assert [r["match"] for r in rows] == ["order", "order", "none"]
-    assert rows[2] == row(None, None, "none", True)
-
-
-def test_assign_without_caption_labels():
-    split = CaptionSplit(preface="A single photograph.", panels={}, scheme="none", confidence=0.0)
-    assert assign_captions([(0, None)], split) == [row(None, None, "none", True, split)]
-
-
-def test_assign_from_a_real_caption():
-    split = split_caption(
-        "Wound management from primary surgery to delayed secondary closure. (a) Large-scale tissue damage at right "
-        "lower extremity. (b) Cross-over technique for wound edge adaptation. (c) Definitive wound closure via suture."
-    )
-    rows = assign_captions([(0, "A"), (1, "B"), (2, "c")], split)
-    assert [r["text"] for r in rows] == [
-        "Large-scale tissue damage at right lower extremity.",
-        "Cross-over technique for wound edge adaptation.",
-        "Definitive wound closure via suture.",
-    ]
-    assert {r["preface"] for r in rows} == {"Wound management from primary surgery to delayed secondary closure."}
 
 
 # --- agreement with hand-split real captions --------------------------------------------------
@@ -390,3 +706,49 @@ def test_agreement_counts_misses():
         "text": 2 / 3,
         "misses": ["wrong"],
     }
+
+
+# --- agreement with the hand-chosen phrases of the panel evaluation set (tune split only) -------
+
+
+def test_phrase_agreement_on_the_tune_split():
+    """The ``tune`` captions of ``sample/panels/eval`` (the holdout is scored once, by
+    ``benchmarks/captions.py``, never here). Measured when written: 113 captions, 329 phrases,
+    94.8% found under their label, 0.9% leaked into another label, 0 of 32 no-panel phrases
+    leaked, 42 of 42 label sets exact (the caption-only cases list their labels); 69.9% found
+    and 7.3% leaked before the rules of issue 19 §4. The thresholds sit a little below: about
+    ten more phrases lost fail it."""
+    cases, _ = load_cases(EVAL_DIR, ["tune"])
+    result = phrase_agreement(cases)["tune"]
+    assert result["captions"] >= 100 and result["phrases"] >= 300 and result["label_sets"] >= 40
+    assert result["found_share"] >= 0.92, result["misses"]
+    assert result["leaked_share"] <= 0.02, result["misses"]
+    assert result["no_panel_leaked"] <= 1
+    assert result["label_set_exact"] >= 0.95
+
+
+def test_phrase_agreement_counts_found_leaked_and_no_panel_text():
+    cases = [
+        {
+            "split": "tune",
+            "caption": "Title. (A) Blot of cells. (B) Counts of cells. Reproduced with permission from [1].",
+            "labels": ["A", "B"],
+            "phrases": {"a": ["Blot of cells"], "B": ["Counts of cells", "Blot of"], "C": ["Title"]},
+            "shared": ["Title"],
+            "no_panel": ["Reproduced with permission from [1]"],
+        },
+        {
+            "caption": "(a) Raw fibres. (b, c) Pristine fibres. (d) Coated fibres.",
+            "phrases": {"b": ["Pristine"], "c": ["Pristine"]},
+        },
+    ]
+    result = phrase_agreement(cases)
+    tune = result["tune"]
+    # "Blot of cells" is found under "a" (labels match whatever their case); "Blot of" is not found
+    # under B and leaks from A; "Title" is under no label C; the credit line leaks into no text
+    assert (tune["phrases"], tune["found"], tune["leaked"]) == (4, 2, 1)
+    assert (tune["no_panel"], tune["no_panel_leaked"], tune["label_sets"], tune["label_sets_exact"]) == (1, 0, 1, 1)
+    assert (tune["shared"], tune["shared_in_preface"]) == (1, 1)
+    assert tune["misses"] == ["0: B: Blot of (leaked)", "0: C: Title"]
+    # a phrase listed under both labels of a group does not leak between them
+    assert (result["all"]["found"], result["all"]["leaked"]) == (2, 0)

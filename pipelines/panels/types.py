@@ -39,9 +39,13 @@ class Panel:
 class CaptionSplit:
     """A caption split by panel label. ``panels`` maps each label as printed (without brackets
     or punctuation) to its text, excluding the ``preface`` (the text before the first label,
-    shared by every panel). Every text is a substring of the normalised caption."""
+    shared by every panel). Sub-panels are keyed beside their panel, after it ("a", "a1", "a2",
+    "b"), the panel's text covering theirs; ``parents`` maps each sub-label to its panel's label.
+    Every text is a substring of the normalised caption."""
 
     preface: str = ""
     panels: dict[str, str] = field(default_factory=dict)
-    scheme: str = "none"  # upper, lower, digit, roman, alnum (A1, A2, B1), none
+    # upper, lower, digit, roman, alnum (A1, A2, B1), fignum (1A, 1B, 2A), position (Left, Right), none
+    scheme: str = "none"
     confidence: float = 0.0
+    parents: dict[str, str] = field(default_factory=dict)

@@ -4,8 +4,13 @@ Every partition's sample plan is stored sorted by ``shuffle_key``, so the releas
 k-way merge of sorted runs: memory holds one batch per partition plus one output shard, however
 large the release. Shards are cut at ``max_samples`` samples or ``max_bytes`` bytes, whichever
 comes first, and named ``{name}-{000000}.tar`` so OpenCLIP's brace patterns read them. A shard
-appears atomically; its Parquet sidecar (the keys it holds, written after it) marks it complete,
-so a rerun skips finished shards and rewrites nothing that would come out the same.
+appears atomically; its Parquet sidecar (the keys it holds, written after it) marks it complete.
+
+A rerun reuses a finished shard only when the digest of the rows it was planned from (every
+plan column the writer reads: the texts and JSON written, and the sha256 of every image or crop)
+equals the digest stored in its sidecar, so an edited caption or a re-cut crop always rewrites
+its shard. Image bytes are checked against the plan's ``image_sha256`` as they are written: a
+crop archive replaced under a stale index is refused, never shipped.
 """
 
 from __future__ import annotations
@@ -133,6 +138,34 @@ class _HashingFile(io.RawIOBase):
         return self.position
 
 
+class StaleImageError(RuntimeError):
+    """An image's bytes differ from the sha256 its plan row recorded: the archive it points into
+    was rewritten after the plan was made (re-materialize the plan's upstream assets)."""
+
+
+def plan_digest(rows: list[dict], columns: list[str]) -> str:
+    """A hash of the planned rows of one shard: every plan column in ``columns`` of every row, in
+    order. Image bytes enter through ``image_sha256`` (and their location), so a shard whose
+    texts, metadata or images would come out different never matches."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps({c: row.get(c) for c in columns}, sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _image_bytes(reader: RawReader, row: dict) -> bytes:
+    data = reader.read(row["image_tar"], row["image_offset"], row["image_size"])
+    expected = row.get("image_sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise StaleImageError(
+            f"sample {row['key']}: the bytes at {row['image_tar']}@{row['image_offset']} no longer have the "
+            f"sha256 its plan recorded ({expected[:12]}...): the archive was rewritten after the plan; "
+            "re-materialize the plan (dataset_samples / pair_samples) and what it reads"
+        )
+    return data
+
+
 def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tuple[int, str]:
     with lake.atomic_local_file(dest) as tmp:
         with open(tmp, "wb") as raw:
@@ -140,7 +173,7 @@ def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tu
             with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
                 for row in rows:
                     members = (
-                        ("jpg", reader.read(row["image_tar"], row["image_offset"], row["image_size"])),
+                        ("jpg", _image_bytes(reader, row)),
                         ("json", row["meta_json"].encode()),
                         *_extra_members(row),
                         ("txt", row["caption"].encode()),
@@ -150,23 +183,23 @@ def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tu
         return out.position, out.sha.hexdigest()
 
 
-def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str, schema: pa.Schema) -> pa.Table:
+def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str, digest: str, schema: pa.Schema) -> pa.Table:
     table = pa.Table.from_pylist(
         [{name: row.get(name) for name in schema.names if name != "shard"} | {"shard": shard} for row in rows],
         schema=schema,
     )
-    return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256})
+    return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256, "plan_sha256": digest})
 
 
-def _existing_shard(lake: Lake, directory: str, stem: str, keys: list[str]) -> dict | None:
-    """The finished shard's facts when its sidecar lists exactly ``keys``, else None."""
+def _existing_shard(lake: Lake, directory: str, stem: str, digest: str) -> dict | None:
+    """The finished shard's facts when its sidecar records the plan ``digest`` and its tar has
+    the recorded size, else None (a sidecar from before digests were recorded never matches)."""
     tar, sidecar = f"{directory}/{stem}.tar", f"{directory}/{stem}.parquet"
     if not (lake.fs.exists(tar) and lake.fs.exists(sidecar)):
         return None
     with lake.fs.open(sidecar, "rb") as fh:
-        table = pq.read_table(fh, columns=["key"])
-    meta = table.schema.metadata or {}
-    if table.column("key").to_pylist() != keys or b"tar_sha256" not in meta:
+        meta = pq.read_schema(fh).metadata or {}
+    if meta.get(b"plan_sha256", b"").decode() != digest or b"tar_sha256" not in meta:
         return None
     if lake.fs.size(tar) != int(meta[b"tar_bytes"]):
         return None
@@ -188,6 +221,7 @@ def write_subset(
     the training mixture the subset belongs to (None for a license-group subset); ``table`` is the
     plan the rows come from (it decides the sidecar's columns), ``level`` what one sample is."""
     directory = dataset_dir(lake, release, subset)
+    columns = plan_columns(table)
     result = SubsetResult(subset)
     reader = RawReader(lake)
     pending: list[dict] = []
@@ -196,13 +230,13 @@ def write_subset(
     def flush() -> None:
         nonlocal pending, pending_bytes
         stem = f"{name}-{len(result.shards):06d}"
-        keys = [r["key"] for r in pending]
-        facts = _existing_shard(lake, directory, stem, keys)
+        digest = plan_digest(pending, columns)
+        facts = _existing_shard(lake, directory, stem, digest)
         reused = facts is not None
         if not reused:
             nbytes, sha = _write_tar(lake, f"{directory}/{stem}.tar", pending, reader)
             with lake.atomic_local_file(f"{directory}/{stem}.parquet") as tmp:
-                sidecar = _sidecar_table(pending, f"{stem}.tar", nbytes, sha, SIDECARS[table])
+                sidecar = _sidecar_table(pending, f"{stem}.tar", nbytes, sha, digest, SIDECARS[table])
                 pq.write_table(sidecar, tmp, compression="zstd")
             facts = {"bytes": nbytes, "sha256": sha}
         result.shards.append({"name": f"{stem}.tar", "samples": len(pending), "reused": reused, **facts})
