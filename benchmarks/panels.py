@@ -51,9 +51,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from pipelines.panels.captions import assign_captions, caption_agreement, split_caption
+from pipelines.panels.captions import caption_agreement, phrase_agreement, split_caption
 from pipelines.panels.evaluate import (
-    caption_phrase_agreement,
     label_reading,
     load_eval_figures,
     load_eval_set,
@@ -63,6 +62,7 @@ from pipelines.panels.evaluate import (
 )
 from pipelines.panels.inputs import prepare_image, scale_boxes
 from pipelines.panels.layout import split_panels
+from pipelines.panels.pairing import assign_captions
 from pipelines.panels.types import XYCUT, Panel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,9 +282,8 @@ def captions() -> dict:
 
 
 def pair_texts(panels: list[Panel], caption: str) -> list[str | None]:
-    """Each panel's caption text as the panels stage pairs them (``assign_captions``)."""
-    rows = assign_captions([(i, p.label) for i, p in enumerate(panels)], split_caption(caption))
-    return [row["text"] for row in rows]
+    """Each panel's caption text as the panels stage pairs them (``pairing.assign_captions``)."""
+    return [row["text"] for row in assign_captions(panels, split_caption(caption))]
 
 
 def eval_figures(files: list[Path], split: str) -> list[dict]:
@@ -326,6 +325,7 @@ def ocr_comparison(figures: list[dict], images: dict) -> dict:
 
     from pipelines.panels.labels import get_reader, read_labels
     from pipelines.panels.layout import work_copy
+    from pipelines.panels.split import caption_evidence
 
     labelled = [f for f in figures if any(f["labels"])]
     out: dict = {"figures": len(labelled), "labelled_panels": sum(1 for f in labelled for x in f["labels"] if x)}
@@ -341,7 +341,7 @@ def ocr_comparison(figures: list[dict], images: dict) -> dict:
         crops = 0
         for fig in labelled:
             image = images[fig["file"]]
-            caption = list(split_caption(fig["caption"]).panels) if fig["caption"] is not None else None
+            caption = caption_evidence(fig["caption"])[0] if fig["caption"] is not None else None
             reading = read_labels(image, np.asarray(work_copy(image)), reader, caption)
             found.append(reading.labels)
             crops += reading.read
@@ -423,7 +423,7 @@ def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
         print(split, json.dumps(summary), flush=True)
         entry = {
             "set": summary,
-            "captions": caption_phrase_agreement(figures),
+            "captions": phrase_agreement([f for f in figures if f["caption"] is not None]).get(split),
             "methods": decision_quality(figures, images),
         }
         if split == "tune":

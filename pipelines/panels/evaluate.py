@@ -155,29 +155,6 @@ def _phrase_in(phrase: str, text: str | None) -> bool:
     return bool(text) and normalize_caption(phrase) in normalize_caption(text)
 
 
-def caption_phrase_agreement(figures: Iterable[dict]) -> dict:
-    """Hand-chosen caption phrases found under their label by ``split_caption`` (README of the
-    evaluation set): ``found`` / ``phrases``, and ``leaked`` (found under another label)."""
-    from pipelines.panels.captions import split_caption
-
-    phrases = found = leaked = 0
-    for fig in figures:
-        if fig.get("caption") is None or not fig.get("phrases"):
-            continue
-        split = split_caption(fig["caption"])
-        by_label = {k.casefold(): v for k, v in split.panels.items()}
-        for label, items in fig["phrases"].items():
-            for phrase in items:
-                phrases += 1
-                found += _phrase_in(phrase, by_label.get(label.casefold()))
-                leaked += any(_phrase_in(phrase, t) for k, t in by_label.items() if k != label.casefold())
-    return {
-        "phrases": phrases,
-        "found": round(found / phrases, 4) if phrases else None,
-        "leaked": round(leaked / phrases, 4) if phrases else None,
-    }
-
-
 def score_figures(figures: Sequence[dict], predictions: Sequence[Sequence], pair=None) -> dict:
     """Every quality measure of one method over figures (``load_eval_figures`` entries) and
     its predictions (lists of ``Panel``, same order):

@@ -31,6 +31,7 @@ was read. A figure of one colour has no panel.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
@@ -56,6 +57,7 @@ from pipelines.panels.labels import (
     read_labels,
 )
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
+from pipelines.panels.pairing import panel_labels
 from pipelines.panels.postprocess import finalize
 from pipelines.panels.regions import Structure, box_area, cut, ink_structure, union
 from pipelines.panels.types import Box, Panel
@@ -120,9 +122,9 @@ def decide(
     root = trim_box(sheet.masks[0], (0, 0, w, h))
     if root is None or trim_box(sheet.colour_masks[-1], (0, 0, w, h)) is None:
         return Decision(panels=[], route="uniform")
-    caption_labels = None
+    caption_labels, named = None, None
     if "caption" in evidence and caption is not None:
-        caption_labels = list(split_caption(caption).panels)
+        caption_labels, named = caption_evidence(caption)
     decision = Decision(panels=[], route="layout", caption_labels=caption_labels)
     labels: list[PrintedLabel] = []
     if "labels" in evidence:
@@ -149,7 +151,7 @@ def decide(
     elif "structure" in evidence:
         structure = ink_structure(sheet)
         # a caption that names no panel is evidence of one: only a clear gutter parts it
-        unnamed = caption_labels is not None and not caption_labels
+        unnamed = named == 0
         min_gap = UNNAMED_GUTTER * max(w, h) if unnamed else 0
         boxes = partition_by_structure(sheet, structure, root, min_gap)
         decision.route = "structure"
@@ -195,6 +197,20 @@ def figure_decision(
         labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
         route=decision.route,
     )
+
+
+def caption_evidence(caption: str) -> tuple[list[str], int]:
+    """What a caption says about the figure's panels: the labels the image may print (the
+    caption's panel labels, ``pairing.panel_labels``; "1A" printed as "A"; none for panels
+    named by position, "Left:", "Right:") and how many panels it names (0: none, evidence of a
+    single figure)."""
+    split = split_caption(caption)
+    labels = panel_labels(split)
+    if split.scheme == "position":
+        return [], len(labels)
+    if split.scheme == "fignum":
+        labels = list(dict.fromkeys(re.sub(r"^\d+", "", label) for label in labels))
+    return labels, len(labels)
 
 
 def _to_work(sheet: Sheet, box: Box) -> Box:
