@@ -644,7 +644,21 @@ def choose_labels(reads: Sequence[PrintedLabel], caption_labels: Sequence[str] |
 def choose_sequence(
     reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None
 ) -> tuple[list[PrintedLabel], str | None]:
-    """``choose_labels`` and the scheme of the sequence (None when there is none)."""
+    """``choose_labels`` and the scheme of the sequence (None when there is none). The
+    caption's labels filter the readings; a caption split wrongly (a range of positions read as
+    labels, "(a) to (d)") must not hide the labels printed: a sequence of letters read without
+    the filter that is two labels longer wins over the filtered one."""
+    filtered = _best_sequence(reads, caption_labels)
+    if caption_labels:
+        free = _best_sequence(reads, None)
+        if len(free[0]) >= len(filtered[0]) + 2:
+            return free
+    return filtered
+
+
+def _best_sequence(
+    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None
+) -> tuple[list[PrintedLabel], str | None]:
     wanted = {x.casefold() for x in caption_labels} if caption_labels else None
     cap_scheme = caption_scheme(list(caption_labels or []))
     options: dict[str, list[tuple[int, PrintedLabel]]] = {s: [] for s in SCHEMES}

@@ -136,10 +136,10 @@ def decide(
         direction = _direction(root, work)
         missing = _missing(labels, scheme, caption_labels) if "structure" in evidence else []
         first_missing = bool(missing) and min(label_index(lab.text, scheme) for lab in labels) > 0
-        parts = partition_by_labels(sheet, root, work, direction, first_missing)
-        if "structure" in evidence:
-            if missing:
-                parts = fill_missing(sheet, ink_structure(sheet), parts, work, scheme, missing, direction)
+        structure = ink_structure(sheet)
+        parts = partition_by_labels(sheet, structure, root, work, direction, first_missing)
+        if missing:
+            parts = fill_missing(sheet, structure, parts, work, scheme, missing, direction)
         decision.route = "labels"
         panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
         decision.panels = finalize(panels, sheet.width, sheet.height, single=False)
@@ -248,23 +248,37 @@ def _piece_of(pieces: list[Box], axis: int, label: _Label) -> int:
 
 
 def partition_by_labels(
-    sheet: Sheet, box: Box, labels: list[_Label], direction: str, first_missing: bool = False
+    sheet: Sheet,
+    structure: Structure,
+    box: Box,
+    labels: list[_Label],
+    direction: str,
+    first_missing: bool = False,
 ) -> list[tuple[Box, str | None]]:
     """Regions of ``box``, one per label (module doc), as (work box, label text).
     ``first_missing``: the sequence's first label was not read, so the pieces before the first
     label read are its panel (joined to the next region until ``fill_missing`` parts them),
     not a shared title."""
-    return _by_labels(sheet, box, labels, direction, 0, first_missing) or _part_at_labels(box, labels)
+    found = _by_labels(sheet, structure, box, labels, direction, 0, first_missing)
+    return found or _part_at_labels(box, labels)
 
 
 def _by_labels(
-    sheet: Sheet, box: Box, labels: list[_Label], direction: str, depth: int, first_missing: bool = False
+    sheet: Sheet,
+    structure: Structure,
+    box: Box,
+    labels: list[_Label],
+    direction: str,
+    depth: int,
+    first_missing: bool = False,
 ) -> list[tuple[Box, str | None]] | None:
-    """``partition_by_labels``, or None when no gutter of ``box`` separates its labels."""
+    """``partition_by_labels``, or None when no gutter of ``box`` separates its labels into
+    regions that each hold graphic content (a cut that leaves a label with only its own glyph,
+    or with an axis title, parts the figure in the wrong place)."""
     if len(labels) <= 1 or depth >= MAX_DEPTH:
         return [(box, labels[0].text if labels else None)]
-    best = None
-    for mask in sheet.masks:
+    options = []
+    for rank, mask in enumerate(sheet.masks):
         for axis in (0, 1):
             pieces = cut(sheet, box, axis, mask)
             if not pieces:
@@ -273,32 +287,32 @@ def _by_labels(
             for lab in labels:
                 owners[_piece_of(pieces, axis, lab)].append(lab)
             labelled = sum(1 for o in owners if o)
-            if labelled >= 2 and (best is None or labelled > best[0]):
-                best = (labelled, axis, pieces, owners)
-        if best is not None:
-            break
-    if best is None:
-        return None
-    _, axis, pieces, owners = best
-    out: list[tuple[Box, str | None]] = []
-    for members, extras, group_labels in _assemble(pieces, owners, direction, first_missing):
-        if len(group_labels) == 1:
-            out.append((union(pieces[i] for i in members + extras), group_labels[0].text))
+            if labelled >= 2:
+                options.append((rank, -labelled, axis, pieces, owners))
+    for _, _, axis, pieces, owners in sorted(options, key=lambda o: o[:3]):
+        groups = _assemble(pieces, owners, direction, first_missing)
+        if not all(structure.graphic_in(union(pieces[i] for i in m + e)) for m, e, _ in groups):
             continue
-        # the unlabelled pieces after a row of labels are usually those labels' panels; a
-        # last one that no gutter of the others crosses is shared (a legend for all)
-        sub = None
-        for keep in range(len(extras), -1, -1):
-            region = union(pieces[i] for i in members + extras[:keep])
-            sub = _by_labels(sheet, region, group_labels, direction, depth + 1, first_missing)
-            if sub is not None:
-                for i in extras[keep:]:
-                    sub = _attach(sub, pieces[i], axis)
-                break
-        if sub is None:
-            sub = _part_at_labels(union(pieces[i] for i in members + extras), group_labels)
-        out.extend(sub)
-    return out
+        out: list[tuple[Box, str | None]] = []
+        for members, extras, group_labels in groups:
+            if len(group_labels) == 1:
+                out.append((union(pieces[i] for i in members + extras), group_labels[0].text))
+                continue
+            # the unlabelled pieces after a row of labels are usually those labels' panels; a
+            # last one that no gutter of the others crosses is shared (a legend for all)
+            sub = None
+            for keep in range(len(extras), -1, -1):
+                region = union(pieces[i] for i in members + extras[:keep])
+                sub = _by_labels(sheet, structure, region, group_labels, direction, depth + 1, first_missing)
+                if sub is not None:
+                    for i in extras[keep:]:
+                        sub = _attach(sub, pieces[i], axis)
+                    break
+            if sub is None:
+                sub = _part_at_labels(union(pieces[i] for i in members + extras), group_labels)
+            out.extend(sub)
+        return out
+    return None
 
 
 def _assemble(
