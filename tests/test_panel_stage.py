@@ -13,7 +13,7 @@ from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.evaluate import match_at_iou, recall_precision
 from pipelines.panels.pairing import count_agreement
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage, choose, needs_detector
-from pipelines.panels.types import CONSENSUS, DECISION, DETR, Panel
+from pipelines.panels.types import CONSENSUS, DECISION, DETR, XYCUT, Panel
 from pipelines.stage import Partition
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
@@ -132,7 +132,9 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
 def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     shard = SHARDS[1]
     lines: list[str] = []
-    result = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(lake, Partition(RELEASE, shard), lines.append)
+    result = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(
+        lake, Partition(RELEASE, shard), lines.append
+    )
     figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
     candidates = [f for f in figures if f["n_detr"] is not None]
     n = len(candidates)

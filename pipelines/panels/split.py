@@ -67,6 +67,7 @@ DECISION_VERSION = 1  # results of another version are not carried over to a new
 SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
+PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
 
 
 @dataclass
@@ -489,6 +490,8 @@ def partition_by_structure(
     if found is None:
         return [box]
     axis, groups = found
+    if min_gap and _photo_row(sheet, [union(g) for g in groups], axis):
+        min_gap = 0  # a row of like photographs is compound whatever the caption says
     merged = [list(groups[0])]
     for group in groups[1:]:
         if _gap(union(merged[-1]), union(group), axis) < min_gap:
@@ -502,6 +505,18 @@ def partition_by_structure(
     for group in merged:
         out.extend(partition_by_structure(sheet, structure, union(group), min_gap, depth + 1, count))
     return out
+
+
+def _photo_row(sheet: Sheet, boxes: list[Box], axis: int) -> bool:
+    """Three or more blocks of like size along the cut, each mostly ink (photographs,
+    micrographs; not charts or tables, which are mostly white)."""
+    if len(boxes) < PHOTO_ROW:
+        return False
+    sides = [(b[3] - b[1]) if axis == 0 else (b[2] - b[0]) for b in boxes]
+    if max(sides) > LIKE_SIZE * min(sides):
+        return False
+    ink = sheet.colour_masks[0]
+    return all(ink[b[1] : b[3], b[0] : b[2]].mean() >= PHOTO_INK for b in boxes)
 
 
 def split_in(sheet: Sheet, structure: Structure, box: Box, parts: int) -> list[Box]:
