@@ -120,7 +120,11 @@ def draw_chart(draw: ImageDraw.ImageDraw, box, seed: int = 0, font=None) -> None
 
 
 def draw_label(draw: ImageDraw.ImageDraw, xy, text: str, font, fill=0) -> tuple[int, int, int, int]:
-    """A printed panel label at ``xy`` (its top-left); returns the box of its ink."""
+    """A printed panel label at ``xy``; returns the box of its ink (x2/y2 exclusive)."""
     draw.text(xy, text, fill=fill, font=font)
     left, top, right, bottom = draw.textbbox(xy, text, font=font)
-    return left, top, right, bottom
+    mask = Image.new("L", (right - left + 2, bottom - top + 2), 0)
+    ImageDraw.Draw(mask).text((xy[0] - left + 1, xy[1] - top + 1), text, fill=255, font=font)
+    ink = np.asarray(mask) > 127
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    return left - 1 + int(cols[0]), top - 1 + int(rows[0]), left + int(cols[-1]), top + int(rows[-1])

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -126,24 +127,30 @@ def _dilate(mask: np.ndarray) -> np.ndarray:
     return out
 
 
+JOIN = {"joined": 1}  # pixels of dilation that join glyphs into one token
+
+
 def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Glyph groups of ``mask``. ``connect``: ``joined`` labels the mask dilated by one pixel
-    (8-connected), so that glyphs a pixel or two apart are one token; ``touching`` labels it
-    as it is (8-connected); ``sides`` joins pixels through their sides only (4-connected), so
-    that a glyph touching a panel at a corner pixel stays apart. Returns the label image (0 =
-    no ink), each token's box (x1, y1, x2, y2; undilated) and ink count."""
+    (8-connected), so that glyphs a pixel or two apart are one token; ``touching`` labels it as
+    it is (8-connected); ``sides`` joins pixels through their sides only (4-connected), so that a
+    glyph touching a panel at a corner pixel stays apart. Returns the label image (0 = no ink),
+    each token's box (x1, y1, x2, y2; undilated) and ink count."""
     from scipy import ndimage
 
     eight = np.ones((3, 3), bool)
-    grown = _dilate(mask) if connect == "joined" else mask
+    grow = JOIN.get(connect, 0)
+    grown = mask
+    for _ in range(grow):
+        grown = _dilate(grown)
     labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
     if n == 0:
         return labels, np.zeros((0, 4), int), np.zeros(0, int)
     slices = ndimage.find_objects(labels)
     boxes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
-    if connect == "joined":  # the dilation grew every token by a pixel on each side
-        boxes[:, :2] += 1
-        boxes[:, 2:] -= 1
+    if grow:  # the dilation grew every token on each side
+        boxes[:, :2] += grow
+        boxes[:, 2:] -= grow
         np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
     ink = np.bincount(labels[mask], minlength=n + 1)[1:]
     return labels, boxes, ink
@@ -191,6 +198,7 @@ def _scan(
         boxes, count = ink.boxes, ink.ink
     else:
         wx1, wy1, wx2, wy2 = window or (0, 0, w, h)
+        # glyphs inside the tokens that are not candidates already
         inside = ink.mask[wy1:wy2, wx1:wx2] & ~ink.taken[ink.labels[wy1:wy2, wx1:wx2]]
         parts, boxes, count = _tokens(inside, connect)
         boxes = boxes + np.array([wx1, wy1, wx1, wy1], dtype=boxes.dtype)
@@ -204,7 +212,7 @@ def _scan(
         & (bh <= max_height)
         & (bw <= MAX_GLYPHS * bh)
         & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
-        & (count <= MAX_FILL * bw * bh)
+        & ((count <= MAX_FILL * bw * bh) | (bw < 0.5 * bh))  # a thin bar is "i", "l", "1"
         & (count >= 0.08 * bw * bh)
     )
     out = []
@@ -222,8 +230,9 @@ def _scan(
             sub = np.zeros(ids.shape, parts.dtype)  # the window's parts; none outside it
             ca, cb, cc, cd = max(oa, wx1), max(ob, wy1), min(oc, wx2), min(od, wy2)
             sub[cb - ob : cd - ob, ca - oa : cc - oa] = parts[cb - wy1 : cd - wy1, ca - wx1 : cc - wx1]
-            inner = sub[b - ob : d - ob, a - oa : c - oa] == i + 1
-            parent = ink.labels[b:d, a:c][inner][0]
+            own = ink.labels[b:d, a:c]
+            inner = (sub[b - ob : d - ob, a - oa : c - oa] == i + 1) & (own > 0)
+            parent = own[inner][0] if inner.any() else 0
             near = (ink.small[ids] & (ids != parent) & (sub == 0)) | ((sub != i + 1) & part_small[sub])
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
         if np.count_nonzero(near) > 0.004 * ring_area:
@@ -368,7 +377,8 @@ def crop_for_ocr(
 def label_text(raw: str) -> str | None:
     """The label a reading names, without brackets or punctuation, or None when the reading is
     not a label ("A", "(b)", "c.", "2)", "iv", "A1" are labels; "+", "AB", "100" are not)."""
-    text = raw.strip().replace(" ", "")
+    # NFKC: PP-OCR's Chinese-English model answers fullwidth letters ("Ａ") for some crops
+    text = unicodedata.normalize("NFKC", raw).strip().replace(" ", "")
     if len(text) == 2 and text[0] != text[1] and text[0].casefold() == text[1].casefold():
         text = text[1]  # "Cc", "sS": one glyph whose case the engine could not tell
     m = _LABEL_TEXT.match(text)
@@ -395,6 +405,15 @@ def find_tessdata() -> str | None:
         if (Path(folder) / "eng.traineddata").exists():
             return folder
     return None
+
+
+def _glyphs(crop: Image.Image) -> int:
+    """Glyphs side by side in a crop (dark on white): the runs of columns holding ink ("ii" is
+    two; the dot of an "i" sits over its stem)."""
+    ink = np.asarray(crop) < 128
+    columns = ink.any(axis=0)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], columns.astype(np.int8), [0]])))
+    return len(edges) // 2
 
 
 class TesseractReader:
@@ -435,7 +454,7 @@ class TesseractReader:
         psm = self._tesserocr.PSM
         out = []
         for crop in crops:
-            single = crop.width - OCR_HEIGHT <= 1.15 * OCR_HEIGHT
+            single = crop.width - OCR_HEIGHT <= 1.15 * OCR_HEIGHT and _glyphs(crop) < 2
             api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_WORD, charset)
             # raw 8-bit pixels: ``SetImage`` would encode every crop as a BMP first
             api.SetImageBytes(crop.tobytes(), crop.width, crop.height, 1, crop.width)
