@@ -60,7 +60,8 @@ MIN_WIDTH_SHARE = 0.08  # "1", "I", "l"
 MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
 RING_X = 0.6
 RING_Y = 0.35
-MAX_CANDIDATES = 16  # read in a first pass
+MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
+FIRST_BATCH = 8
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
@@ -186,29 +187,33 @@ def _ink(gray: np.ndarray, dark: bool, max_height: float) -> _Ink:
 
 
 def _scan(
-    gray: np.ndarray, ink: _Ink, max_height: float, connect: str = "joined", window: Box | None = None
+    gray: np.ndarray, ink: _Ink, max_height: float, connect: str = "joined", windows: Sequence[Box] = ()
 ) -> list[Candidate]:
     """The free-standing glyph tokens of one polarity (module doc, step 1). ``connect``
     "joined": its tokens; "touching"/"sides": the glyphs inside its tokens that are not
     candidates themselves, parted by joining pixels without dilation / through their sides
-    only (``_tokens``), inside ``window`` (x1, y1, x2, y2; the whole figure when None)."""
+    only (``_tokens``), those centred in one of ``windows`` (x1, y1, x2, y2) when given."""
     h, w = gray.shape
     parts = None
     if connect == "joined":
         boxes, count = ink.boxes, ink.ink
     else:
-        wx1, wy1, wx2, wy2 = window or (0, 0, w, h)
         # glyphs inside the tokens that are not candidates already
-        inside = ink.mask[wy1:wy2, wx1:wx2] & ~ink.taken[ink.labels[wy1:wy2, wx1:wx2]]
-        parts, boxes, count = _tokens(inside, connect)
-        boxes = boxes + np.array([wx1, wy1, wx1, wy1], dtype=boxes.dtype)
+        parts, boxes, count = _tokens(ink.mask & ~ink.taken[ink.labels], connect)
         part_small = _text_sized(boxes, max_height)
     if not len(boxes):
         return []
     x1, y1, x2, y2 = boxes.T
     bh, bw = y2 - y1, x2 - x1
+    inside = np.ones(len(boxes), bool)
+    if windows:
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        inside = np.zeros(len(boxes), bool)
+        for a, b, c, d in windows:
+            inside |= (cx >= a) & (cx < c) & (cy >= b) & (cy < d)
     keep = np.flatnonzero(
-        (bh >= MIN_HEIGHT)
+        inside
+        & (bh >= MIN_HEIGHT)
         & (bh <= max_height)
         & (bw <= MAX_GLYPHS * bh)
         & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
@@ -227,9 +232,7 @@ def _scan(
         else:
             # a glyph parted from a larger token: the other text-sized parts and the text-sized
             # tokens around are its neighbours, not the token it was parted from
-            sub = np.zeros(ids.shape, parts.dtype)  # the window's parts; none outside it
-            ca, cb, cc, cd = max(oa, wx1), max(ob, wy1), min(oc, wx2), min(od, wy2)
-            sub[cb - ob : cd - ob, ca - oa : cc - oa] = parts[cb - wy1 : cd - wy1, ca - wx1 : cc - wx1]
+            sub = parts[ob:od, oa:oc]
             own = ink.labels[b:d, a:c]
             inner = (sub[b - ob : d - ob, a - oa : c - oa] == i + 1) & (own > 0)
             parent = own[inner][0] if inner.any() else 0
@@ -292,15 +295,14 @@ class CandidateFinder:
         h, w = self.gray.shape
         rows = _merged([(max(0, y1 - (y2 - y1)), min(h, y2 + (y2 - y1))) for x1, y1, x2, y2 in near])
         cols = _merged([(max(0, x1 - (y2 - y1)), min(w, x2 + (y2 - y1))) for x1, y1, x2, y2 in near])
-        windows: list[Box | None] = [(0, a, w, b) for a, b in rows] + [(a, 0, b, h) for a, b in cols]
+        windows = [(0, a, w, b) for a, b in rows] + [(a, 0, b, h) for a, b in cols]
         out = []
         for ink in self.inks:
-            for window in windows or [None]:
-                for connect in ("touching", "sides"):
-                    for cand in _scan(self.gray, ink, self.max_height, connect, window):
-                        if cand.box not in self.found:
-                            self.found.add(cand.box)
-                            out.append(cand)
+            for connect in ("touching", "sides"):
+                for cand in _scan(self.gray, ink, self.max_height, connect, windows):
+                    if cand.box not in self.found:
+                        self.found.add(cand.box)
+                        out.append(cand)
         return _ranked(out)
 
 
@@ -737,17 +739,29 @@ def read_labels(
     image: Image.Image, gray: np.ndarray, reader: LabelReader, caption_labels: Sequence[str] | None = None
 ) -> LabelReading:
     """The printed labels of a figure (module doc): the best ``MAX_CANDIDATES`` candidates are
-    read; when labels are still missing (the caption names more, or the sequence has a gap),
-    up to ``MORE_CANDIDATES`` more are read: the next candidates as tall as the labels found
-    (tall text and symbols outrank small labels in the first pass) and glyphs touching a panel."""
+    read, ``FIRST_BATCH`` at a time until no label is missing; when labels are still missing
+    (the caption names more, or the sequence has a gap), up to ``MORE_CANDIDATES`` more are
+    read: the next candidates as tall as the labels found (tall text and symbols outrank
+    small labels in the first pass) and glyphs touching a panel."""
     finder = CandidateFinder(gray)
     candidates = finder.first()
     scheme = caption_scheme(list(caption_labels or []))
     size = (gray.shape[1], gray.shape[0])
-    first = candidates[:MAX_CANDIDATES]
-    readings = read_candidates(image, first, size, reader, scheme)
-    labels, chosen_scheme = choose_sequence(readings, caption_labels)
-    read, total = len(first), len(candidates)
+    readings: list[PrintedLabel] = []
+    labels: list[PrintedLabel] = []
+    chosen_scheme = None
+    read, total = 0, len(candidates)
+    # in batches, best first: most figures have all their labels among the first few
+    for start in range(0, MAX_CANDIDATES, FIRST_BATCH):
+        batch = candidates[start : start + FIRST_BATCH]
+        if not batch:
+            break
+        readings = readings + read_candidates(image, batch, size, reader, scheme)
+        labels, chosen_scheme = choose_sequence(readings, caption_labels)
+        read += len(batch)
+        # a caption naming no panel: done unless something like a label was read
+        if _complete(labels, chosen_scheme, caption_labels) and (caption_labels != [] or not readings):
+            break
     if not _complete(labels, chosen_scheme, caption_labels):
         sx, sy = image.width / gray.shape[1], image.height / gray.shape[0]
         near = [
@@ -756,7 +770,7 @@ def read_labels(
         ]
         touching = finder.touching(near)
         total += len(touching)
-        rest = sorted(candidates[MAX_CANDIDATES:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
+        rest = sorted(candidates[read:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
         if labels:
             ref = float(np.median([lab.height for lab in labels])) * gray.shape[0] / image.height
             rest = [c for c in rest if abs(c.height - ref) <= HEIGHT_SPREAD * ref]
