@@ -329,12 +329,17 @@ def ocr_comparison(figures: list[dict], images: dict) -> dict:
     from pipelines.panels.split import caption_evidence
 
     labelled = [f for f in figures if any(f["labels"])]
-    out: dict = {"figures": len(labelled), "labelled_panels": sum(1 for f in labelled for x in f["labels"] if x)}
+    out: dict = {
+        "figures": len(labelled),
+        "labelled_panels": sum(1 for f in labelled for x in f["labels"] if x),
+        "chosen": "tesseract",
+        "engines": {},
+    }
     for engine in OCR_ENGINES:
         try:
             reader = get_reader(engine)
         except (ImportError, RuntimeError) as exc:
-            out[engine] = {"error": f"{type(exc).__name__}: {exc}"}
+            out["engines"][engine] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         found = []
         read_labels(images[labelled[0]["file"]], np.asarray(work_copy(images[labelled[0]["file"]])), reader)  # warm-up
@@ -350,7 +355,7 @@ def ocr_comparison(figures: list[dict], images: dict) -> dict:
         entry = label_reading(labelled, found)
         entry["ms_per_figure_cpu"] = round(1000 * cpu / len(labelled), 1)
         entry["crops_per_figure"] = round(crops / len(labelled), 1)
-        out[engine] = entry
+        out["engines"][engine] = entry
         print("ocr", engine, json.dumps(entry), flush=True)
     return out
 
