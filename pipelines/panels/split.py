@@ -59,7 +59,7 @@ from pipelines.panels.labels import (
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
 from pipelines.panels.pairing import panel_labels
 from pipelines.panels.postprocess import finalize
-from pipelines.panels.regions import Structure, box_area, cut, ink_structure, union
+from pipelines.panels.regions import Structure, cut, ink_structure, union
 from pipelines.panels.types import Box, Panel
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
@@ -68,6 +68,7 @@ SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
 PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
+MAX_LEAVES = 400  # blocks a region is broken into when its labels are parted by anchoring
 
 
 @dataclass
@@ -261,7 +262,7 @@ def partition_by_labels(
     label read are its panel (joined to the next region until ``fill_missing`` parts them),
     not a shared title."""
     found = _by_labels(sheet, structure, box, labels, direction, 0, first_missing)
-    return found or _part_at_labels(box, labels)
+    return found or _part_at_labels(sheet, box, labels, direction)
 
 
 def _by_labels(
@@ -310,7 +311,7 @@ def _by_labels(
                         sub = _attach(sub, pieces[i], axis)
                     break
             if sub is None:
-                sub = _part_at_labels(union(pieces[i] for i in members + extras), group_labels)
+                sub = _part_at_labels(sheet, union(pieces[i] for i in members + extras), group_labels, direction)
             out.extend(sub)
         return out
     return None
@@ -360,34 +361,97 @@ def _attach(parts: list[tuple[Box, str | None]], piece: Box, axis: int) -> list[
     return parts
 
 
-def _part_at_labels(box: Box, labels: list[_Label]) -> list[tuple[Box, str | None]]:
-    """Labels no gutter separates (panels that touch): a row of labels parts the region just
-    before each label's left edge, a column just above each label's top; labels in a grid are
-    parted both ways."""
-    heights = [lab.box[3] - lab.box[1] for lab in labels]
-    tol = 0.6 * float(np.median(heights))
-    xs = _clusters(sorted(lab.box[0] for lab in labels), tol)
-    ys = _clusters(sorted(lab.box[1] for lab in labels), tol)
+def _part_at_labels(
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str = "before"
+) -> list[tuple[Box, str | None]]:
+    """Labels no gutter of ``box`` separates into regions that hold graphic content (panels
+    that touch, a layout no straight cut parts): the region's blocks that no gutter parts
+    further (``_leaves``) each go to the label that anchors them, the last label before them in
+    reading order that stands above and to the left of the block (below it, where the figure
+    prints its labels below the panels: the nearest label under it); a panel is the union of
+    its label's blocks. Blocks no label anchors join the nearest label."""
+    height = float(np.median([lab.box[3] - lab.box[1] for lab in labels]))
+    order = sorted(labels, key=lambda lab: (lab.box[1], lab.box[0]))
+    owned: dict[int, list[Box]] = {i: [lab.box] for i, lab in enumerate(order)}
+    for leaf in _leaves(sheet, box):
+        inside = [i for i, lab in enumerate(order) if _holds(leaf, lab)]
+        if len(inside) < 2:
+            owned[inside[0] if inside else _anchor(leaf, order, height, direction)].append(leaf)
+            continue
+        # a block holding several labels (panels that touch): parted at the labels' own edges
+        for cell in _grid(leaf, [order[i] for i in inside], height):
+            held = [i for i in inside if _holds(cell, order[i])]
+            owned[held[0] if held else _anchor(cell, order, height, direction)].append(cell)
+    return [(union(boxes), order[i].text) for i, boxes in owned.items()]
+
+
+def _holds(box: Box, label: _Label) -> bool:
+    cx, cy = label.centre
+    return box[0] <= cx < box[2] and box[1] <= cy < box[3]
+
+
+def _grid(box: Box, labels: list[_Label], height: float) -> list[Box]:
+    """``box`` parted just before each label's left edge and just above each label's top (a
+    row of labels parts it into columns, a column into rows, a grid both ways)."""
+    xs = _starts(sorted(lab.box[0] for lab in labels), 0.6 * height)
+    ys = _starts(sorted(lab.box[1] for lab in labels), 0.6 * height)
     cols = [box[0]] + [max(box[0], x - 1) for x in xs[1:]] + [box[2]]
     rows = [box[1]] + [max(box[1], y - 1) for y in ys[1:]] + [box[3]]
-    out = []
-    for r in range(len(rows) - 1):
-        for c in range(len(cols) - 1):
-            cell = (cols[c], rows[r], cols[c + 1], rows[r + 1])
-            inside = [
-                lab for lab in labels if cell[0] <= lab.centre[0] < cell[2] and cell[1] <= lab.centre[1] < cell[3]
-            ]
-            if inside and box_area(cell) > 0:
-                out.append((cell, inside[0].text))
-    return out or [(box, labels[0].text)]
+    return [
+        (cols[c], rows[r], cols[c + 1], rows[r + 1])
+        for r in range(len(rows) - 1)
+        for c in range(len(cols) - 1)
+        if cols[c + 1] > cols[c] and rows[r + 1] > rows[r]
+    ]
 
 
-def _clusters(values: list[int], tol: float) -> list[int]:
+def _starts(values: list[int], tol: float) -> list[int]:
     """The smallest value of each run of sorted values no more than ``tol`` apart."""
     out = values[:1]
     for previous, v in zip(values, values[1:], strict=False):
         if v - previous > tol:
             out.append(v)
+    return out
+
+
+def _anchor(leaf: Box, labels: list[_Label], height: float, direction: str) -> int:
+    """The index in ``labels`` (reading order) of the label that anchors a block."""
+    if direction == "after":
+        below = [i for i, lab in enumerate(labels) if lab.box[1] >= leaf[3] - height]
+        if below:
+            top = min(labels[i].box[1] for i in below)
+            row = [i for i in below if labels[i].box[1] <= top + height]
+            cx = (leaf[0] + leaf[2]) / 2
+            return min(row, key=lambda i: abs(labels[i].centre[0] - cx))
+    else:
+        before = [
+            i for i, lab in enumerate(labels) if lab.box[0] <= leaf[0] + height and lab.box[1] <= leaf[1] + height
+        ]
+        if before:
+            return max(before, key=lambda i: (labels[i].box[1] // max(1.0, height), labels[i].box[0]))
+    cx, cy = (leaf[0] + leaf[2]) / 2, (leaf[1] + leaf[3]) / 2
+    return min(range(len(labels)), key=lambda i: np.hypot(labels[i].centre[0] - cx, labels[i].centre[1] - cy))
+
+
+def _leaves(sheet: Sheet, box: Box, limit: int = MAX_LEAVES) -> list[Box]:
+    """The blocks of ``box`` no gutter (of any gutter colour or divider) parts further."""
+    out: list[Box] = []
+    stack = [(box, 0)]
+    while stack:
+        region, depth = stack.pop()
+        pieces: list[Box] = []
+        if depth < MAX_DEPTH and len(out) + len(stack) < limit:
+            for mask in sheet.masks:
+                for axis in (0, 1):
+                    pieces = cut(sheet, region, axis, mask)
+                    if pieces:
+                        break
+                if pieces:
+                    break
+        if pieces:
+            stack.extend((piece, depth + 1) for piece in pieces)
+        else:
+            out.append(region)
     return out
 
 
