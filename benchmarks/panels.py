@@ -429,7 +429,10 @@ def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
         print(split, json.dumps(summary), flush=True)
         entry = {
             "set": summary,
-            "captions": phrase_agreement([f for f in figures if f["caption"] is not None]).get(split),
+            # a figure's "labels" are those printed on its panels, not the caption's: left out
+            "captions": phrase_agreement(
+                [{k: v for k, v in f.items() if k != "labels"} for f in figures if f["caption"] is not None]
+            ).get(split),
             "methods": decision_quality(figures, images),
         }
         if split == "tune":
