@@ -8,7 +8,7 @@ headers) and small graphic pieces beside a much larger one (a legend's swatches,
 are parts of the panel next to them, never panels by themselves.
 
 * ``Sheet`` (from ``layout.make_sheet``) holds the work copy and the gutter masks;
-  ``Structure`` adds the connected shapes of the ink (``ink_shapes``), the figure's text
+  ``Structure`` (``ink_structure``) adds the connected shapes of the ink, the figure's text
   height (median height of glyph-sized shapes) and, from it, the size from which a shape is
   graphic (``GRAPHIC_TEXT_HEIGHTS`` text heights on both sides).
 * ``cut(sheet, box, axis, mask)``: ``box`` cut at every gutter of ``mask`` (a gutter colour's

@@ -12,12 +12,18 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   at a panel's top-left) or, when the figure prints its labels below the panels, to the one
   that follows them; a piece with no label on that side is shared (a title, a legend for all)
   and left out; a region with one label is one panel, whatever gutters it has inside (a grid
-  of micrograph tiles under one label is one panel). Labels no gutter separates (panels that
-  touch) are parted at the labels' own edges.
-* ``caption`` - the caption's label set (``captions.split_caption``). It restricts the label
-  readings to the caption's labels and scheme (digits and Roman numerals count only where the
-  caption uses them), and, where no labels were read, a caption that defines none keeps a
-  figure whose layout is in doubt whole.
+  of micrograph tiles under one label is one panel). A cut that leaves a label's region
+  without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
+  separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
+  the label above and to the left of it, a block holding several labels is parted at their
+  own edges.
+* ``caption`` - the caption's panel labels (``captions.split_caption``, ``pairing.panel_labels``).
+  They restrict the label readings to the caption's labels and scheme (digits and Roman
+  numerals count only where the caption uses them; a caption split wrongly cannot hide two more
+  labels read without it), name the labels that were not read (``fill_missing``: the region
+  that holds such a panel is parted at its widest gutter between graphic blocks), and a
+  caption that names no panel keeps a figure without labels whole unless a clear gutter
+  (``UNNAMED_GUTTER``) or a row of like photographs parts it.
 * ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
   is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
   strips, axis titles, legends, colour bars and titles join the block beside them. Without
@@ -26,7 +32,8 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   unless two or more printed labels are read.
 
 Boxes are in the original image's pixels, in reading order, ``label`` set where a printed label
-was read. A figure of one colour has no panel.
+was read (a panel parted off because its label was not read has none). A figure of one colour,
+or with a side under ``inputs.MIN_SIDE`` pixels, has no panel; ``decide`` says why.
 """
 
 from __future__ import annotations
