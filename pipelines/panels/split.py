@@ -46,15 +46,7 @@ import numpy as np
 from PIL import Image
 
 from pipelines.panels.captions import split_caption
-from pipelines.panels.inputs import (
-    MIN_SIDE,
-    FigureSplit,
-    PanelInputError,
-    is_uniform,
-    normalize_mode,
-    prepare_image,
-    scale_boxes,
-)
+from pipelines.panels.inputs import MIN_SIDE, FigureSplit, normalize_mode, open_figure, scale_boxes
 from pipelines.panels.labels import (
     LabelReader,
     PrintedLabel,
@@ -186,12 +178,10 @@ def figure_decision(
     original pixels (a huge JPEG is decoded reduced). Bad input is a ``reason``, never an
     exception; so is a failure of the decision on one figure (its type and message), so that a
     batch always completes."""
-    try:
-        image, width, height = prepare_image(data)
-    except PanelInputError as exc:
-        return FigureSplit(reason=exc.reason)
-    if is_uniform(image):
-        return FigureSplit(width=width, height=height, reason="uniform image")
+    opened = open_figure(data)
+    if isinstance(opened, FigureSplit):
+        return opened
+    image, width, height = opened
     try:
         decision = decide(image, caption, panel_type=panel_type, reader=reader, evidence=evidence)
     except (ValueError, IndexError, ZeroDivisionError, OSError) as exc:
