@@ -49,6 +49,7 @@ class PanelRunSettings(Config):
     prefer: str = ""
     consensus_min: float = 0.7
     batch_size: int = 8
+    ocr: str = "tesseract"  # the engine reading printed panel labels: tesseract, or rapidocr (needs its wheel)
 
 
 @asset(
@@ -99,6 +100,7 @@ def panels(
         prefer=prefer,
         consensus_min=config.consensus_min,
         batch_size=config.batch_size,
+        ocr=config.ocr,
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,
