@@ -69,6 +69,10 @@ OCR_HEIGHT = 32
 HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
 CAPS_SPREAD = 0.25  # capitals, digits
 ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a column
+# a lower-case glyph's height over the x-height of its font: ascenders (b, d, f, h, k, l) and
+# descenders (g, p, q, y) reach about as far as a capital, 1.4 x-heights; "i" and "t" less, "j"
+# both ways. Labels of one figure share a font size, not a glyph height: "a" and "b" differ.
+LOWER_EXTENT = {**dict.fromkeys("bdfhklgpqy", 1.4), "i": 1.35, "t": 1.2, "j": 1.7}
 AMBIGUOUS_CASE = set("cosuvwxz")
 ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
 SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
@@ -111,6 +115,12 @@ class PrintedLabel:
     @property
     def centre(self) -> tuple[float, float]:
         return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+    @property
+    def body(self) -> float:
+        """The label's font size as an x-height or cap height: its height, less a lower-case
+        letter's ascender or descender (``LOWER_EXTENT``)."""
+        return self.height / LOWER_EXTENT.get(self.text, 1.0)
 
 
 # ---- 1. candidates ------------------------------------------------------------------------
@@ -238,6 +248,8 @@ def _scan(
             parent = own[inner][0] if inner.any() else 0
             near = (ink.small[ids] & (ids != parent) & (sub == 0)) | ((sub != i + 1) & part_small[sub])
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
+        # the ink itself, not the one-pixel halo that joined it into tokens
+        near &= ink.mask[ob:od, oa:oc]
         if np.count_nonzero(near) > 0.004 * ring_area:
             continue
         # light ink must stand on a dark ground (the holes of dark glyphs are light too)
@@ -630,15 +642,15 @@ def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[l
     returns how many aligned pairs the subset has."""
     best: list[tuple[int, PrintedLabel]] = []
     best_key = None
-    for ref in sorted({r.height for _, r in reads}):
-        near = [(i, r) for i, r in reads if abs(r.height - ref) <= spread * ref]
+    for ref in sorted({r.body for _, r in reads}):
+        near = [(i, r) for i, r in reads if abs(r.body - ref) <= spread * ref]
         by_index: dict[int, list[PrintedLabel]] = {}
         for i, r in near:
             by_index.setdefault(i, []).append(r)
         chosen_at: dict[int, PrintedLabel] = {}
         for i, options in by_index.items():
             others = [r for j, rs in by_index.items() if j != i for r in rs]
-            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.height - ref)))
+            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.body - ref)))
         present = sorted(chosen_at)
         if not present or present[0] > 1:
             continue
@@ -650,7 +662,7 @@ def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[l
         chosen = [(i, chosen_at[i]) for i in run]
         labels = [r for _, r in chosen]
         aligned = sum(_aligned(r, [o for o in labels if o is not r]) for r in labels) // 2
-        key = (len(chosen), aligned, float(np.median([r.height for r in labels])), sum(r.confidence for r in labels))
+        key = (len(chosen), aligned, float(np.median([r.body for r in labels])), sum(r.confidence for r in labels))
         if best_key is None or key > best_key:
             best, best_key = chosen, key
     return best, (best_key[1] if best_key else 0)
@@ -668,11 +680,14 @@ def choose_sequence(
     """``choose_labels`` and the scheme of the sequence (None when there is none). The
     caption's labels filter the readings; a caption split wrongly (a range of positions read as
     labels, "(a) to (d)") must not hide the labels printed: a sequence of letters read without
-    the filter that is two labels longer wins over the filtered one."""
+    the filter that is two labels longer, and longer than the caption's list, wins over the
+    filtered one."""
     filtered = _best_sequence(reads, caption_labels)
     if caption_labels:
         free = _best_sequence(reads, None)
-        if len(free[0]) >= len(filtered[0]) + 2:
+        # it shows more labels than the caption names (else the caption is right, and the
+        # readings outside it are misreadings)
+        if len(free[0]) >= len(filtered[0]) + 2 and len(free[0]) > len(caption_labels):
             return free
     return filtered
 
@@ -701,7 +716,7 @@ def _best_sequence(
             continue
         # a scheme that matches the case the letters were read in beats its case-swapped twin
         exact = sum(1 for _, r in run if scheme in label_schemes(r.text)[:1])
-        key = (len(run), aligned, exact, float(np.median([r.height for _, r in run])))
+        key = (len(run), aligned, exact, float(np.median([r.body for _, r in run])))
         if best_key is None or key > best_key:
             best, best_scheme, best_key = run, scheme, key
     if best_scheme is None:
@@ -772,8 +787,10 @@ def read_labels(
         total += len(touching)
         rest = sorted(candidates[read:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
         if labels:
-            ref = float(np.median([lab.height for lab in labels])) * gray.shape[0] / image.height
-            rest = [c for c in rest if abs(c.height - ref) <= HEIGHT_SPREAD * ref]
+            # as tall as the labels' font: an x-height, or a lower-case ascender's height
+            ref = float(np.median([lab.body for lab in labels])) * gray.shape[0] / image.height
+            sizes = (1.0, LOWER_EXTENT["b"]) if chosen_scheme == "lower" else (1.0,)
+            rest = [c for c in rest if any(abs(c.height - k * ref) <= HEIGHT_SPREAD * k * ref for k in sizes)]
         more = rest[:MORE_CANDIDATES]
         if more:
             readings = readings + read_candidates(image, more, size, reader, scheme)
