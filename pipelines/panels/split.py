@@ -143,7 +143,22 @@ def decide(
             parts = fill_missing(sheet, structure, parts, work, scheme, missing, direction)
         decision.route = "labels"
         panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
-        decision.panels = finalize(panels, sheet.width, sheet.height, single=False)
+        panels = finalize(panels, sheet.width, sheet.height, single=False)
+        # the caption's count holds where the labels read are the caption's labels
+        trusted = (
+            named
+            if caption_labels and {lab.text.casefold() for lab in labels} <= {x.casefold() for x in caption_labels}
+            else None
+        )
+        if "structure" in evidence and _off_count(panels, trusted):
+            # labels not read leave panels joined: where the layout's gutters give the count the
+            # caption names and the labels' regions do not, the gutters part the figure and the
+            # labels read name the panels they stand at
+            layout = split_panels(image)
+            if _closer(layout, panels, trusted):
+                decision.route = "labels+layout"
+                panels = _name_panels(layout, labels)
+        decision.panels = panels
         return decision
     single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
     if single_kind:
@@ -157,6 +172,12 @@ def decide(
         boxes = partition_by_structure(sheet, structure, root, min_gap)
         decision.route = "structure"
         panels = [Panel(box=sheet.to_original(box)) for box in boxes]
+        if _off_count(panels, named):
+            # the caption names more (or fewer) panels than the chart structure keeps apart:
+            # the layout's gutters decide when they agree with the caption better
+            layout = split_panels(image)
+            if _closer(layout, panels, named):
+                decision.route, panels = "layout", layout
     else:
         panels = split_panels(image)
     if len(labels) == 1 and len(panels) == 1:
@@ -196,6 +217,34 @@ def figure_decision(
         labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
         route=decision.route,
     )
+
+
+def _name_panels(panels: list[Panel], labels: list[PrintedLabel]) -> list[Panel]:
+    """Each label read given to the panel that holds its centre, else to the nearest panel
+    (labels printed in a gutter or below); a panel keeps the first label that comes to it."""
+    named = [replace(p, label=None) for p in panels]
+    for lab in labels:
+        free = [i for i in range(len(named)) if named[i].label is None]
+        if free:
+            best = min(free, key=lambda i: _distance(named[i].box, lab.centre))
+            named[best] = replace(named[best], label=lab.text)
+    return named
+
+
+def _distance(box: Box, point: tuple[float, float]) -> float:
+    """From a point to a box (0 inside it)."""
+    x, y = point
+    return float(np.hypot(max(box[0] - x, 0, x - box[2]), max(box[1] - y, 0, y - box[3])))
+
+
+def _off_count(panels: list[Panel], named: int | None) -> bool:
+    """Whether the caption names two or more panels and ``panels`` are not that many."""
+    return bool(named) and named >= 2 and len(panels) != named
+
+
+def _closer(candidate: list[Panel], current: list[Panel], named: int) -> bool:
+    """Whether ``candidate`` has a panel count nearer the caption's than ``current``."""
+    return abs(len(candidate) - named) < abs(len(current) - named)
 
 
 def caption_evidence(caption: str) -> tuple[list[str], int]:
