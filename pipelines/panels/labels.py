@@ -12,7 +12,8 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    token is a candidate when it is glyph-sized (``MIN_HEIGHT`` px up to ``MAX_HEIGHT_SHARE`` of
    the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
-   and ``RING_Y`` x its height above and below. Words, tick strips and symbols packed in text
+   and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
+   glyphs into tokens). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them) and at most
    ``MAX_CANDIDATES`` are read.
@@ -26,12 +27,18 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
 3. **Sequence** (``choose_labels``): the readings are grouped by scheme (upper, lower, digit,
    roman, alnum). A scheme's labels must start at its first label (a, A, 1, i, A1) or at the
    second with the first missed, may skip at most one label between two found ones, and must
-   share a height within ``HEIGHT_SPREAD``; a repeated label keeps the reading most like the
-   others. Digits and Roman numerals are panel labels only when the caption uses that scheme
-   (tick labels are digits too); letters also without a caption. When the caption names its
-   labels, a reading outside them is dropped. The longest consistent sequence (ties: taller,
-   then more confident) wins; the case of shape-ambiguous letters (c, o, s, u, v, w, x, z) is
-   the case of the other labels.
+   share a font size within ``HEIGHT_SPREAD`` (a lower-case letter's height less its ascender
+   or descender, ``LOWER_EXTENT``: "a" and "b" of one font differ by 40 %); a repeated label
+   keeps the reading most like the others. Digits and Roman numerals are panel labels only
+   when the caption uses that scheme (tick labels are digits too); letters also without a
+   caption. When the caption names its labels, a reading outside them is dropped. The longest
+   consistent sequence (ties: taller, then more confident) wins; the case of shape-ambiguous
+   letters (c, o, s, u, v, w, x, z) is the case of the other labels.
+4. **Slots** (``reread_slots``): when labels of the sequence are still missing after both
+   passes, the glyph tokens of the labels' font size standing in a row or a column of the
+   labels read (free-standing or not: a label set just before its panel's title, or close
+   above tick labels) are read again, grey and at twice the scale; a reading counts when it is
+   a missing label.
 """
 
 from __future__ import annotations

@@ -16,7 +16,11 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
   separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
   the label above and to the left of it, a block holding several labels is parted at their
-  own edges.
+  own edges. Where the caption names two or more panels, its labels include every label read,
+  and the regions are not that many (a label not read leaves its panel joined to a neighbour)
+  while the layout splitter's gutters give a count nearer the caption's, the layout's panels
+  are kept and each label read names the panel it stands in (route ``labels+layout``): a
+  decision is never worse than the gutters alone where the caption can tell.
 * ``caption`` - the caption's panel labels (``captions.split_caption``, ``pairing.panel_labels``).
   They restrict the label readings to the caption's labels and scheme (digits and Roman
   numerals count only where the caption uses them; a caption split wrongly cannot hide two more
@@ -27,7 +31,9 @@ be switched off (``evidence``), so that the benchmark measures what each one add
 * ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
   is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
   strips, axis titles, legends, colour bars and titles join the block beside them. Without
-  this evidence the layout splitter's own answer (``layout.split_panels``) is used.
+  this evidence the layout splitter's own answer (``layout.split_panels``) is used. Here too
+  the caption's panel count arbitrates: the layout's panels are kept (route ``layout``) where
+  their count is nearer the number of panels the caption names.
 * ``kind`` - the concept stage's ``panel_type``: a figure labelled ``single panel`` stays whole
   unless two or more printed labels are read.
 
@@ -62,7 +68,7 @@ from pipelines.panels.regions import Structure, cut, ink_structure, union
 from pipelines.panels.types import Box, Panel
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
-DECISION_VERSION = 1  # results of another version are not carried over to a new release
+DECISION_VERSION = 2  # results of another version are not carried over to a new release
 SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
@@ -75,7 +81,7 @@ class Decision:
     """What ``decide`` found: the panels and the evidence behind them."""
 
     panels: list[Panel]
-    route: str  # labels | structure | layout | single | uniform
+    route: str  # labels | labels+layout | structure | layout | single | uniform
     labels: list[PrintedLabel] = field(default_factory=list)  # the chosen label sequence
     readings: list[PrintedLabel] = field(default_factory=list)  # every reading that is a label
     caption_labels: list[str] | None = None
