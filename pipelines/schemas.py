@@ -380,7 +380,7 @@ LONG_CAPTIONS = pa.schema(
         pa.field("caption", pa.string()),  # the original caption (normalised), always kept
         pa.field("long_caption", pa.string()),  # the refined caption, or the original when rejected
         pa.field("status", pa.string(), nullable=False),  # refined, fallback, no_context, error
-        pa.field("reason", pa.string()),  # why a refinement fell back (the guard or the model's verdict)
+        pa.field("reason", pa.string()),  # why a refinement fell back (guard, verdict, budget); a caption over budget
         pa.field("verdict", pa.string()),  # FEASIBLE, NOT_FEASIBLE (the model's), null when not asked
         pa.field("features", pa.string()),  # JSON: atomic features with source, visual, status
         pa.field("acronyms", pa.string()),  # JSON: {short: {long, source: article|model}}
@@ -388,7 +388,7 @@ LONG_CAPTIONS = pa.schema(
         pa.field("context_tokens", pa.int32()),  # the context sent, in the target tokenizer's tokens
         pa.field("tokens_before", pa.int32()),  # caption tokens (target tokenizer)
         pa.field("tokens_after", pa.int32()),  # long caption tokens (target tokenizer)
-        pa.field("cut", pa.bool_()),  # cut at a sentence boundary to fit the budget
+        pa.field("cut", pa.bool_()),  # added context dropped (whole sentences) to fit the budget; never the caption
         pa.field("gained_context", pa.bool_()),  # the long caption adds verified context to the caption
         pa.field("guard_failures", _strings),
         pa.field("tokenizer", pa.string()),
