@@ -2,6 +2,7 @@
 Parquet tables and statistics, the dataset card, and the upload to the Hugging Face Hub."""
 
 from dagster import (
+    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
@@ -14,12 +15,13 @@ from dagster import (
 from assets.concepts import figure_concepts
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
-from assets.panels import panel_crops
+from assets.panels import panel_crops, panels
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import run_stage
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
+    NO_MACHINE_PATHS,
     DatasetCardStage,
     HubUploadStage,
     PairPlanStage,
@@ -170,7 +172,10 @@ class StatsSettings(Config):
 
 @asset(
     partitions_def=releases_partitions,
-    deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
+    deps=[
+        AssetDep(upstream, partition_mapping=_whole_release)
+        for upstream in (dataset_samples, panels, pairs, long_captions, pair_negatives)
+    ],
     group_name="release",
     kinds={"parquet"},
     description=ReleaseTablesStage.__doc__,
@@ -192,6 +197,16 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
     group_name="release",
     kinds={"markdown"},
     description=DatasetCardStage.__doc__,
+    check_specs=[
+        AssetCheckSpec(
+            NO_MACHINE_PATHS,
+            asset="dataset_card",
+            partitions_def=releases_partitions,
+            blocking=True,
+            description="No released file holds a path of the machine that built it (JSON, Markdown, sidecars, "
+            "Parquet tables, the text members of each subset's first shard; article text aside).",
+        )
+    ],
 )
 def dataset_card(context: AssetExecutionContext, lake: LakeResource, hub: HuggingFaceHubResource) -> MaterializeResult:
     return run_stage(context, DatasetCardStage(hub.repo_id), lake.lake())

@@ -505,11 +505,21 @@ PAIR_SAMPLES = pa.schema(
     ]
 )
 
-# The Parquet file beside each shard of a pair-level subset.
+# The Parquet file beside each shard of a pair-level subset: the keys, the figure's columns, and
+# what a user filters pairs on: the box (original pixels of the figure, x2/y2 exclusive; null for
+# a long caption, which is the whole figure), the sample's text (its .txt), where that text came
+# from, the model's description of the crop, and whether a synthetic model made any of it. The
+# writer takes these from the sample's JSON (see ``webdataset.sidecar_values``).
 PAIR_SIDECAR = pa.schema(
     [
         *(PAIR_SAMPLES.field(n) for n in ("key", "level", "figure_key", "pair_id", "crop_source")),
-        *(f for f in SHARD_SIDECAR if f.name not in ("key", "converted_from")),
+        *(f for f in SHARD_SIDECAR if f.name not in ("key", "converted_from", "shard")),
+        *(pa.field(n, pa.int32()) for n in ("x1", "y1", "x2", "y2")),
+        pa.field("text", pa.string()),  # the sample's .txt: the pair's text, or the long caption
+        pa.field("text_source", pa.string()),  # pairs: caption_split, caption, vlm...; null for long captions
+        pa.field("description", pa.string()),  # pairs: the VLM's description of the crop ("" when none)
+        pa.field("synthetic", pa.bool_()),
+        pa.field("shard", pa.string(), nullable=False),
     ]
 )
 

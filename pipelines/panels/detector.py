@@ -32,6 +32,7 @@ from PIL import Image
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD, ModelUnavailableError, from_pretrained_offline_first
 from pipelines.panels.types import Box, Panel
+from pipelines.provenance import public_model_name
 from pipelines.stage import Progress
 
 DEFAULT_MODEL = "vector-institute/pmc-18m-dab-detr"
@@ -65,7 +66,8 @@ class DetectorConfig:
     def model_label(self) -> str:
         if self.synthetic:
             return f"synthetic-{self.architecture}-dab-detr"
-        return f"{self.model}@{self.revision}" if self.revision else self.model
+        name = public_model_name(self.model)  # never a local directory's path (it is provenance)
+        return f"{name}@{self.revision}" if self.revision else name
 
 
 # -- preprocessing ---------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
+from pipelines.provenance import public_model_name
+
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
@@ -150,10 +152,11 @@ class VlmEngine:
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
-    """The provenance columns every table written with a model's answers carries."""
+    """The provenance columns every table written with a model's answers carries (the model by
+    its id: a local directory is never written, see ``pipelines.provenance``)."""
     info = engine.info()
     return {
-        "model": info["model"],
+        "model": public_model_name(info["model"]),
         "model_revision": info["revision"],
         "prompt_version": prompt_version,
         "sampling": json.dumps(info["sampling"], sort_keys=True),
