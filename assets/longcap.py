@@ -4,6 +4,7 @@ from pathlib import Path
 
 from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
 
+from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
@@ -39,7 +40,7 @@ class NegativesSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[pairs],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet"},
     code_version=fingerprint(Path(negatives.__file__).read_text()),  # the rules and the prompt
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -76,7 +77,7 @@ class LongCapRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet", "vllm"},
     pool="gpu",
     code_version=PROMPT_VERSION,

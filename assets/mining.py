@@ -8,6 +8,7 @@ of those fingerprints, so downstream assets go stale only when the pairs can hav
 
 from dagster import AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
 
+from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, run_stage, shard_check
@@ -47,7 +48,7 @@ class MiningRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
-    group_name="mining",
+    group_name=MINING,
     kinds={"parquet", "ray", "vllm"},
     pool=GPU_POOL,
     code_version=PROMPT_VERSION,

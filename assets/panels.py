@@ -16,6 +16,7 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
@@ -53,7 +54,7 @@ class PanelRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles, figure_concepts],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet", "ray", "pytorch"},
     pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -110,7 +111,7 @@ def panels(
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=PanelCropsStage.__doc__,
@@ -130,7 +131,7 @@ class TrainingSetSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"coco"},
     description=SyntheticSetStage.__doc__,
 )
@@ -156,7 +157,7 @@ class DetectorTrainingSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[panel_training_set],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="DAB-DETR trained on the release's synthetic compound figures, as a launched GPU job: "

@@ -5,6 +5,7 @@ import json
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
+from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from pipelines.panels.stages import GPU_POOL
@@ -104,7 +105,7 @@ def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
 @asset(
     partitions_def=releases_partitions,
     deps=[webdataset_shards],
-    group_name="training",
+    group_name=TRAINING,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="OpenCLIP continually pretrained on the release's WebDataset (BIOMEDICA's recipe: ViT-L-14 "
@@ -179,7 +180,7 @@ def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, st
 @asset(
     partitions_def=releases_partitions,
     deps=[webdataset_shards, webdataset_pairs],
-    group_name="training",
+    group_name=TRAINING,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="OpenCLIP trained on the release's figure, panel and region pairs, as a launched GPU job: "

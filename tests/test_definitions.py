@@ -55,6 +55,44 @@ def test_every_job_schedule_and_sensor_resolves():
     }
 
 
+# What a reader expects to find in each group, read from the pipeline's stages.
+GROUPS = {
+    "1_acquisition": {"pmc_inventory", "pmc_raw_articles"},
+    "2_parsing": {"parsed_articles", "image_duplicates"},
+    "3_metadata": {"pubmed_metadata"},
+    "4_concepts": {"figure_embeddings", "concept_model", "concept_review", "cluster_labels", "figure_concepts"},
+    "5_panels": {"panels", "panel_crops", "panel_training_set", "panel_detector"},
+    "6_mining": {"pairs"},
+    "7_long_captions": {"pair_negatives", "long_captions"},
+    "8_release": {
+        "dataset_samples",
+        "webdataset_shards",
+        "webdataset_concept_filtered",
+        "webdataset_concept_balanced",
+        "pair_samples",
+        "webdataset_pairs",
+        "release_parquet",
+        "dataset_card",
+        "hf_upload",
+    },
+    "9_training": {"clip_evaluation", "clip_continual_pretraining", "multilevel_training"},
+}
+
+
+def test_asset_groups_sort_in_pipeline_order_and_read_top_down():
+    """The UI lists groups by name: sorted, they must follow the data, and no asset may depend on
+    one in a later group (the catalog would read bottom-up there)."""
+    graph = defs.resolve_asset_graph()
+    found: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        found.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assert found == GROUPS and list(GROUPS) == sorted(GROUPS)
+    rank = {asset: i for i, group in enumerate(GROUPS) for asset in GROUPS[group]}
+    for key in graph.get_all_asset_keys():
+        for parent in graph.get(key).parent_keys:
+            assert rank[parent.to_user_string()] <= rank[key.to_user_string()], (parent, key)
+
+
 def _validate(**env) -> subprocess.CompletedProcess:
     """``dagster definitions validate`` on the workspace, with ``env`` added to the environment."""
     dagster = Path(sys.executable).with_name("dagster")
