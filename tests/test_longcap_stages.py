@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipelines.lake import Lake
@@ -43,6 +45,8 @@ def test_negatives_for_region_pairs_only(tmp_path):
     assert [r["negative_index"] for r in rows] == list(range(len(rows)))
     assert result.ok == 1 and result.counts["region_pairs"] == 1
     assert {c.name: c.passed for c in result.checks} == {NEGATIVES_DIFFER: True}
+    # what it wrote, counted: the size of the negatives file of the partition
+    assert result.bytes == os.path.getsize(lake.table_path(Table.PAIR_NEGATIVES, RELEASE, SHARD)) > 0
 
 
 def test_negatives_need_pairs(tmp_path):

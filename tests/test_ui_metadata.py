@@ -36,3 +36,11 @@ def test_markdown_counts_become_markdown_metadata():
     """The stage says Markdown; the asset's metadata must say so too, or the UI shows the text."""
     value = _value(Markdown("![scree](data:image/png;base64,AAAA)"))
     assert value == MetadataValue.md("![scree](data:image/png;base64,AAAA)")
+
+
+def test_floats_are_rounded_for_reading():
+    assert _value(12.3456789) == 12.346
+    assert _value(0.000123456) == 0.0001235  # a small rate keeps its digits
+    assert _value(2 / 3) == 0.6667
+    assert _value(7) == 7 and _value(True) is True and _value("0.123456") == "0.123456"
+    assert _value({"rate": 1 / 3, "items": [0.98765, 5]}) == MetadataValue.json({"rate": 0.3333, "items": [0.9877, 5]})
