@@ -12,16 +12,11 @@ from dagster import (
 
 from assets.groups import ACQUISITION
 from assets.partitions import open_release, release_shard_partitions, releases_partitions
-from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.report import error_rate_check, outage_of, run_stage
 from pipelines.acquire.stages import POOL, AcquireStage, InventoryStage
-from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource
-
-
-def outage_of(resource: PmcSourceResource | EutilsResource) -> OutageRetry:
-    return OutageRetry(resource.outage_retries, resource.outage_retry_delay_s)
 
 
 @asset(

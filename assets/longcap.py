@@ -8,7 +8,7 @@ from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, run_stage, shard_check
+from assets.report import error_rate_check, outage_of, run_stage, shard_check
 from pipelines.longcap import negatives
 from pipelines.longcap.prompts import PROMPT_VERSION
 from pipelines.longcap.stages import (
@@ -64,7 +64,7 @@ def pair_negatives(
         return run_stage(context, stage, lk)
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = NegativesStage(engine, config.max_per_type, config.vlm_per_pair, config.seed)
-        return run_stage(context, stage, lk)
+        return run_stage(context, stage, lk, outage=outage_of(vlm))
 
 
 class LongCapRunSettings(Config):
@@ -120,4 +120,4 @@ def long_captions(
     )
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
-        return run_stage(context, stage, lk, quality.max_error_rate)
+        return run_stage(context, stage, lk, quality.max_error_rate, outage_of(vlm))

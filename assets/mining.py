@@ -11,7 +11,7 @@ from dagster import AssetExecutionContext, BackfillPolicy, Config, MaterializeRe
 from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, run_stage, shard_check
+from assets.report import error_rate_check, outage_of, run_stage, shard_check
 from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.mining.regions import TAU_DEFAULT
 from pipelines.mining.stages import (
@@ -93,4 +93,4 @@ def pairs(
         context.log.info("VLM: a tiny RANDOM Qwen2.5-VL (synthetic): its pairs are marked synthetic, no quality claim")
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = MiningStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
-        return run_stage(context, stage, lk, quality.max_error_rate)
+        return run_stage(context, stage, lk, quality.max_error_rate, outage_of(vlm))

@@ -11,10 +11,10 @@ from dagster import (
     asset,
 )
 
-from assets.acquisition import outage_of, pmc_raw_articles
+from assets.acquisition import pmc_raw_articles
 from assets.groups import METADATA, PARSING
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import error_rate_check, run_stage
+from assets.report import error_rate_check, outage_of, run_stage
 from pipelines.entrez.stage import POOL as EUTILS_POOL
 from pipelines.entrez.stage import PubmedStage
 from pipelines.parse.shard import ParseLimits

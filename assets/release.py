@@ -133,6 +133,13 @@ def webdataset_concept_balanced(
     return _write_subsets(context, lake, "webdataset_concept_balanced", subsets, config, "concept-balanced")
 
 
+class PairPlanSettings(Config):
+    """``include_vlm_text``: also ship panel samples whose text the VLM associated with the panel
+    (``text_match`` ``vlm``); by default only caption-matched texts (printed label, reading order)."""
+
+    include_vlm_text: bool = False
+
+
 @asset(
     partitions_def=release_shard_partitions,
     deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
@@ -141,8 +148,8 @@ def webdataset_concept_balanced(
     backfill_policy=BackfillPolicy.multi_run(1),
     description=PairPlanStage.__doc__,
 )
-def pair_samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
-    return run_stage(context, PairPlanStage(), lake.lake())
+def pair_samples(context: AssetExecutionContext, config: PairPlanSettings, lake: LakeResource) -> MaterializeResult:
+    return run_stage(context, PairPlanStage(include_vlm_text=config.include_vlm_text), lake.lake())
 
 
 class PairShardSettings(ShardSettings):

@@ -145,6 +145,12 @@ class OutageRetry:
     delay_s: float = 300.0
 
 
+def outage_of(resource) -> OutageRetry:
+    """The outage retries a resource is configured with (``outage_retries``,
+    ``outage_retry_delay_s``: the PMC source, NCBI, the Ray cluster, the VLM engine)."""
+    return OutageRetry(resource.outage_retries, resource.outage_retry_delay_s)
+
+
 def run_stage(
     context: AssetExecutionContext,
     stage: Stage,

@@ -249,7 +249,7 @@ PANEL_FIGURES = pa.schema(
         pa.field("n_xycut", pa.int32()),  # what each method found, for agreement
         pa.field("n_detr", pa.int32()),
         pa.field("agreement", pa.float32()),  # mean best IoU between the two methods' panels
-        pa.field("caption_labels", pa.int32()),  # panel labels found in the caption
+        pa.field("caption_labels", pa.int32()),  # panel labels found in the caption (sub-labels such as a1 aside)
         pa.field("model", pa.string()),
         pa.field("model_revision", pa.string()),
         pa.field("threshold", pa.float32()),
@@ -287,10 +287,14 @@ PANEL_CAPTIONS = pa.schema(
         pa.field("label", pa.string()),
         pa.field("text", pa.string()),  # the panel's own text, without the preface
         pa.field("preface", pa.string()),  # caption text shared by every panel
-        pa.field("match", pa.string(), nullable=False),  # label, order, none
+        pa.field("match", pa.string(), nullable=False),  # label, order, none (pipelines.panels.pairing)
         pa.field("scheme", pa.string()),
         pa.field("confidence", pa.float32()),
         pa.field("count_mismatch", pa.bool_()),  # panels and caption labels differ in number
+        # added with the pairing rules (issue 19 §3); absent (null) in tables written before them:
+        pa.field("match_detail", pa.string()),  # the rule that paired the panel, or why none could
+        pa.field("caption_labels", pa.int32()),  # panel labels the caption defines (sub-labels aside)
+        pa.field("count_agreement", pa.string()),  # equal, more_panels, fewer_panels, no_caption_labels
     ]
 )
 
@@ -307,6 +311,10 @@ PANEL_CROPS = pa.schema(
         pa.field("sha256", pa.string(), nullable=False),
         pa.field("width", pa.int32()),
         pa.field("height", pa.int32()),
+        # the release gate (pipelines.panels.gate), added with it; null in tables written before it:
+        pa.field("gate", pa.string()),  # why the crop is not released as a panel; null: it passes
+        pa.field("ink", pa.float32()),  # share of the crop's pixels that differ from its background
+        pa.field("text_run", pa.float32()),  # the shorter longest run of inked rows/columns, in glyph heights
     ]
 )
 
@@ -345,6 +353,10 @@ PAIRS = pa.schema(
         pa.field("backend", pa.string()),
         pa.field("backend_version", pa.string()),
         pa.field("synthetic", pa.bool_()),
+        # panel pairs, added with the pairing rules (issue 19 §3); null in tables written before them:
+        pa.field("text_match", pa.string()),  # how the text was matched: label, order, vlm, none
+        pa.field("count_agreement", pa.string()),  # the figure's panels vs caption labels (as panel_captions)
+        pa.field("label_source", pa.string()),  # who read `label`: image (the panels table), vlm; null: none
     ]
 )
 

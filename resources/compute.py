@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 
-from dagster import ConfigurableResource, InitResourceContext
+from dagster import ConfigurableResource, Failure, InitResourceContext
 
 from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
 from pipelines.panels.detector import DEFAULT_MODEL as DEFAULT_DETECTOR
-from pipelines.panels.detector import DetectorConfig
+from pipelines.panels.detector import DetectorConfig, check_weights
+from pipelines.weights import ModelUnavailableError
 
 
 class RayResource(ConfigurableResource):
@@ -48,6 +49,8 @@ class ModelsResource(ConfigurableResource):
     panel_detector_revision: str | None = None
     panel_threshold: float = 0.5
     panel_input_size: int = 800
+    panel_labels: int = 1  # 2: also the panel-label glyph boxes (the checkpoint must have that class)
+    panel_class: int | None = None  # None: the class the checkpoint's id2label names subfigure/panel
     # the tokenizer of the text encoder that will train on the captions (long captions are
     # measured and cut in its tokens): openclip, hf:<id or path>, tiny; and its context length
     text_tokenizer: str = "openclip"
@@ -58,14 +61,27 @@ class ModelsResource(ConfigurableResource):
             model=self.dinov2, synthetic=self.synthetic, pooling=self.dinov2_pooling, pad=self.dinov2_pad
         )
 
-    def detector_config(self) -> DetectorConfig | None:
-        """The panel detector, or None when no weights are configured (layout splitter only)."""
+    def detector_config(self, check: bool = True) -> DetectorConfig | None:
+        """The panel detector, or None when no weights are configured (layout splitter only).
+
+        With ``check`` (what an asset does as it builds its stage) weights that are missing, or a
+        config that cannot be read or has no panel class, fail here in one line that names the
+        setting and the ``hf download`` command (``detector.check_weights``), before any Ray
+        worker starts, rather than in every actor after the cluster came up."""
         if not self.panel_detector:
             return None
-        return DetectorConfig(
+        config = DetectorConfig(
             model=self.panel_detector,
             revision=self.panel_detector_revision,
             synthetic=self.synthetic,
             threshold=self.panel_threshold,
             input_size=self.panel_input_size,
+            labels=self.panel_labels,
+            panel_class=self.panel_class,
         )
+        if check:
+            try:
+                check_weights(config)
+            except (ModelUnavailableError, ValueError) as exc:
+                raise Failure(str(exc), allow_retries=False) from None
+        return config

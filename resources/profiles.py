@@ -98,6 +98,8 @@ def build_resources(settings: Settings | None = None) -> dict:
             replicas=settings.vlm_replicas,
             tensor_parallel_size=settings.vlm_tensor_parallel,
             vllm_env=settings.vllm_env,
+            outage_retries=settings.outage_retries,
+            outage_retry_delay_s=settings.outage_retry_delay_s,
             **SYNTHETIC_VLM if settings.synthetic else {},
         ),
     }

@@ -12,6 +12,11 @@ ray             vLLM in Ray Data actors on the cluster   production backfills (`
 code, no download) into the lake once and uses it; everything mined with it is marked
 ``synthetic``. The server's API key is a secret: it comes from ``PANELFORGE_VLM_API_KEY`` as an
 ``EnvVar`` and never appears in configuration or logs.
+
+An engine that cannot be reached (``VlmOutage``: connection refused, requests past their
+deadline or 5xx after the engine's own retries, dead Ray actors) fails the step, which Dagster
+retries ``outage_retries`` times, ``outage_retry_delay_s`` apart (``PANELFORGE_OUTAGE_RETRIES``,
+``PANELFORGE_OUTAGE_RETRY_DELAY``, shared with the PMC source and NCBI); no item is marked failed.
 """
 
 from __future__ import annotations
@@ -50,19 +55,30 @@ class VlmEngineResource(ConfigurableResource):
     max_pixels: int = 1280 * 28 * 28
     temperature: float = 0.0
     top_p: float = 1.0
-    max_tokens: int = 512
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    # a cap on every answer, above each prompt's own budget (LongCAP's, the largest, is 10,066
+    # tokens: pipelines/longcap/prompts.py) and below vLLM's 16,384-token context; the tiny
+    # synthetic model, which never stops on its own, runs with 48
+    max_tokens: int = 12288
     seed: int = 0
     synthetic: bool = False
-    # transformers
+    # a step that found the engine unreachable is retried this often, this long apart
+    outage_retries: int = 0
+    outage_retry_delay_s: float = 300.0
+    # transformers: "auto" = every visible GPU (the model sharded across them when there are
+    # several), else one device ("cuda:1", "cpu")
     device: str = "auto"
     batch_size: int = 8
-    # openai
+    # openai: timeout_s is one request's deadline, whole; a silent server costs (retries + 1) x it
     base_url: str | None = None
     api_key: str | None = None
     concurrency: int = 8
     timeout_s: float = 120.0
-    retries: int = 4
+    retries: int = 2
     structured: str = "structured_outputs"
+    check_frame: bool = True  # refuse a server whose pixel band differs (pipelines/vlm/frame_check.py)
     # ray
     ray_address: str | None = None
     replicas: int = 1
@@ -80,7 +96,13 @@ class VlmEngineResource(ConfigurableResource):
             min_pixels=self.min_pixels,
             max_pixels=self.max_pixels,
             sampling=Sampling(
-                temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, seed=self.seed
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=self.min_p,
+                repetition_penalty=self.repetition_penalty,
+                max_tokens=self.max_tokens,
+                seed=self.seed,
             ),
             synthetic=self.synthetic,
         )
@@ -117,6 +139,7 @@ class VlmEngineResource(ConfigurableResource):
                 timeout_s=self.timeout_s,
                 retries=self.retries,
                 structured=self.structured,
+                check_frame=self.check_frame,
             )
         from pipelines.vlm.ray_llm import RayVllmEngine, RayVllmSettings, runtime_env_for
 

@@ -7,18 +7,27 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm.frame_check import visual_tokens
 from pipelines.vlm.grounding import model_frame
 
 
 class ScriptedEngine(VlmEngine):
     """Answers each request with ``answer(request)`` (a string, or an Exception to record as the
-    request's error). Image sizes in the model frame are computed like the real processor's."""
+    request's error). Image sizes in the model frame are computed like the real processor's.
+    Prompt tokens are the prompt's words, plus, with ``image_tokens``, each image's visual tokens
+    and its two markers as a Qwen-VL processor counts them (what the frame check reads)."""
 
     backend = "scripted"
 
-    def __init__(self, answer: Callable[[VlmRequest], str | Exception], config: EngineConfig | None = None):
+    def __init__(
+        self,
+        answer: Callable[[VlmRequest], str | Exception],
+        config: EngineConfig | None = None,
+        image_tokens: bool = False,
+    ):
         self.answer = answer
         self.config = config or EngineConfig(model="scripted", synthetic=True)
+        self.image_tokens = image_tokens
         self.requests: list[VlmRequest] = []
 
     def backend_version(self) -> str:
@@ -37,9 +46,14 @@ class ScriptedEngine(VlmEngine):
                     VlmResponse(
                         request.id,
                         answer,
-                        prompt_tokens=len(request.prompt.split()),
+                        prompt_tokens=len(request.prompt.split()) + self._visual_tokens(request),
                         completion_tokens=len(answer.split()),
                         image_sizes=sizes,
                     )
                 )
         return out
+
+    def _visual_tokens(self, request: VlmRequest) -> int:
+        if not self.image_tokens:
+            return 0
+        return sum(visual_tokens(im.width, im.height, self.config) + 2 for im in request.images)

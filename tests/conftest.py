@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 from pathlib import Path
 
 # The Dagster definitions read these at import: 4 shards keep the tests' partition counts small.
@@ -32,6 +33,26 @@ FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 def _isolated_rate_state(tmp_path, monkeypatch):
     """Each test gets its own rate-limit slot files, so tests never wait on each other."""
     monkeypatch.setenv("PANELFORGE_RATE_DIR", str(tmp_path / "ratelimit"))
+
+
+@pytest.fixture
+def no_network(monkeypatch) -> list[str]:
+    """No socket can connect or resolve a name: what loads here loads offline. Yields the list of
+    attempts (each refused at once), so a test can also check that none was made."""
+    attempts: list[str] = []
+
+    def refuse(sock, address, *args):
+        attempts.append(f"connect {address!r}")
+        raise ConnectionRefusedError(f"no network in this test (connect to {address!r})")
+
+    def no_dns(host, *args, **kwargs):
+        attempts.append(f"resolve {host!r}")
+        raise socket.gaierror(socket.EAI_NONAME, f"no network in this test (resolve {host!r})")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    return attempts
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Tiny COCO-format panel datasets and raw tars for the detector tests."""
+"""Tiny COCO-format panel datasets, raw tars and checkpoints in the published format for the
+detector tests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,21 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+PUBLISHED = json.loads((Path(__file__).parent / "data" / "published" / "pmc-18m-dab-detr.config.json").read_text())
+# the same format at reduced size: a 0.4M-parameter timm ResNet, still output stride 16
+REDUCED = {
+    **PUBLISHED,
+    "backbone": "test_resnet",
+    "hidden_size": 64,
+    "encoder_layers": 1,
+    "decoder_layers": 2,
+    "num_hidden_layers": 1,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "num_queries": 20,
+}
 COLOURS = [(200, 30, 30), (30, 160, 60), (40, 60, 200), (220, 160, 20), (120, 40, 160), (20, 150, 160)]
 
 
@@ -69,3 +85,19 @@ def write_tar(lake_root: Path, relative: str, members: list[tuple[str, bytes]]) 
         for info in tar.getmembers():
             refs.append({"image_file": info.name, "tar_path": relative, "offset": info.offset_data, "size": info.size})
     return refs
+
+
+def write_checkpoint(folder: Path, published: dict, seed: int = 0):
+    """A checkpoint as the hub holds it: weights of the architecture ``published`` describes (seeded
+    random), and ``published`` itself as config.json. Returns the model written."""
+    import torch
+    from transformers import DabDetrForObjectDetection
+
+    from pipelines.panels.detector import model_config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DabDetrForObjectDetection(model_config(published)).eval()
+    model.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(published, indent=2))
+    return model

@@ -1,5 +1,5 @@
 """Caption splitting by panel label: the tricky cases one by one, the extractive guarantee as a
-property, the join to panels, and agreement with hand-split real captions."""
+property, and agreement with hand-split real captions (the join to panels: test_pairing.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from benchmarks.captions import EVAL_DIR, load_cases
 from pipelines.panels.captions import (
-    assign_captions,
     caption_agreement,
     normalize_caption,
     phrase_agreement,
@@ -675,63 +674,6 @@ def test_normalize_is_idempotent_and_split_never_crashes(text):
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_real_captions_split_extractively(case):
     assert_extractive(case["caption"], split_caption(case["caption"]))
-
-
-# --- the join to panels -----------------------------------------------------------------------
-
-SPLIT = CaptionSplit(preface="Drug X.", panels={"A": "Blot.", "B": "Counts."}, scheme="upper", confidence=1.0)
-
-
-def row(label, text, match, mismatch, split=SPLIT):
-    return {
-        "label": label,
-        "text": text,
-        "preface": split.preface,
-        "match": match,
-        "scheme": split.scheme,
-        "confidence": split.confidence,
-        "count_mismatch": mismatch,
-    }
-
-
-def test_assign_by_printed_label_case_insensitively():
-    rows = assign_captions([(0, "a"), (1, "B")], SPLIT)
-    assert rows == [row("a", "Blot.", "label", False), row("B", "Counts.", "label", False)]
-
-
-def test_assign_by_label_with_a_panel_the_caption_does_not_name():
-    rows = assign_captions([(0, "A"), (1, "B"), (2, "C")], SPLIT)
-    assert rows == [row("A", "Blot.", "label", True), row("B", "Counts.", "label", True), row("C", None, "none", True)]
-
-
-def test_assign_by_reading_order_when_no_label_is_printed():
-    rows = assign_captions([(1, None), (0, None)], SPLIT)
-    assert rows == [row("B", "Counts.", "order", False), row("A", "Blot.", "order", False)]
-
-
-def test_assign_by_order_with_more_panels_than_labels():
-    rows = assign_captions([(0, None), (1, None), (2, None)], SPLIT)
-    assert [r["match"] for r in rows] == ["order", "order", "none"]
-    assert rows[2] == row(None, None, "none", True)
-
-
-def test_assign_without_caption_labels():
-    split = CaptionSplit(preface="A single photograph.", panels={}, scheme="none", confidence=0.0)
-    assert assign_captions([(0, None)], split) == [row(None, None, "none", True, split)]
-
-
-def test_assign_from_a_real_caption():
-    split = split_caption(
-        "Wound management from primary surgery to delayed secondary closure. (a) Large-scale tissue damage at right "
-        "lower extremity. (b) Cross-over technique for wound edge adaptation. (c) Definitive wound closure via suture."
-    )
-    rows = assign_captions([(0, "A"), (1, "B"), (2, "c")], split)
-    assert [r["text"] for r in rows] == [
-        "Large-scale tissue damage at right lower extremity.",
-        "Cross-over technique for wound edge adaptation.",
-        "Definitive wound closure via suture.",
-    ]
-    assert {r["preface"] for r in rows} == {"Wound management from primary surgery to delayed secondary closure."}
 
 
 # --- agreement with hand-split real captions --------------------------------------------------

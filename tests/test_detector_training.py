@@ -11,13 +11,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from pipelines.panels.coco_eval import coco_map, evaluate_detector
-from pipelines.panels.detector import Detector, DetectorConfig, build_model
-from pipelines.panels.train import Output, TrainConfig, batch_indices, load_checkpoint, train
-from tests.panel_fixtures import make_coco
+from pipelines.panels.detector import Classes, Detector, DetectorConfig, build_model
+from pipelines.panels.train import CocoDataset, Output, TrainConfig, batch_indices, collate, load_checkpoint, train
+from tests.panel_fixtures import REDUCED, make_coco, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 DETECTOR = DetectorConfig(synthetic=True, input_size=96, labels=2, threshold=0.0, max_panels=10)
@@ -133,6 +135,41 @@ def test_the_job_reports_through_dagster_pipes(coco, tmp_path):
     assert 0.0 <= metadata["eval_map"].value <= 1.0
     assert [(m["kind"], m["step"]) for m in messages] == [("train", 1), ("train", 2), ("eval", 2)]
     assert math.isfinite(messages[0]["loss"]) and messages[-1]["images"] == 4
+
+
+def test_targets_are_relative_to_the_visible_image_in_the_models_classes(tmp_path):
+    """A 200 x 100 figure with a panel at COCO bbox [50, 25, 100, 50] (corners (50, 25) and
+    (150, 75), centre (100, 50)) and a label glyph at [10, 20, 8, 10] (corners (10, 20), (18, 30)).
+    At input 96 the figure is 96 x 48 padded to 96 x 96 with a mask over the top 48 rows; the
+    targets are normalised by the visible figure: the panel (100/200, 50/100, 100/200, 50/100) =
+    (0.5, 0.5, 0.5, 0.5) (in the padded square it would be (0.5, 0.25, 0.5, 0.25)), the glyph
+    (14/200, 25/100, 8/200, 10/100) = (0.07, 0.25, 0.04, 0.1)."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (200, 100), (255, 255, 255)).save(tmp_path / "images" / "fig.png")
+    annotations = [
+        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [50, 25, 100, 50], "area": 5000, "iscrowd": 0},
+        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [10, 20, 8, 10], "area": 80, "iscrowd": 0},
+    ]
+    coco = {"images": [{"id": 1, "file_name": "fig.png", "width": 200, "height": 100}], "annotations": annotations}
+    (tmp_path / "annotations.json").write_text(json.dumps(coco))
+    _, frame, classes, boxes = CocoDataset(str(tmp_path), 96, Classes(0, 1))[0]
+    assert frame.resized == (96, 48) and frame.padded == (96, 96)
+    assert classes.tolist() == [0, 1] and np.allclose(boxes, [[0.5, 0.5, 0.5, 0.5], [0.07, 0.25, 0.04, 0.1]])
+    batch = collate([CocoDataset(str(tmp_path), 96, Classes(0, 1))[0]])
+    assert batch["pixel_mask"][0, :48].all() and not batch["pixel_mask"][0, 48:].any()
+    # Open-PMC-18M's classes {0: nothing, 1: subfigure}: the panel is class 1, the glyph has no class
+    _, _, classes, boxes = CocoDataset(str(tmp_path), 96, Classes(panel=1))[0]
+    assert classes.tolist() == [1] and np.allclose(boxes, [[0.5, 0.5, 0.5, 0.5]])
+
+
+def test_fine_tuning_the_published_checkpoint_trains_its_subfigure_class(coco, tmp_path):
+    published = tmp_path / "published"
+    write_checkpoint(published, REDUCED)
+    detector = DetectorConfig(model=str(published), input_size=96, threshold=0.0, max_panels=10)
+    report = train(_config(coco, tmp_path / "run", steps=1, batch_size=2, detector=detector))
+    assert math.isfinite(report["final_loss"])
+    exported = Detector(DetectorConfig(**{**asdict(detector), "model": str(tmp_path / "run" / "model")}))
+    assert exported.model.config.id2label == {0: "nothing", 1: "subfigure"} and exported.classes == Classes(1)
 
 
 # -- COCO mAP by hand ----------------------------------------------------------------------

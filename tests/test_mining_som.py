@@ -204,6 +204,8 @@ def test_reconcile_keeps_the_table_geometry_and_reports_disagreement():
     assert [(i, j, round(o, 4)) for i, j, o in out.matches] == [(0, 0, 0.95), (1, 1, 1.0)]
     assert out.vlm_only == [2] and out.detector_only == [2]
     assert out.label_conflicts == [(1, 1, "C", "B")]
+    # the table's printed label is the first reader, the VLM's a second opinion where it had none
+    assert [r.label_source for r in out.panels] == ["vlm", "image", None]
     assert out.mean_iou == pytest.approx(0.975)
     assert out.agreement == pytest.approx(1.95 / 3)
 
@@ -217,6 +219,7 @@ def test_reconcile_uses_consistent_vlm_panels_when_the_detector_saw_one_panel():
         ((0, 0, 200, 300), "A", "vlm", 0),
         ((200, 0, 400, 300), "B", "vlm", 1),  # the 0.25 box was seen by too few views
     ]
+    assert [r.label_source for r in out.panels] == ["vlm", "vlm"]
     assert out.detector_only == [0]
     # not consistent enough: the detector's single panel stands, the VLM panels are reported
     out = reconcile(vlm, whole, size=(400, 300), split_share=0.4)
@@ -236,6 +239,12 @@ def test_reconcile_of_nothing_agrees():
 # --- panel texts -----------------------------------------------------------------------------
 
 CAPTION = "Effects of drug X. (A) Western blot of lysates. (B) Quantification of band intensity. (C) Confocal images."
+ROW = [Panel((0, 0, 100, 100)), Panel((110, 0, 210, 100)), Panel((220, 0, 320, 100))]  # one row of three
+GRID = [Panel((0, 0, 100, 100)), Panel((110, 0, 210, 100)), Panel((0, 110, 100, 210)), Panel((110, 110, 210, 210))]
+
+
+def _labelled(panels: list[Panel], labels: list[str | None]) -> list[Panel]:
+    return [Panel(p.box, label=label) for p, label in zip(panels, labels, strict=True)]
 
 
 def test_caption_split_first_and_the_vlm_only_for_residual_panels():
@@ -246,14 +255,16 @@ def test_caption_split_first_and_the_vlm_only_for_residual_panels():
         ]
     }
     engine = ScriptedEngine(lambda request: json.dumps(answer), CONFIG)
-    texts = panel_texts([(0, "A"), (1, "B"), (2, "C"), (3, "D"), (4, "E")], CAPTION, None, engine)
-    assert [(t.panel_index, t.label, t.text, t.source, t.extractive, t.reason) for t in texts] == [
-        (0, "A", "Western blot of lysates.", "caption_split", True, None),
-        (1, "B", "Quantification of band intensity.", "caption_split", True, None),
-        (2, "C", "Confocal images.", "caption_split", True, None),
-        (3, "D", "Confocal images.", "vlm", True, None),
-        (4, "E", None, "vlm", False, "not extractive"),
+    five = [*ROW, Panel((330, 0, 430, 100)), Panel((440, 0, 540, 100))]
+    texts = panel_texts(_labelled(five, ["A", "B", "C", "D", "E"]), CAPTION, None, engine)
+    assert [(t.panel_index, t.label, t.text, t.source, t.extractive, t.reason, t.match) for t in texts] == [
+        (0, "A", "Western blot of lysates.", "caption_split", True, None, "label"),
+        (1, "B", "Quantification of band intensity.", "caption_split", True, None, "label"),
+        (2, "C", "Confocal images.", "caption_split", True, None, "label"),
+        (3, "D", "Confocal images.", "vlm", True, None, "vlm"),
+        (4, "E", None, "vlm", False, "not extractive", "none"),
     ]
+    assert {t.count_agreement for t in texts} == {"more_panels"}  # five panels, three caption labels
     assert len(engine.requests) == 1
     request = engine.requests[0]
     assert "The figure has the panels D, E." in request.prompt
@@ -262,28 +273,35 @@ def test_caption_split_first_and_the_vlm_only_for_residual_panels():
 
 def test_no_residual_panels_means_no_request():
     engine = ScriptedEngine(lambda request: "{}", CONFIG)
-    texts = panel_texts([(0, "A"), (1, "B"), (2, "C")], CAPTION, None, engine)
+    texts = panel_texts(_labelled(ROW, ["A", "B", "C"]), CAPTION, None, engine)
     assert [t.source for t in texts] == ["caption_split"] * 3
-    unlabelled = panel_texts([(5, None), (6, None)], CAPTION, None, engine)  # joined by order
-    assert [(t.panel_index, t.label, t.text) for t in unlabelled] == [
-        (5, "A", "Western blot of lysates."),
-        (6, "B", "Quantification of band intensity."),
+    unlabelled = panel_texts(ROW, CAPTION, None, engine)  # one row, as many panels as labels: by order
+    assert [(t.panel_index, t.label, t.text, t.match) for t in unlabelled] == [
+        (0, "A", "Western blot of lysates.", "order"),
+        (1, "B", "Quantification of band intensity.", "order"),
+        (2, "C", "Confocal images.", "order"),
     ]
     assert engine.requests == []
 
 
-def test_panel_caption_rows_are_used_as_they_are_and_a_bad_answer_is_a_reason():
-    rows = [
-        {"panel_index": 0, "label": "A", "text": "Western blot of lysates.", "match": "label"},
-        {"panel_index": 1, "label": "B", "text": None, "match": "none"},
-        {"panel_index": 2, "label": None, "text": None, "match": "none"},
-    ]
+def test_an_unpaired_panel_without_a_label_cannot_be_asked_about():
+    """A 2x2 grid, no label read, three caption labels: no text for any panel, and no request
+    (the VLM is asked about a label, not a position)."""
+    engine = ScriptedEngine(lambda request: "{}", CONFIG)
+    texts = panel_texts(GRID, CAPTION, None, engine)
+    assert [(t.text, t.source, t.match) for t in texts] == [(None, None, "none")] * 4
+    assert texts[0].reason == "no caption text: 4 panels, 3 caption labels"
+    assert engine.requests == []
+
+
+def test_a_bad_answer_is_a_reason():
     engine = ScriptedEngine(lambda request: "no idea", CONFIG)
-    texts = panel_texts(rows, CAPTION, None, engine)
-    assert (texts[0].source, texts[0].text) == ("caption_split", "Western blot of lysates.")
-    assert texts[1].text is None and texts[1].source == "vlm" and texts[1].reason
-    assert texts[2].text is None and texts[2].source is None and "no label" in texts[2].reason
-    assert "The figure has the panels B." in engine.requests[0].prompt
+    texts = panel_texts(_labelled(ROW, ["A", "D", None]), CAPTION, None, engine)
+    assert (texts[0].source, texts[0].text, texts[0].match) == ("caption_split", "Western blot of lysates.", "label")
+    assert texts[1].text is None and texts[1].source == "vlm" and texts[1].reason and texts[1].match == "none"
+    # the third of a row of three, as many as the caption's labels: C by reading order, "D" aside
+    assert (texts[2].text, texts[2].match) == ("Confocal images.", "order")
+    assert "The figure has the panels D." in engine.requests[0].prompt
 
 
 def test_describe_panels_is_one_batched_call_with_errors_per_crop():

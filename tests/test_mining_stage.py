@@ -101,6 +101,11 @@ def test_pairs_at_three_levels_for_a_figure_read_by_hand(lake):
     assert a["text"].startswith("T1-weighted structural MRI scan showing the right medial temporal lobe")
     assert b["text"].startswith("(left) The grey matter/white matter (gm-wm) interface")
     assert {a["text_source"], b["text_source"]} == {"caption_split"} and a["extractive"] and b["extractive"]
+    # no label read on the image (layout splitter) nor by the model: A over B is paired by reading
+    # order, one column read alike either way, two panels for the caption's a and b
+    assert (a["text_match"], b["text_match"]) == ("order", "order")
+    assert {a["count_agreement"], b["count_agreement"]} == {"equal"}
+    assert a["label_source"] is None and b["label_source"] is None
     assert a["description"] == "Two MRI slices." and a["pair_id"] == "PMC900000002/469032v1_figs7/p000"
 
     # The model boxed the hippocampus around the asterisk, but the marker detector does not find
@@ -125,6 +130,8 @@ def test_pairs_at_three_levels_for_a_figure_read_by_hand(lake):
     checks = {c.name: c for c in result.checks}
     assert checks[BOXES_INSIDE].passed and checks[EXTRACTIVE].passed and checks[CANARY].passed
     assert result.counts["pairs_global"] == result.counts["images"] == result.ok
+    panel_pairs = [p for p in _pairs(lake) if p["level"] == "panel"]
+    assert sum(result.counts[f"panel_match_{m}"] for m in ("label", "order", "vlm", "none")) == len(panel_pairs)
     figure = _figures(lake)[FIGURE]
     assert figure["status"] == "mined" and "regions" in figure["prefilter"] and "som" in figure["prefilter"]
     assert figure["vlm_requests"] > 0 and figure["n_panels"] == 2 and figure["n_regions"] == 0

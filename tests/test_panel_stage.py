@@ -11,6 +11,7 @@ from PIL import Image
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.evaluate import match_at_iou, recall_precision
+from pipelines.panels.pairing import count_agreement
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage, choose, needs_detector
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Panel
 from pipelines.stage import Partition
@@ -69,10 +70,21 @@ def test_layout_only_run_on_the_sample(lake):
         assert 0 <= p["x1"] < p["x2"] <= width and 0 <= p["y1"] < p["y2"] <= height
     for result in results.values():
         assert {c.name: c.passed for c in result.checks}["panel_boxes_inside_image"]
-    # one caption row per panel, joined by label or order, the preface kept apart
+    # one caption row per panel, joined by label or order, the preface kept apart; the figure's
+    # count agreement on every row; an order match only where panels and caption labels agree
     captions = _rows(lake, "panel_captions")
     assert len(captions) == len(panels)
     assert {c["match"] for c in captions} <= {"label", "order", "none"}
+    by_image = {(f["pmcid"], f["image_file"]): f for f in figures}
+    for c in captions:
+        figure = by_image[(c["pmcid"], c["image_file"])]
+        assert c["caption_labels"] == figure["caption_labels"]
+        assert c["count_agreement"] == count_agreement(figure["n_panels"], figure["caption_labels"])
+        assert c["match"] != "order" or c["count_agreement"] == "equal"
+        assert (c["text"] is None) == (c["match"] == "none") and c["match_detail"]
+    counts = {k: sum(r.counts[k] for r in results.values()) for k in ("match_label", "match_order", "match_none")}
+    assert sum(counts.values()) == len(captions)
+    assert counts["match_label"] <= sum(1 for p in panels if p["label"])  # a label match needs a printed label
 
 
 def test_the_hand_boxed_sample_figures(lake):
@@ -224,3 +236,51 @@ def test_synthetic_set_and_a_launched_detector_training(lake, tmp_path):
     assert report["real_figures"] == 20 and 0.0 <= report["real_recall"] <= 1.0
     assert lake.fs.glob(lake.path("models", "panels", "runs", "*", "checkpoints", "*"))
     assert lake.exists(report["model_dir"])
+
+
+# Boxes chosen by looking at each figure (tune-split articles only; sample/panels/eval/README.md),
+# with what the crop is and the gate's expected verdict.
+GATE_CASES = [
+    ("elife-46472", "fig7.jpg", (0, 0, 292, 112), None),  # QTL plot a, boxes.json's panel
+    ("elife-46472", "fig8.jpg", (48, 543, 562, 728), None),  # a sequencing chromatogram
+    ("biorxiv-2022.04.13.488149", "488149v1_fig4_S1", (396, 686, 531, 820), None),  # a micrograph
+    ("biorxiv-2020.04.07.030213", "030213v1_fig23", (2, 1, 159, 414), None),  # diagram (a): two arrows, a box
+    ("elife-46472", "fig2.jpg", (87, 891, 596, 965), "text_or_lines_only"),  # x ticks 0-120 and "Time (min)"
+    ("biorxiv-2022.04.13.488149", "488149v1_fig1_S1", (150, 90, 423, 347), "text_or_lines_only"),  # row headers
+    ("biorxiv-2022.04.13.488149", "488149v1_fig1_S1", (1136, 578, 1278, 683), "text_or_lines_only"),  # 2 words
+    ("pone.0056489", "pone.0056489.g003.tif", (144, 713, 1336, 801), "too_elongated"),  # 1192 x 88 tick strip
+    ("scielo-bjmbr-54-10-e11439", "afd520e3ff23a23f2c973bbbaa26094e9e50f487.jpg", (1, 2, 43, 231), "too_small"),
+    ("pone.0178565", "g003.png", (13, 391, 396, 436), "too_small"),  # a 45 px strip of a genome map
+]
+
+
+def test_the_release_gate_on_crops_of_real_figures(tmp_path_factory):
+    """panel_crops records the gate's reason per crop (and still cuts it) and counts them."""
+    from pipelines.schemas import PANELS
+
+    lake = sample_lake(tmp_path_factory.mktemp("gate"), RELEASE)
+    shard_of = {r["pmcid"]: s for s in SHARDS for r in lake.read_table("articles", RELEASE, s).to_pylist()}
+    rows: dict[str, list[dict]] = {s: [] for s in SHARDS}
+    for index, (folder, image_file, box, _) in enumerate(GATE_CASES):
+        pmcid = FOLDER_TO_PMCID[folder]
+        row = dict.fromkeys(PANELS.names) | {"pmcid": pmcid, "image_file": image_file, "panel_index": index}
+        row |= dict(zip(("x1", "y1", "x2", "y2"), box, strict=True)) | {"method": XYCUT}
+        rows[shard_of[pmcid]].append(row)
+    counts: dict[str, int] = {}
+    for shard in SHARDS:
+        lake.write_table("panels", RELEASE, shard, rows[shard])
+        result = PanelCropsStage().run(lake, Partition(RELEASE, shard))
+        for name, value in result.counts.items():
+            if name.startswith("gate_"):
+                counts[name] = counts.get(name, 0) + value
+    crops = {c["panel_index"]: c for c in lake.read_release("panel_crops", RELEASE).to_pylist()}
+    assert [crops[i]["gate"] for i in range(len(GATE_CASES))] == [case[3] for case in GATE_CASES]
+    assert all(crops[i]["size"] > 0 for i in crops)  # a gated crop is still cut, for inspection
+    assert counts == {
+        "gate_passed": 4,
+        "gate_too_small": 2,
+        "gate_too_elongated": 1,
+        "gate_blank": 0,
+        "gate_text_or_lines_only": 3,
+    }
+    assert crops[0]["ink"] > 0.05 and crops[0]["text_run"] > 3

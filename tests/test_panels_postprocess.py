@@ -7,6 +7,7 @@ import pytest
 from pipelines.panels.postprocess import (
     attach_labels,
     clamp,
+    column_order_indices,
     consensus,
     finalize,
     iou,
@@ -84,6 +85,27 @@ def test_reading_order_tall_left_panel():
     a = Panel((0, 0, 50, 100), label="a")
     b = Panel((60, 0, 100, 48), label="b")
     c = Panel((60, 52, 100, 100), label="c")
+    assert [p.label for p in reading_order([c, b, a])] == ["a", "b", "c"]
+
+
+def test_reading_order_tall_panel_beside_a_grid():
+    """a spans the height; b c d e over f g h i to its right (rows 1 px apart): a, then the grid
+    row by row. Rows grown through a would read b f c g d h e i; read down the columns first, the
+    grid is b f c g d h e i."""
+    a = Panel((8, 1, 140, 207), label="a")
+    grid = [
+        Panel((153 + 113 * k, y1, 255 + 113 * k, y2), label=label)
+        for (y1, y2), labels in (((1, 104), "bcde"), ((105, 207), "fghi"))
+        for k, label in enumerate(labels)
+    ]
+    assert [p.label for p in reading_order([*grid[::-1], a])] == list("abcdefghi")
+    boxes = [p.box for p in [a, *grid]]
+    assert [[a, *grid][i].label for i in column_order_indices(boxes)] == list("abfcgdhei")
+
+
+def test_reading_order_of_boxes_no_cut_separates():
+    """Three boxes overlapping in a pinwheel: no row or column cut, rows grown by overlap."""
+    a, b, c = Panel((0, 0, 60, 40), label="a"), Panel((50, 0, 100, 60), label="b"), Panel((0, 45, 55, 100), label="c")
     assert [p.label for p in reading_order([c, b, a])] == ["a", "b", "c"]
 
 

@@ -42,3 +42,33 @@ def test_window_counter_counts_half_open_windows():
 def test_rate_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         RateLimiter(0, key="x", state_dir=tmp_path)
+
+
+def test_ftp_logins_are_requests_the_mirror_sees_at_the_rate(tmp_path):
+    """Three threads each need a connection (ftputil also opens a child session, a second login,
+    for every transfer): six logins and six transfers. At the mirror, a login is the connection
+    (then USER/PASS); before logins took their slot ahead of connecting, the first four
+    connections arrived within milliseconds. No one-second window at the server may hold more
+    than the rate of requests, logins included."""
+    from pipelines.acquire.retry import RetryPolicy
+    from pipelines.acquire.transports import FtpTransport
+    from testing.loopback.faults import FaultPlan
+    from testing.loopback.ftp_server import FtpLoopbackServer
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for i in range(6):
+        (mirror / f"f{i}.bin").write_bytes(bytes([i]) * 1000)
+    plan = FaultPlan()
+    with FtpLoopbackServer(mirror, plan=plan) as server:
+        host, port = server.url.removeprefix("ftp://").rstrip("/").rsplit(":", 1)
+        limiter = RateLimiter(3, key="ftp-logins", state_dir=tmp_path / "slots")
+        transport = FtpTransport(host, int(port), "/", limiter, RetryPolicy(attempts=1))
+        with ThreadPoolExecutor(3) as pool:
+            data = list(pool.map(lambda i: transport.read_bytes(f"f{i}.bin"), range(6)))
+        transport.close()
+    assert data == [bytes([i]) * 1000 for i in range(6)]
+    kinds = [method for _, method, _ in plan.log]
+    assert kinds.count("LOGIN") == 6 and kinds.count("RETR") == 6
+    assert transport.requests == 12  # every request the mirror saw took a slot
+    assert densest_window([t for t, _, _ in plan.log])[0] <= 3

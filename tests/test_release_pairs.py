@@ -32,7 +32,7 @@ from pipelines.release.stages import (
     license_subsets,
 )
 from pipelines.release.webdataset import ShardLimits, dataset_dir
-from pipelines.schemas import LONG_CAPTIONS, PAIRS
+from pipelines.schemas import LONG_CAPTIONS, PAIRS, PANELS
 from pipelines.stage import Partition, StageInputError
 from testing.pipeline import sample_lake
 
@@ -44,7 +44,10 @@ B = ("PMC900000007", "fig3.jpg")  # its article's license is removed: the figure
 C = ("PMC900000004", "488149v1_fig2")  # its article is relabelled CC BY-NC
 LONG = " ".join(["a cat"] * 60)  # CLIP BPE: "a</w>", "cat</w>" per repeat: 120 tokens
 MODEL_PATH = "/home/someone/panelforge/data/models/vlm/tiny-qwen2_5_vl-seed0"  # a local model directory
-CUT_BOX = (300, 100, 500, 300)  # hand-chosen, not a detector panel: cut from the raw image
+CUT_BOX = (300, 100, 500, 300)  # hand-chosen, not a detector panel: cut from the raw image (blot and chart E)
+VLM_BOX = (400, 0, 600, 200)  # the blot of panel B, a panel only the VLM proposed
+AXIS_BOX = (0, 300, 100, 400)  # chart C's y axis: "Peak area" and tick labels only, a strip the gate drops
+TINY_BOX = (0, 0, 40, 40)  # a 40 px corner of table A, added to the panels table: too small a crop
 REGION_BOXES = [(10, 10, 60, 50), (100, 20, 200, 70), (550, 600, 700, 700)]  # the last leaves the 600 px image
 NEGATIVES = [  # given out of order: the release orders them by negative_index
     (1, "Arrows mark the nuclei in the right panel.", "location"),
@@ -94,18 +97,30 @@ def built(tmp_path_factory):
         SamplePlanStage(shuffle_seed=3).run(lake, Partition(RELEASE, shard))
     shard = shard_of[A[0]]
     PanelStage(PanelSettings()).run(lake, Partition(RELEASE, shard))
+    panels = lake.read_table("panels", RELEASE, shard).to_pylist()
+    tiny = dict.fromkeys(PANELS.names) | {"pmcid": A[0], "image_file": A[1], "panel_index": 90, "method": "xycut"}
+    lake.write_table(
+        "panels", RELEASE, shard, [*panels, tiny | dict(zip(("x1", "y1", "x2", "y2"), TINY_BOX, strict=True))]
+    )
     PanelCropsStage().run(lake, Partition(RELEASE, shard))
-    panels = [p for p in lake.read_table("panels", RELEASE, shard).to_pylist() if (p["pmcid"], p["image_file"]) == A]
+    panels = [p for p in panels if (p["pmcid"], p["image_file"]) == A]
     panel0 = next(p for p in panels if p["panel_index"] == 0)
     box0 = (panel0["x1"], panel0["y1"], panel0["x2"], panel0["y2"])
     pairs = {
         shard: [
             _pair(A, "global", 0, (0, 0, 600, 643), text="the caption", text_source="caption"),
             _pair(A, "panel", 0, box0, label="A", text="Confocal image of the cells.", text_source="caption_split",
-                  extractive=True, description="a green fluorescent image", panel_source="xycut", score=1.0),
-            _pair(A, "panel", 1, CUT_BOX, label="B", text="Western blot of the lysates.", text_source="vlm",
-                  panel_source="vlm", score=0.5),
-            _pair(A, "panel", 2, (0, 300, 100, 400), label="C", text=None, text_source="none"),
+                  extractive=True, description="a green fluorescent image", panel_source="xycut", score=1.0,
+                  text_match="label", count_agreement="equal", label_source="image"),
+            _pair(A, "panel", 1, VLM_BOX, label="B", text="Western blot of the lysates.", text_source="vlm",
+                  panel_source="vlm", score=0.5, text_match="vlm", count_agreement="equal", label_source="vlm"),
+            _pair(A, "panel", 2, AXIS_BOX, label="C", text=None, text_source="none", text_match="none"),
+            _pair(A, "panel", 3, CUT_BOX, text="Nuclear levels of the protein.", text_source="caption_split",
+                  panel_source="vlm", score=0.5, text_match="order", count_agreement="equal"),
+            _pair(A, "panel", 4, AXIS_BOX, label="C", text="Peak areas.", text_source="caption_split",
+                  panel_source="vlm", text_match="label", label_source="vlm"),
+            _pair(A, "panel", 90, TINY_BOX, text="Hairpins.", text_source="caption_split", panel_source="xycut",
+                  text_match="order"),
             _pair(A, "region", 0, REGION_BOXES[0], 0, text="arrows mark the nuclei", text_source="caption",
                   description="bright round nuclei", marker="arrow", region_source="caption+marker", distance=0.1),
             _pair(A, "region", 0, REGION_BOXES[1], 1, text="asterisks mark the vessels", text_source="caption",
@@ -115,7 +130,7 @@ def built(tmp_path_factory):
         ]
     }  # fmt: skip
     pairs.setdefault(shard_of[B[0]], []).append(_pair(B, "panel", 0, (0, 0, 50, 50), text="x", text_source="caption"))
-    region0 = pairs[shard][4]["pair_id"]
+    region0 = next(p["pair_id"] for p in pairs[shard] if p["level"] == "region")
     negatives = [
         {"pair_id": region0, "pmcid": A[0], "negative_index": i, "text": text, "perturbation": kind,
          "original_span": "left" if kind == "laterality" else None, "replacement": None, "source": "rule"}
@@ -163,7 +178,7 @@ def test_plan_includes_and_excludes_by_the_figure_level_rules(built):
     included = {k: (r["level"], r["crop_source"]) for k, r in rows.items() if r["status"] == "included"}
     assert included == {
         f"{a}_p000": ("panel", "panel_crops"),
-        f"{a}_p001": ("panel", "cut"),
+        f"{a}_p003": ("panel", "cut"),
         f"{a}_p000_r00": ("region", "cut"),
         f"{a}_p000_r01": ("region", "cut"),
         a: ("longcap", "figure"),
@@ -172,6 +187,11 @@ def test_plan_includes_and_excludes_by_the_figure_level_rules(built):
     }
     excluded = {k: (r["level"], r["reason"]) for k, r in rows.items() if r["status"] == "excluded"}
     assert excluded[f"{a}_p002"] == ("panel", "no_text")
+    # a text the VLM associated is left out by default; so are crops the gate drops, whether reused
+    # from panel_crops (the 40 px corner) or cut here (the axis strip)
+    assert excluded[f"{a}_p001"] == ("panel", "vlm_text")
+    assert excluded[f"{a}_p004"] == ("panel", "crop_gate") and rows[f"{a}_p004"]["detail"] == "text_or_lines_only"
+    assert excluded[f"{a}_p090"] == ("panel", "crop_gate") and rows[f"{a}_p090"]["detail"] == "too_small"
     assert excluded[f"{a}_p000_r02"] == ("region", "bad_box")
     assert excluded[f"{key[B]}_p000"] == ("panel", "figure_excluded")
     assert rows[f"{key[B]}_p000"]["detail"] == "unknown_license"
@@ -179,12 +199,30 @@ def test_plan_includes_and_excludes_by_the_figure_level_rules(built):
     assert excluded["PMC900000010-nonexistent-jpg-p000"] == ("panel", "figure_not_planned")
     longcap_b = [r for r in rows.values() if r["level"] == "longcap" and r["figure_key"] == key[B]]
     assert [(r["status"], r["reason"]) for r in longcap_b] == [("excluded", "figure_excluded")]
-    assert len(excluded) == 6  # the global pair is the figure level's own sample: not planned here
+    assert len(excluded) == 9  # the global pair is the figure level's own sample: not planned here
     for shard, result in built["plans"].items():  # every partition's plan is sorted for the merge
         table = lake.read_table("pair_samples", RELEASE, shard).to_pylist()
         assert [r["shuffle_key"] for r in table] == sorted(r["shuffle_key"] for r in table)
         assert result.ok == sum(r["status"] == "included" for r in table)
-    assert built["plans"][built["shard"]].counts["crops_panel_crops"] == 1
+    counts = built["plans"][built["shard"]].counts
+    assert counts["crops_panel_crops"] == 1
+    assert (counts["panel_text_label"], counts["panel_text_order"], counts["panel_text_vlm"]) == (1, 1, 0)
+    assert (counts["gate_too_small"], counts["gate_text_or_lines_only"], counts["excluded_vlm_text"]) == (1, 1, 1)
+    assert counts["panel_texts_shipped"] == "label, order"
+
+
+def test_vlm_texts_ship_when_asked_for(built, tmp_path):
+    from pipelines.panels.pairing import CAPTION_MATCHES, VLM
+    from pipelines.release.pairs import plan_pair_shard
+
+    lake, a = built["lake"], built["key"][A]
+    plan = plan_pair_shard(lake, RELEASE, built["shard"], lake.path("vlm_crops.tar"), (*CAPTION_MATCHES, VLM))
+    rows = {r["key"]: r for r in plan.rows}
+    assert rows[f"{a}_p001"]["status"] == "included" and rows[f"{a}_p001"]["crop_source"] == "cut"
+    meta = json.loads(rows[f"{a}_p001"]["meta_json"])
+    assert (meta["text_match"], meta["label_source"], meta["text_source"]) == ("vlm", "vlm", "vlm")
+    assert plan.panel_matches == {"label": 1, "order": 1, "vlm": 1}
+    assert plan.gate == {"too_small": 1, "text_or_lines_only": 1}
 
 
 def test_plan_needs_pairs_or_long_captions(tmp_path):
@@ -200,9 +238,15 @@ def test_plan_needs_pairs_or_long_captions(tmp_path):
 def test_panel_subset_reuses_crops_and_cuts_the_rest_once(built):
     lake, a = built["lake"], built["key"][A]
     samples = {s["__key__"]: s for s in _samples(lake, "panel-commercial")}
-    assert set(samples) == {f"{a}_p000", f"{a}_p001"}
-    first, second = samples[f"{a}_p000"], samples[f"{a}_p001"]
-    assert first["txt"] == "Confocal image of the cells." and second["txt"] == "Western blot of the lysates."
+    assert set(samples) == {f"{a}_p000", f"{a}_p003"}
+    first, second = samples[f"{a}_p000"], samples[f"{a}_p003"]
+    assert first["txt"] == "Confocal image of the cells." and second["txt"] == "Nuclear levels of the protein."
+    assert (first["json"]["text_match"], first["json"]["count_agreement"], first["json"]["label_source"]) == (
+        "label",
+        "equal",
+        "image",
+    )
+    assert (second["json"]["text_match"], second["json"]["label_source"]) == ("order", "")  # typed, never null
     meta = first["json"]
     assert meta["figure_key"] == a and meta["pair_id"] == f"{A[0]}/{A[1]}/p000" and meta["label"] == "A"
     assert meta["box"] == list(built["box0"]) and meta["text_source"] == "caption_split"
@@ -221,7 +265,7 @@ def test_panel_subset_reuses_crops_and_cuts_the_rest_once(built):
     expected = np.asarray(Image.open(io.BytesIO(read_raw_file(lake, raw))).convert("RGB").crop(CUT_BOX), dtype=float)
     got = np.asarray(second["jpg"].convert("RGB"), dtype=float)
     assert got.shape == expected.shape == (200, 200, 3) and np.abs(got - expected).mean() < 4
-    assert Image.open(io.BytesIO(tar[f"{a}_p001.jpg"])).info.get("progressive") is None
+    assert Image.open(io.BytesIO(tar[f"{a}_p003.jpg"])).info.get("progressive") is None
 
 
 def _raw_members(lake: Lake, subset: str) -> dict[str, bytes]:
@@ -313,6 +357,16 @@ def test_card_has_a_section_per_level(built):
         assert f"### Level `{level}`" in text and f"| `{RELEASE}/{level}-commercial` | {n} |" in text
     assert "`negatives`" in text and "`.neg.txt`" in text and f"{built['key'][A]}_p000" in text  # an example
     assert "panel_pairs_per_figure" in text and "longcap_tokens_after" in text
+    # the panel level says how texts were matched, that VLM texts are left out, and what was dropped
+    assert "Shipped panel samples by match: `label` 1, `order` 1." in text
+    assert "This release leaves them out (the default;" in text
+    assert (
+        "Panel samples left out, by reason: a crop the release gate drops (2); a figure that is not released (1);"
+        in text
+    )
+    assert "a text the VLM associated (`vlm`) (1)" in text
+    assert "Release gate: text or lines only 1, too small 1." in text
+    assert "a side under 64 px or an area under 8,192 px" in text
     data = DatasetCard(text).data.to_dict()
     names = {c["config_name"] for c in data["configs"]}
     assert {f"{RELEASE}-region-commercial", f"{RELEASE}-longcap-noncommercial"} <= names

@@ -246,11 +246,11 @@ def test_written_coco_is_what_training_and_evaluation_read(tmp_path, sources):
     """``file_name`` is relative to ``images/`` (COCO), as ``train.CocoDataset`` and
     ``coco_eval.evaluate_detector`` open it."""
     from pipelines.panels.coco_eval import evaluate_detector
-    from pipelines.panels.detector import DetectorConfig
+    from pipelines.panels.detector import Classes, DetectorConfig
     from pipelines.panels.train import CocoDataset
 
     write_coco_dataset(tmp_path / "ds", sources, n=4, seed=3, split=0.25)
-    train = CocoDataset(str(tmp_path / "ds" / "train"), 64, 2)
+    train = CocoDataset(str(tmp_path / "ds" / "train"), 64, Classes(panel=0, label=1))
     pixels, frame, classes, boxes = train[0]
     assert pixels.shape == (64, 64, 3) and len(classes) == len(boxes) > 0
     metrics = evaluate_detector(DetectorConfig(synthetic=True, input_size=64), str(tmp_path / "ds" / "val"))

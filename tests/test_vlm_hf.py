@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import io
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -29,10 +31,11 @@ import pytest
 from PIL import Image
 
 from pipelines.mining.prompts import CANARY, CANARY_TOKEN, PANELS, SYSTEM
+from pipelines.stage import StageInputError
 from pipelines.vlm.canary import run_canary
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
 from pipelines.vlm.grounding import model_frame
-from pipelines.vlm.hf import TransformersEngine
+from pipelines.vlm.hf import TransformersEngine, placement
 from pipelines.vlm.tiny import MARKER, build_tiny_model, is_synthetic, tiny_model_dir
 from testing.vlm import ScriptedEngine
 
@@ -258,3 +261,92 @@ def test_sampling_is_reproducible_by_seed(tiny):
     first = answer(7)
     assert answer(7) == first
     assert answer(8) != first
+
+
+def test_a_checkpoints_generation_config_does_not_change_the_answers(tiny, tmp_path):
+    """``generate`` fills every field it is not given from the checkpoint's generation config.
+    The same weights with a generation config like Qwen2.5-VL's (plus a strong min_p) must
+    sample exactly the answers of the neutral one: every field comes from our Sampling."""
+    shipped = tmp_path / "with-generation-config"
+    shutil.copytree(tiny, shipped)
+    generation = json.loads((shipped / "generation_config.json").read_text())
+    generation.update(do_sample=True, temperature=0.1, top_k=1, top_p=0.001, min_p=0.5, repetition_penalty=1.3)
+    (shipped / "generation_config.json").write_text(json.dumps(generation))
+
+    def answers(model: Path) -> list[str]:
+        sampling = Sampling(temperature=1.0, seed=11)
+        config = EngineConfig(model=str(model), synthetic=True, sampling=sampling, **BAND)
+        prompts = [VlmRequest(str(i), f"Describe panel {i}.", max_tokens=12) for i in range(3)]
+        return [r.text for r in TransformersEngine(config, device="cpu").generate(prompts)]
+
+    assert answers(shipped) == answers(tiny)
+
+
+@pytest.mark.parametrize(
+    ("device", "gpus", "expected"),
+    [
+        ("auto", 0, ("cpu", {}, ("cpu",))),
+        ("auto", 1, ("cuda", {}, ("cuda",))),
+        ("auto", 4, ("cuda:0", {"device_map": "auto"}, ("cuda:0", "cuda:1", "cuda:2", "cuda:3"))),
+        ("cuda:1", 4, ("cuda:1", {}, ("cuda:1",))),
+        ("cpu", 2, ("cpu", {}, ("cpu",))),
+    ],
+)
+def test_placement_splits_across_every_visible_gpu_only_for_auto(device, gpus, expected):
+    where = placement(device, gpus)
+    assert (where.device, where.load_kwargs, where.devices) == expected
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """What torch reports on a node with two GPUs (there is none here)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
+def test_several_gpus_without_accelerate_are_refused_at_start(tiny, two_gpus):
+    with pytest.raises(StageInputError, match="needs the `accelerate` package.*pin one GPU.*vLLM"):
+        TransformersEngine(EngineConfig(model=str(tiny), synthetic=True, **BAND))
+
+
+class _Recorded:
+    """Stands in for AutoModelForImageTextToText (no GPU here): records what from_pretrained
+    gets, loads the real tiny model on the CPU, and reports the device map accelerate would."""
+
+    def __init__(self, device_map: dict):
+        self.device_map, self.calls = device_map, []
+
+    def from_pretrained(self, model, **kwargs):
+        from transformers import AutoModelForImageTextToText
+
+        self.calls.append(kwargs)
+        loaded = AutoModelForImageTextToText.from_pretrained(model, local_files_only=True)
+        loaded.hf_device_map = self.device_map
+        return loaded
+
+
+def test_several_gpus_load_the_model_split_across_them(tiny, two_gpus, monkeypatch):
+    import torch
+
+    from pipelines.vlm import hf
+
+    recorded = _Recorded({"model.visual": 0, "model.language_model": 1, "lm_head": 1})
+    monkeypatch.setattr(hf, "_has_accelerate", lambda: True)
+    monkeypatch.setattr(hf, "AutoModelForImageTextToText", recorded)
+    engine = TransformersEngine(EngineConfig(model=str(tiny), synthetic=True, **BAND))
+    assert recorded.calls == [{"dtype": torch.bfloat16, "device_map": "auto", "local_files_only": True}]
+    assert engine.device == "cuda:0" and engine.info()["dtype"] == "bfloat16"
+    assert engine._rng_devices() == [torch.device("cuda:0"), torch.device("cuda:1")]
+
+
+def test_a_model_that_does_not_fit_the_gpus_is_refused_not_offloaded(tiny, two_gpus, monkeypatch):
+    from pipelines.vlm import hf
+
+    recorded = _Recorded({"model.visual": 0, "model.language_model": "cpu", "lm_head": "disk"})
+    monkeypatch.setattr(hf, "_has_accelerate", lambda: True)
+    monkeypatch.setattr(hf, "AutoModelForImageTextToText", recorded)
+    with pytest.raises(StageInputError, match="does not fit the 2 visible GPUs .*on cpu, disk.*vLLM"):
+        TransformersEngine(EngineConfig(model=str(tiny), synthetic=True, **BAND))

@@ -1,17 +1,20 @@
 """The OpenAI-compatible engine against the loopback chat server: first with a scripted engine
-behind it (the wire format, retries, outages, per-request errors, the key), then with the tiny
-real Qwen2.5-VL behind it (images in, text and token counts out, the structured-output canary)."""
+behind it (the wire format, every sampling field, retries, outages, the whole-request deadline,
+per-request errors, the key), then with the tiny real Qwen2.5-VL behind it (images in, text and
+token counts out, the frame check against a server with another pixel band, the canary)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import time
 
 import pytest
 from PIL import Image
 
-from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
+from pipelines.stage import StageInputError
+from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest, provenance
 from pipelines.vlm.openai_http import OpenAIEngine
 from testing.loopback.faults import Fault, FaultPlan
 from testing.loopback.openai_server import OpenAICompatibleServer
@@ -28,8 +31,11 @@ KEY = "sk-loopback-5ecret-key"
 
 
 def client(server: OpenAICompatibleServer, **kwargs) -> OpenAIEngine:
+    """The engine under test; the frame check is on only where a test is about it (the scripted
+    engine behind most servers does not count image tokens)."""
     config = kwargs.pop("config", CONFIG)
-    return OpenAIEngine(config, server.url, **({"retry_delay_s": 0.01, "timeout_s": 10.0} | kwargs))
+    defaults = {"retry_delay_s": 0.01, "timeout_s": 10.0, "check_frame": False}
+    return OpenAIEngine(config, server.url, **(defaults | kwargs))
 
 
 def echo(request: VlmRequest) -> str:
@@ -51,11 +57,11 @@ def test_request_and_response_shape(scripted):
         model="Qwen/Qwen2.5-VL-7B-Instruct",
         min_pixels=56 * 56,
         max_pixels=14 * 14 * 4 * 1280,
-        sampling=Sampling(temperature=0.2, top_p=0.9, seed=7, repetition_penalty=1.05),
+        sampling=Sampling(temperature=0.2, top_p=0.9, top_k=20, min_p=0.05, seed=7, repetition_penalty=1.05),
     )
     request = VlmRequest("r1", "find the panels", [red, tall], system="be terse", schema=SCHEMA, max_tokens=64)
     with OpenAICompatibleServer(scripted, served_model="qwen-vl") as server:
-        engine = OpenAIEngine(config, server.url, served_model="qwen-vl", retry_delay_s=0.01)
+        engine = OpenAIEngine(config, server.url, served_model="qwen-vl", retry_delay_s=0.01, check_frame=False)
         (response,) = engine.generate([request])
         engine.close()
 
@@ -68,7 +74,7 @@ def test_request_and_response_shape(scripted):
     assert user["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert user["content"][2]["text"] == "find the panels"
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["seed"]) == (64, 0.2, 0.9, 7)
-    assert body["repetition_penalty"] == 1.05
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"]) == (20, 0.05, 1.05)
     assert body["structured_outputs"] == {"json": SCHEMA}
     assert "response_format" not in body
 
@@ -87,13 +93,37 @@ def test_request_and_response_shape(scripted):
     assert response.image_sizes == [(392, 308), (756, 1036)]
 
 
-def test_neutral_repetition_penalty_is_not_sent(scripted):
-    """repetition_penalty is a vLLM/SGLang extension: at 1.0 it is left out for strict servers."""
-    with OpenAICompatibleServer(scripted) as server, client(server) as engine:
-        engine.generate([VlmRequest("a", "hello")])
-    assert "repetition_penalty" not in server.bodies[0]
-    assert server.bodies[0]["max_tokens"] == 512  # the config's, as the request sets none
-    assert server.bodies[0]["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+# A generation_config.json like Qwen2.5-VL's (repetition penalty 1.05, top_k 1; issue 20 §3):
+# what vLLM fills in for every field a request does not send
+QWEN25_VL_GENERATION_CONFIG = {"repetition_penalty": 1.05, "temperature": 0.1, "top_k": 1, "top_p": 0.001}
+
+
+def test_every_sampling_field_is_sent_so_the_server_decodes_as_provenance_says(scripted):
+    """Neutral values too: a vLLM server serving Qwen2.5-VL would otherwise decode with the
+    checkpoint's repetition penalty 1.05 and top_k 1 while provenance records 1.0 and none."""
+    loopback = OpenAICompatibleServer(scripted, generation_config=QWEN25_VL_GENERATION_CONFIG)
+    with loopback as server, client(server) as engine:
+        engine.generate([VlmRequest("a", "hello"), VlmRequest("b", "short", max_tokens=16)])
+        recorded = json.loads(provenance(engine, "v1")["sampling"])
+    assert recorded == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "max_tokens": 512,
+        "seed": 0,
+        "repetition_penalty": 1.0,
+    }
+    hello, short = sorted(server.bodies, key=lambda b: b["messages"][0]["content"][0]["text"])
+    assert {k: hello[k] for k in recorded} == recorded  # the request's budget is the cap here
+    assert {k: short[k] for k in recorded} == {**recorded, "max_tokens": 16}  # its own budget
+    # what the server decoded with: nothing came from the checkpoint's generation config
+    decoded = sorted(server.sampling, key=lambda s: s["max_tokens"])
+    assert decoded == [
+        {"repetition_penalty": 1.0, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "max_tokens": 16},
+        {"repetition_penalty": 1.0, "temperature": 0.0, "top_k": -1, "top_p": 1.0, "min_p": 0.0, "max_tokens": 512},
+    ]
+    assert hello["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
 
 
 @pytest.mark.parametrize("dialect", ["structured_outputs", "response_format"])
@@ -182,7 +212,7 @@ def test_stopped_server_raises_outage(scripted):
     url = server.url
     server.stop()
     # more requests than workers: the queued ones are never sent, the call raises the cause
-    with OpenAIEngine(CONFIG, url, retries=1, retry_delay_s=0.01, concurrency=2) as engine:
+    with OpenAIEngine(CONFIG, url, retries=1, retry_delay_s=0.01, concurrency=2, check_frame=False) as engine:
         with pytest.raises(VlmOutage, match="ConnectionError"):
             engine.generate([VlmRequest(str(i), f"hello {i}") for i in range(5)])
         assert engine.backend_version() == "unknown"
@@ -245,6 +275,35 @@ def test_backend_version_falls_back_to_the_model_owner(scripted):
         assert engine.info()["backend_version"] == "sglang"
 
 
+def test_a_trickling_server_is_cut_off_at_the_deadline_and_the_retry_goes_through(scripted):
+    """The server sends its answer one byte a second (status line and headers included), so no
+    socket read ever waits 2 s: a per-read timeout would wait out all ~300 bytes. The 2 s deadline
+    bounds the whole request; the retry, on a fresh connection, gets the normal answer."""
+    plan = FaultPlan(faults=[Fault("/v1/chat/completions", kind="trickle", interval=1.0, times=1)])
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, timeout_s=2.0, retries=1) as engine:
+        started = time.monotonic()
+        (response,) = engine.generate([VlmRequest("a", "hello")])
+        elapsed = time.monotonic() - started
+    assert response.text == "answer to hello"
+    assert plan.count("POST") == 2
+    assert elapsed < 10  # ~2 s (the deadline) + the retry; unbounded, the first answer alone takes ~5 min
+
+
+@pytest.mark.parametrize("interval", [1.0, 0.1, 0.02])  # cut in the status line, the headers, the body
+def test_a_server_that_only_trickles_is_an_outage_within_the_deadline(scripted, interval):
+    """Wherever the deadline cuts the answer (at 2 s: after 2 bytes of the status line, 20 bytes
+    into ~75 bytes of headers, 100 bytes into ~380), the call is an outage, never a truncated
+    answer taken for the server's (cut inside the headers, http.client sees an empty 200)."""
+    plan = FaultPlan(faults=[Fault("/v1/chat/completions", kind="trickle", interval=interval, times=1000)])
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, timeout_s=2.0, retries=0) as engine:
+        started = time.monotonic()
+        with pytest.raises(VlmOutage, match="no complete answer within the 2 s deadline"):
+            engine.generate([VlmRequest("a", "hello")])
+        elapsed = time.monotonic() - started
+    assert elapsed < 10
+    assert plan.count("POST") == 1
+
+
 def test_unknown_dialect_is_refused():
     with pytest.raises(ValueError, match="structured"):
         OpenAIEngine(CONFIG, "http://127.0.0.1:9", structured="guided_json")
@@ -299,6 +358,72 @@ def test_tiny_model_answers_a_batch_with_images_over_http(tiny_engine, tiny_conf
     # greedy decoding: the answer over HTTP is the one the engine gives when called directly
     (direct,) = tiny_engine.generate([VlmRequest("img", "Describe the figure.", [landscape])])
     assert (responses[0].text, responses[0].prompt_tokens) == (direct.text, direct.prompt_tokens)
+
+
+def test_the_frame_check_passes_when_the_server_has_the_same_band(tiny_engine, tiny_config):
+    """Three probes before the first request: 28x28, 158x158 and 672x672 images cost 4, 36 and
+    256 visual tokens under the tiny band (by hand: 28 -> 56x56, below min_pixels 3136, 2x2
+    tokens; 158 -> 168x168, 6x6; 672 -> 448x448, above max_pixels 200704 shrunk by 1.5, 16x16)."""
+    with (
+        OpenAICompatibleServer(tiny_engine) as server,
+        client(server, config=tiny_config, check_frame=True) as engine,
+    ):
+        (response,) = engine.generate([VlmRequest("txt", "Describe the figure.")])
+        engine.generate([VlmRequest("again", "Describe the figure.")])  # checked once
+    assert response.error is None
+    assert engine.frame.passed, engine.frame.reason
+    probes = [b["messages"][0]["content"][1]["text"] for b in server.bodies[:3]]
+    assert probes == ["Reply with OK."] * 3 and len(server.bodies) == 5
+    tokens = engine.frame.measured
+    assert (tokens[158] - tokens[28], tokens[672] - tokens[158]) == (36 - 4, 256 - 36)
+
+
+@pytest.mark.parametrize(
+    ("server_band", "message"),
+    [
+        # max_pixels 50176: the 672x672 probe shrinks by 3 to 224x224, 8x8 = 64 tokens, not 256
+        (
+            {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64},
+            "a 672x672 image costs +28 prompt tokens against a 158x158 one, where max_pixels=200704 gives +220",
+        ),
+        # min_pixels 12544: the 28x28 probe grows by 4 to 112x112, 4x4 = 16 tokens, not 4
+        (
+            {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 256},
+            "a 158x158 image costs +20 prompt tokens against a 28x28 one, where min_pixels=3136 gives +32",
+        ),
+    ],
+)
+def test_the_frame_check_refuses_a_server_with_another_band(tiny_config, server_band, message):
+    """The server's processor resizes with another band: nothing would fail, every box would be
+    scaled wrong. The first generate refuses to run and says which flag to start the server with."""
+    from pipelines.vlm.hf import TransformersEngine
+
+    server_config = dataclasses.replace(tiny_config, **server_band)
+    with (
+        TransformersEngine(server_config, device="cpu") as behind,
+        OpenAICompatibleServer(behind) as server,
+        client(server, config=tiny_config, check_frame=True) as engine,
+    ):
+        with pytest.raises(StageInputError) as refused:
+            engine.generate([VlmRequest("fig", "Find the panels.")])
+    assert message in str(refused.value)
+    assert """--mm-processor-kwargs '{"min_pixels": 3136, "max_pixels": 200704}'""" in str(refused.value)
+    assert len(server.bodies) == 3  # the probes only: no request of the run was sent
+
+
+def test_the_frame_check_needs_token_counts(scripted):
+    """A server that reports no usage cannot be checked: refused, naming the switch."""
+    scripted.answer = echo
+    plan = FaultPlan(
+        faults=[
+            Fault(
+                "Reply with OK", kind="body", status=200, body=b'{"choices": [{"message": {"content": "OK"}}]}', times=3
+            )
+        ]
+    )
+    with OpenAICompatibleServer(scripted, plan=plan) as server, client(server, check_frame=True) as engine:
+        with pytest.raises(StageInputError, match="reports no prompt token counts.*check_frame=False"):
+            engine.generate([VlmRequest("a", "hello")])
 
 
 @pytest.fixture(scope="module")

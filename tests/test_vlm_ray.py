@@ -2,17 +2,22 @@
 
 vLLM is not installed here and its engine stage would wait forever for a GPU, so it never runs:
 the processor is built and inspected, our preprocess/postprocess run in Ray Data on rows shaped
-like the vLLM stage's (column names from Ray 2.60's installed source), the chat-template and
-tokenize stages run on the tiny offline model, and a full ``generate`` shows that a cluster
-without vLLM fails with a setup error rather than an outage or a hang.
+like the vLLM stage's (column names from Ray 2.60's installed source), Ray's chat-template stage
+runs on the tiny offline model (the prompt the other backends send, from the pinned revision),
+and a full ``generate`` shows that a cluster without vLLM fails with a setup error rather than an
+outage or a hang.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +33,7 @@ from pipelines.vlm.ray_llm import (
     engine_kwargs,
     finalize,
     is_outage,
+    pinned_chat_template,
     postprocess,
     preprocess,
     processor_config,
@@ -92,8 +98,16 @@ def test_processor_config_carries_every_engine_kwarg():
     assert pc.should_continue_on_error is False
     assert pc.prepare_multimodal_stage == {
         "enabled": True,
-        "model_config_kwargs": {"limit_mm_per_prompt": {"image": 2}, "revision": "abc123"},
+        "model_config_kwargs": {
+            "limit_mm_per_prompt": {"image": 2},
+            "revision": "abc123",
+            "tokenizer_revision": "abc123",
+        },
+        "chat_template_content_format": "openai",
+        "apply_sys_msg_formatting": True,
     }
+    assert pc.chat_template_stage == {"enabled": True, "chat_template": None}  # None: no template was passed
+    assert (pc.tokenize_stage, pc.detokenize_stage) == (False, False)
     assert pc.engine_kwargs == {
         "tensor_parallel_size": 4,
         "max_model_len": 8192,
@@ -103,6 +117,7 @@ def test_processor_config_carries_every_engine_kwarg():
         "gpu_memory_utilization": 0.8,
         "dtype": "float16",
         "revision": "abc123",
+        "tokenizer_revision": "abc123",
         "structured_outputs_config": {"backend": "xgrammar"},
         "task_type": "generate",  # added by the config's validator
     }
@@ -150,13 +165,7 @@ def test_processor_stages_in_order_with_our_engine_kwargs(local_ray):
     config = EngineConfig(model="Qwen/Qwen2.5-VL-7B-Instruct")
     settings = RayVllmSettings(tensor_parallel_size=1, accelerator_type="H100", batch_size=4)
     processor = RayVllmEngine(config, settings).processor()
-    assert processor.list_stage_names() == [
-        "PrepareMultimodalStage",
-        "ChatTemplateStage",
-        "TokenizeStage",
-        "vLLMEngineStage",
-        "DetokenizeStage",
-    ]
+    assert processor.list_stage_names() == ["PrepareMultimodalStage", "ChatTemplateStage", "vLLMEngineStage"]
     engine = processor.get_stage_by_name("vLLMEngineStage")
     kwargs = engine.fn_constructor_kwargs
     assert kwargs["model"] == "Qwen/Qwen2.5-VL-7B-Instruct"
@@ -173,6 +182,7 @@ def test_processor_stages_in_order_with_our_engine_kwargs(local_ray):
         assert stage.map_batches_kwargs["runtime_env"] == {"pip": {"packages": ["vllm==0.29.0"], "pip_check": False}}
     parse = processor.get_stage_by_name("PrepareMultimodalStage").fn_constructor_kwargs
     assert parse["model_config_kwargs"] == {"limit_mm_per_prompt": {"image": 1}, "model": "Qwen/Qwen2.5-VL-7B-Instruct"}
+    assert (parse["chat_template_content_format"], parse["apply_sys_msg_formatting"]) == ("openai", True)
 
 
 # (c) preprocess and postprocess, run in Ray Data
@@ -180,7 +190,11 @@ def test_processor_stages_in_order_with_our_engine_kwargs(local_ray):
 
 def test_preprocess_in_ray_data_builds_messages_and_sampling(local_ray):
     picture = _picture(40, 30)
-    config = EngineConfig(sampling=Sampling(temperature=0.2, top_p=0.9, max_tokens=300, seed=5, repetition_penalty=1.1))
+    config = EngineConfig(
+        sampling=Sampling(
+            temperature=0.2, top_p=0.9, top_k=40, min_p=0.1, max_tokens=300, seed=5, repetition_penalty=1.1
+        )
+    )
     requests = [
         VlmRequest("fig-1", "Find the panels.", [picture], system=SYSTEM, schema=PANELS.schema),
         VlmRequest("fig-2", "Describe.", max_tokens=64),
@@ -204,9 +218,11 @@ def test_preprocess_in_ray_data_builds_messages_and_sampling(local_ray):
     assert decoded.size == (40, 30)
     assert np.array_equal(np.asarray(decoded.convert("RGB")), np.asarray(picture))  # lossless
     params = first["sampling_params"]
-    assert {k: params[k] for k in ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty")} == {
+    assert {k: v for k, v in params.items() if k != "structured_outputs"} == {  # every field: none left to vLLM
         "temperature": 0.2,
         "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.1,
         "max_tokens": 300,
         "seed": 5,
         "repetition_penalty": 1.1,
@@ -336,30 +352,106 @@ def test_generate_without_vllm_in_the_workers_is_a_setup_error_not_an_outage(loc
     assert "vLLM is not installed" in str(caught.value) or "vllm" in str(caught.value)
 
 
-# (d) chat template and tokenizer stages on the tiny model
+# (d) Ray's chat-template stage on the tiny model: the other backends' prompt, the pinned revision
 
 
-def test_chat_template_and_tokenize_stages_render_our_messages(local_ray, tmp_path_factory):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
     from pipelines.vlm.tiny import tiny_model_dir
 
-    model = tiny_model_dir(tmp_path_factory.mktemp("models"))
-    config = EngineConfig(model=str(model), synthetic=True)
-    processor = RayVllmEngine(config, RayVllmSettings(runtime_env=None, batch_size=2)).processor()
-    row = request_row(VlmRequest("fig-1", "Find every panel.", system="Answer with JSON only."), config)
-    ds = ray.data.from_items([row]).map(processor.preprocess)
-    for name in ("ChatTemplateStage", "TokenizeStage"):  # PrepareMultimodal needs vLLM; text-only here
-        stage = processor.get_stage_by_name(name)
-        ds = ds.map_batches_internal(stage.fn, **stage.get_dataset_map_batches_kwargs(2, processor.DATA_COLUMN))
-    (out,) = ds.take_all()
-    data = out[processor.DATA_COLUMN]
+    return tiny_model_dir(tmp_path_factory.mktemp("models"))
+
+
+def _render(model: str, messages: list[dict], chat_template: str | None = None) -> str:
+    """What Ray 2.60's ChatTemplateStage makes of one row (its UDF, run in this process)."""
+    from ray.llm._internal.batch.stages.chat_template_stage import ChatTemplateUDF
+
+    udf = ChatTemplateUDF("__data", ["messages"], model=model, chat_template=chat_template)
+
+    async def run():
+        return [row async for row in udf.udf([{udf.IDX_IN_BATCH_COLUMN: 0, "messages": messages}])]
+
+    return asyncio.run(run())[0]["prompt"]
+
+
+def test_the_chat_template_stage_renders_the_prompt_of_the_transformers_backend(tiny_model):
+    """vLLM's parser (PrepareMultimodalStage) turns [image_url part, text part] into the parts
+    [{"type": "image"}, {"type": "text"}] with content format "openai", and into the string
+    "<placeholder>\n<text>" with Ray's default "string" (vllm/entrypoints/chat_utils.py,
+    _parse_chat_message_content_parts: wrap_dicts for "openai", else the placeholder and the
+    text joined by "\n"). Rendered by the stage, the first is the prompt the transformers
+    backend sends for the same request; the second has a newline the model never saw there."""
+    from transformers import AutoProcessor
+
+    from pipelines.vlm.hf import chat_messages
+
+    request = VlmRequest("fig-1", "Find every panel.", [_picture()], system="Answer with JSON only.")
+    system = {"role": "system", "content": "Answer with JSON only."}  # kept a string (apply_sys_msg_formatting)
+    parsed_openai = [system, {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": request.prompt}]}]
+    parsed_string = [
+        system,
+        {"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>\n" + request.prompt},
+    ]
+
+    hf_prompt = AutoProcessor.from_pretrained(tiny_model).apply_chat_template(
+        chat_messages(request), tokenize=False, add_generation_prompt=True
+    )
     # the tiny model's chat template (pipelines/vlm/tiny.py CHAT_TEMPLATE), rendered by hand
-    expected = (
+    assert hf_prompt == (
         "<|im_start|>system\nAnswer with JSON only.<|im_end|>\n"
-        "<|im_start|>user\nFind every panel.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Find every panel.<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert data["prompt"] == expected
-    from transformers import AutoTokenizer
+    assert _render(str(tiny_model), parsed_openai) == hf_prompt
+    assert _render(str(tiny_model), parsed_string) == hf_prompt.replace("<|vision_end|>", "<|vision_end|>\n")
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    assert tokenizer.decode(list(data["tokenized_prompt"])) == expected
+
+def _fake_hub_cache(root: Path, model: Path, repo: str, revisions: dict[str, str]) -> Path:
+    """A Hugging Face cache holding ``repo`` at two commits (refs/main -> the first), each a copy
+    of the tiny model whose chat template starts with a marker of its revision."""
+    cache = root / "hub"
+    repo_dir = cache / f"models--{repo.replace('/', '--')}"
+    for name, sha in revisions.items():
+        snapshot = repo_dir / "snapshots" / sha
+        shutil.copytree(model, snapshot)
+        template = (snapshot / "chat_template.jinja").read_text()
+        (snapshot / "chat_template.jinja").write_text("{{ '" + name + "|' }}" + template)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revisions["main"])
+    return cache
+
+
+PINNED_CHECK = """
+import json
+from pipelines.vlm.engine import EngineConfig
+from pipelines.vlm.ray_llm import RayVllmSettings, pinned_chat_template, processor_config
+from tests.test_vlm_ray import _render
+
+repo, pinned = "{repo}", "{pinned}"
+config = EngineConfig(model=repo, revision=pinned, synthetic=True)
+stage = processor_config(config, RayVllmSettings(runtime_env=None), pinned_chat_template(config)).chat_template_stage
+messages = [{{"role": "user", "content": "Find every panel."}}]
+print(json.dumps({{"ray_alone": _render(repo, messages), "pinned": _render(repo, messages, stage["chat_template"])}}))
+"""
+
+
+def test_the_pinned_revision_reaches_the_chat_template_stage(tiny_model, tmp_path):
+    """Ray's chat-template stage takes a model id and no revision: alone, it renders the
+    repository's newest template (refs/main). The processor hands it the pinned revision's.
+    Offline, from a Hugging Face cache holding both (HF_HUB_CACHE is read at import: a subprocess)."""
+    repo, revisions = "panelforge-test/tiny-vl", {"main": "a" * 40, "pinned": "b" * 40}
+    cache = _fake_hub_cache(tmp_path, tiny_model, repo, revisions)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    script = PINNED_CHECK.format(repo=repo, pinned=revisions["pinned"])
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    prompts = json.loads(done.stdout.strip().splitlines()[-1])
+    user_turn = "<|im_start|>user\nFind every panel.<|im_end|>\n"
+    assert prompts["ray_alone"].startswith("main|") and user_turn in prompts["ray_alone"]
+    assert prompts["pinned"].startswith("pinned|") and user_turn in prompts["pinned"]
+
+
+def test_no_pinned_revision_leaves_the_models_own_template(tiny_model):
+    assert pinned_chat_template(EngineConfig(model=str(tiny_model), synthetic=True)) is None

@@ -36,8 +36,9 @@ from pipelines.acquire.retry import (
 )
 
 CHUNK = 1 << 16
-# FTP commands that count as requests against a mirror's limit: logins, transfers, listings.
-COUNTED_FTP_COMMANDS = frozenset({"USER", "RETR", "SIZE", "LIST", "NLST", "MLSD", "MLST", "MDTM", "STAT"})
+# FTP commands that count as requests against a mirror's limit: transfers, listings, sizes. A
+# login counts too, as one request, from the moment the connection opens (FtpTransport).
+COUNTED_FTP_COMMANDS = frozenset({"RETR", "SIZE", "LIST", "NLST", "MLSD", "MLST", "MDTM", "STAT"})
 S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 SAFE_XML = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
 
@@ -244,9 +245,12 @@ class HttpTransport(Transport):
 class FtpTransport(Transport):
     """A legacy-layout FTP mirror through ``ftputil``, with a pool of logged-in connections.
 
-    ftputil opens a second (child) session for every file transfer; both logins go through the
-    rate limiter because the session factory itself takes a slot. Connections are borrowed
-    from a pool, so worker threads of successive shards reuse them instead of logging in again.
+    ftputil opens a second (child) session for every file transfer. Every session is a login,
+    and a login is a request to the mirror: the session takes a rate-limit slot *before* it
+    opens its connection (a mirror sees the connection, then USER/PASS, as one login), so
+    several threads that log in at once are spaced like any other requests. Connections are
+    borrowed from a pool, so worker threads of successive shards reuse them instead of logging
+    in again.
     """
 
     scheme = "ftp"
@@ -282,6 +286,7 @@ class FtpTransport(Transport):
 
             def __init__(self, _host, user, password):
                 super().__init__(timeout=timeout)
+                transport._request()  # the login's slot, taken before the mirror sees the connection
                 self.connect(host, port)
                 self.login(user, password)
                 self.set_pasv(True)

@@ -17,17 +17,16 @@ letterboxes onto white instead so nothing is cut.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import huggingface_hub.constants
 import numpy as np
 from PIL import Image
 
+from pipelines.weights import ModelUnavailableError
+
 DEFAULT_MODEL = "facebook/dinov2-large"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-class ModelUnavailableError(RuntimeError):
-    """The weights are neither in a local directory nor in the Hugging Face cache."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,11 @@ def _unavailable(config: EmbedderConfig, exc: Exception) -> ModelUnavailableErro
 
 def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | None = None):
     """``cls.from_pretrained(model)`` from a local directory or the Hugging Face cache first; the
-    hub only when not offline. ``unavailable(exc)`` builds the error raised when neither has it."""
+    hub only when not offline. ``unavailable(exc)`` builds the error raised when neither has it.
+    A folder that exists is loaded as it is, never from the network: what goes wrong there is
+    that folder's error, not "unavailable"."""
+    if Path(model).expanduser().is_dir():
+        return cls.from_pretrained(str(Path(model).expanduser()), local_files_only=True)
     kwargs = {"revision": revision} if revision else {}
     try:
         return cls.from_pretrained(model, local_files_only=True, **kwargs)

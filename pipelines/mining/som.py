@@ -52,6 +52,7 @@ DEFAULT_CROP_SHARE = 0.5
 CROP_SIDE = (0.6, 0.9)  # a crop keeps this share of each side of the figure
 
 VLM, DETECTOR = "vlm", "detector"
+IMAGE = "image"  # a label read on the image by the panel stage (OCR, or the detector's label boxes)
 
 
 # --- views -----------------------------------------------------------------------------------
@@ -353,6 +354,7 @@ class ReconciledPanel:
     detector_index: int | None = None
     vlm_index: int | None = None
     iou: float | None = None
+    label_source: str | None = None  # who read ``panel.label``: "image" (the panels table) or "vlm"
 
 
 @dataclass
@@ -379,8 +381,10 @@ def reconcile(
 
     Panels are matched one to one (``postprocess.match_panels``, Hungarian on IoU), a match
     counting from ``iou_min``. Every detector panel is kept with its box (the table's geometry
-    is what crops are cut from); a matched one takes the VLM's printed label when it has none,
-    and two different labels are a conflict, reported, the table's label kept.
+    is what crops are cut from). Its printed label, read on the image by the panel stage (OCR),
+    is the first reader: the VLM's reading is the second opinion, taken only by a matched panel
+    the table has no label for (``label_source="vlm"``); two different labels are a conflict,
+    reported, the table's label kept.
 
     VLM-only panels are reported, not added: a box only the VLM saw is as likely a hallucination
     as a missed panel, and adding it would make the table and the crops disagree. One exception,
@@ -391,7 +395,10 @@ def reconcile(
     consistent votes are the evidence; those VLM panels are then used, with ``source="vlm"``."""
     if _vlm_split(vlm_panels, detector_panels, size, split_share, min_score):
         chosen = [i for i, p in enumerate(vlm_panels) if p.score >= min_score]
-        panels = [ReconciledPanel(vlm_panels[i], VLM, vlm_index=i) for i in chosen]
+        panels = [
+            ReconciledPanel(vlm_panels[i], VLM, vlm_index=i, label_source=VLM if vlm_panels[i].label else None)
+            for i in chosen
+        ]
         overlaps = [iou(vlm_panels[i].box, detector_panels[0].box) for i in chosen]
         return Reconciled(panels, [], [], [0], [], None, _agreement(overlaps, vlm_panels, detector_panels), "vlm_split")
     matches = [(i, j, o) for i, j, o in match_panels(vlm_panels, detector_panels) if o >= iou_min]
@@ -399,7 +406,7 @@ def reconcile(
     panels, conflicts = [], []
     for j, det in enumerate(detector_panels):
         if j not in by_detector:
-            panels.append(ReconciledPanel(det, DETECTOR, detector_index=j))
+            panels.append(ReconciledPanel(det, DETECTOR, detector_index=j, label_source=IMAGE if det.label else None))
             continue
         i, overlap = by_detector[j]
         vlm_label = vlm_panels[i].label
@@ -407,7 +414,10 @@ def reconcile(
         if det.label and vlm_label and det.label.casefold() != vlm_label.casefold():
             conflicts.append((i, j, vlm_label, det.label))
         merged = Panel(box=det.box, score=det.score, label=label)
-        panels.append(ReconciledPanel(merged, DETECTOR, detector_index=j, vlm_index=i, iou=overlap))
+        source = IMAGE if det.label else (VLM if vlm_label else None)
+        panels.append(
+            ReconciledPanel(merged, DETECTOR, detector_index=j, vlm_index=i, iou=overlap, label_source=source)
+        )
     matched_vlm = {i for i, _, _ in matches}
     overlaps = [o for _, _, o in matches]
     return Reconciled(

@@ -35,9 +35,10 @@ from pipelines.mining import prompts
 from pipelines.mining.markers import detect_markers
 from pipelines.mining.phrases import MarkerPhrase, find_marker_phrases
 from pipelines.mining.regions import TAU_DEFAULT, fuse_regions
-from pipelines.mining.som import panel_views, propose_panels, reconcile
+from pipelines.mining.som import IMAGE, panel_views, propose_panels, reconcile
 from pipelines.mining.text import gate, panel_texts
 from pipelines.panels.captions import normalize_caption, split_caption
+from pipelines.panels.pairing import MATCHES, NONE
 from pipelines.panels.types import Box, Panel
 from pipelines.release.samples import caption_of
 from pipelines.schemas import TABLES, Table
@@ -212,7 +213,8 @@ class _Figure:
     prefilter: set[str] = field(default_factory=set)
     disagreement: dict | None = None
     panels: list[tuple[Panel, str]] = field(default_factory=list)  # (panel, source)
-    texts: dict[int, dict] = field(default_factory=dict)  # panel index -> text, source, extractive
+    label_sources: list[str | None] = field(default_factory=list)  # per panel: who read its label
+    texts: dict[int, dict] = field(default_factory=dict)  # panel index -> text, source, extractive, match
 
     @property
     def key(self) -> str:
@@ -407,8 +409,10 @@ class MiningStage(Stage):
                 (r.panel, sources[r.detector_index] if r.detector_index is not None else r.source)
                 for r in merged.panels
             ]
+            figure.label_sources = [r.label_source for r in merged.panels]
         else:
             figure.panels = list(zip(table, sources, strict=True))
+            figure.label_sources = [IMAGE if p.label else None for p in table]
 
     def _texts(self, figure: _Figure, engine: MeteredEngine) -> None:
         """Each panel's text: the caption split first, the model only for what it left."""
@@ -418,15 +422,19 @@ class MiningStage(Stage):
         split = split_caption(item["caption"])
         engine.meter.owner = figure.key
         try:
-            texts = panel_texts(
-                [(i, panel.label) for i, (panel, _) in enumerate(figure.panels)], item["caption"], split, engine
-            )
+            texts = panel_texts([panel for panel, _ in figure.panels], item["caption"], split, engine)
         finally:
             engine.meter.owner = None
         for t in texts:
             if t.reason:
                 figure.reasons.append(f"text panel {t.panel_index}: {t.reason}")
-            figure.texts[t.panel_index] = {"text": t.text, "source": t.source, "extractive": t.extractive}
+            figure.texts[t.panel_index] = {
+                "text": t.text,
+                "source": t.source,
+                "extractive": t.extractive,
+                "match": t.match,
+                "count_agreement": t.count_agreement,
+            }
 
     def _panel_pairs(self, figures: list[_Figure], engine: MeteredEngine) -> None:
         requests, owners = [], []
@@ -441,8 +449,11 @@ class MiningStage(Stage):
                     panel.box,
                     panel_index=index,
                     label=panel.label,
+                    label_source=figure.label_sources[index] if index < len(figure.label_sources) else None,
                     text=text.get("text"),
                     text_source=text.get("source") or "none",
+                    text_match=text.get("match") or NONE,
+                    count_agreement=text.get("count_agreement"),
                     extractive=text.get("extractive"),
                     score=panel.score,
                     panel_source=source,
@@ -598,6 +609,10 @@ class MiningStage(Stage):
     def _result(self, partition, figures, pairs, errors, carried, canary, engine: MeteredEngine) -> StageResult:
         levels = Counter(p["level"] for p in pairs)
         sources = Counter(f"{p['level']}_{p['text_source']}" for p in pairs)
+        panels = [p for p in pairs if p["level"] == PANEL]
+        matches = Counter(p["text_match"] or NONE for p in panels)
+        readers = Counter(p["label_source"] or "none" for p in panels)
+        conflicts = sum(len(json.loads(f["disagreement"])["label_conflicts"]) for f in figures if f["disagreement"])
         m = engine.meter
         requests = sum(m.requests.values())
         mined = [f for f in figures if f["status"] == "mined"]
@@ -611,6 +626,9 @@ class MiningStage(Stage):
                 "carried": carried,
                 **{f"pairs_{level}": levels[level] for level in LEVELS},
                 **{f"text_{k}": v for k, v in sorted(sources.items())},
+                **{f"panel_match_{m}": matches[m] for m in MATCHES},
+                **{f"panel_label_from_{k}": v for k, v in sorted(readers.items())},
+                "label_conflicts": conflicts,
                 "vlm_requests": requests,
                 "prompt_tokens": sum(m.prompt_tokens.values()),
                 "completion_tokens": sum(m.completion_tokens.values()),

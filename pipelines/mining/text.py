@@ -10,29 +10,30 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from PIL import Image
 
 from pipelines.mining import prompts
-from pipelines.panels.captions import assign_captions, normalize_caption, split_caption
-from pipelines.panels.types import CaptionSplit
+from pipelines.panels.captions import normalize_caption, split_caption
+from pipelines.panels.pairing import NONE, VLM, assign_captions
+from pipelines.panels.types import CaptionSplit, Panel
 from pipelines.vlm.engine import VlmEngine, VlmRequest
 from pipelines.vlm.grounding import parse_json
 
-CAPTION_SPLIT, VLM = "caption_split", "vlm"
-
-PanelRef = tuple[int, str | None] | Mapping  # (panel_index, label) or a panel_captions row
+CAPTION_SPLIT = "caption_split"
 
 
 @dataclass(frozen=True)
 class PanelText:
     """One panel's own caption text. ``source``: "caption_split" (the rules), "vlm" (asked the
     model), None (nobody could give one; ``reason`` says why). ``extractive``: ``text`` is a
-    substring of the normalised caption (always, when ``text`` is set)."""
+    substring of the normalised caption (always, when ``text`` is set). ``match``: how the text
+    was matched to the panel (``pipelines.panels.pairing``: label, order, vlm, none);
+    ``count_agreement``: the figure's panels against the caption's labels."""
 
     panel_index: int
     label: str | None
@@ -40,45 +41,42 @@ class PanelText:
     source: str | None
     extractive: bool
     reason: str | None = None
+    match: str = NONE
+    count_agreement: str | None = None
 
 
 def panel_texts(
-    panels_with_labels: Sequence[PanelRef], caption: str | None, split: CaptionSplit | None, engine: VlmEngine | None
+    panels: Sequence[Panel], caption: str | None, split: CaptionSplit | None, engine: VlmEngine | None
 ) -> list[PanelText]:
-    """The text of every panel, in the order given.
+    """The text of every panel, in the order given (the i-th panel has ``panel_index`` i).
 
-    ``panels_with_labels`` are ``(panel_index, label)`` pairs, joined to ``split`` (or to
-    ``split_caption(caption)`` when None) by ``assign_captions``; or ``panel_captions`` rows
-    (``panel_index``, ``label``, ``text``), whose text is used as is. A panel with text is
-    done. The others with a label are asked about in one ASSOCIATE request (none when every
-    panel has text, or no engine is given); an unlabelled one cannot be asked about."""
+    The panels (boxes and printed labels) are paired with ``split`` (or ``split_caption(caption)``
+    when None) by ``pairing.assign_captions``. A panel with text is done. The others with a
+    label are asked about in one ASSOCIATE request (none when every panel has text, or no engine
+    is given); an unlabelled one cannot be asked about: it keeps no text (the pairing says why)."""
     normalized = normalize_caption(caption)
-    rows = _rows(panels_with_labels, split if split is not None else split_caption(caption))
+    split = split if split is not None else split_caption(caption)
+    rows = assign_captions(panels, split)
     out: dict[int, PanelText] = {}
     residual: list[tuple[int, str]] = []
-    for index, label, text in rows:
+    for index, row in enumerate(rows):
+        label, text, agreement = row["label"], row["text"], row["count_agreement"]
         if text:
-            out[index] = PanelText(index, label, text, CAPTION_SPLIT, text in normalized)
+            extractive = text in normalized
+            out[index] = PanelText(index, label, text, CAPTION_SPLIT, extractive, None, row["match"], agreement)
         elif not label:
-            out[index] = PanelText(index, label, None, None, False, "no text in the caption split and no label")
+            why = f"no caption text: {row['match_detail']}" if row["match_detail"] else "no caption text and no label"
+            out[index] = PanelText(index, label, None, None, False, why, NONE, agreement)
         elif engine is None or not normalized:
-            why = "no caption" if not normalized else "no text in the caption split; no engine to ask"
-            out[index] = PanelText(index, label, None, None, False, why)
+            why = "no caption" if not normalized else f"no caption text ({row['match_detail']}); no engine to ask"
+            out[index] = PanelText(index, label, None, None, False, why, NONE, agreement)
         else:
             residual.append((index, label))
     if residual:
-        out.update(_associate(engine, normalized, residual))
-    return [out[index] for index, _, _ in rows]
-
-
-def _rows(panels: Sequence[PanelRef], split: CaptionSplit) -> list[tuple[int, str | None, str | None]]:
-    """(panel_index, label, text) for every panel."""
-    given = [p for p in panels if isinstance(p, Mapping)]
-    if given and len(given) == len(panels):
-        return [(int(p["panel_index"]), p.get("label"), p.get("text")) for p in given]
-    pairs = [(int(p["panel_index"]), p.get("label")) if isinstance(p, Mapping) else (int(p[0]), p[1]) for p in panels]
-    assigned = assign_captions(pairs, split)
-    return [(index, row["label"], row["text"]) for (index, _), row in zip(pairs, assigned, strict=True)]
+        agreement = rows[0]["count_agreement"]
+        for index, answer in _associate(engine, normalized, residual).items():
+            out[index] = replace(answer, match=VLM if answer.text else NONE, count_agreement=agreement)
+    return [out[index] for index in range(len(rows))]
 
 
 def _associate(engine: VlmEngine, caption: str, residual: list[tuple[int, str]]) -> dict[int, PanelText]:

@@ -1,4 +1,4 @@
-"""Captions split by panel label, and the join of a figure's panels to their caption text.
+"""Captions split by panel label (the join of a figure's panels to their texts is ``pairing``).
 
 Rules only: deterministic and extractive. Every text returned is a substring of
 ``normalize_caption(caption)``, so a panel's text can always be traced back to the caption.
@@ -862,41 +862,6 @@ def split_caption(caption: str | None) -> CaptionSplit:
     return CaptionSplit(
         preface=preface, panels=panels, scheme=scheme, confidence=_confidence(outer, rivals), parents=parents
     )
-
-
-def assign_captions(panels: list[tuple[int, str | None]], split: CaptionSplit) -> list[dict]:
-    """The caption part of each panel's ``panel_captions`` row, in the order ``panels`` is given.
-
-    A figure whose panels carry printed labels is joined by label, case-insensitively (the image
-    may print "c" where the caption says "(C)"); a panel whose label the caption does not name
-    gets match "none". A figure without printed labels is joined by order when the caption
-    enumerates labels: the i-th panel in reading order gets the i-th caption label. ``label`` is
-    the panel's printed label, or for an order match the caption's."""
-    by_label = {label.casefold(): text for label, text in split.panels.items()}
-    caption_labels = list(split.panels)
-    printed = any(label for _, label in panels)
-    rank = {index: i for i, index in enumerate(sorted(index for index, _ in panels))}
-    mismatch = len(panels) != len(caption_labels)
-    rows = []
-    for index, label in panels:
-        text, match = None, "none"
-        if printed and label and label.casefold() in by_label:
-            text, match = by_label[label.casefold()], "label"
-        elif not printed and rank[index] < len(caption_labels):
-            label = caption_labels[rank[index]]
-            text, match = split.panels[label], "order"
-        rows.append(
-            {
-                "label": label,
-                "text": text,
-                "preface": split.preface,
-                "match": match,
-                "scheme": split.scheme,
-                "confidence": split.confidence,
-                "count_mismatch": mismatch,
-            }
-        )
-    return rows
 
 
 def caption_agreement(cases: Iterable[dict], splitter: Callable[[str | None], CaptionSplit] | None = None) -> dict:

@@ -4,41 +4,61 @@ Preprocessing keeps the aspect ratio: each figure is resized so its longest side
 ``input_size`` (bilinear), pasted at the top-left of an ``input_size`` x ``input_size`` canvas,
 and a pixel mask marks the real pixels (the DETR convention: padding at the right and bottom,
 zeros after normalisation). Figures are never squashed, so a tall strip of panels keeps its
-panels' shapes. The model predicts boxes as normalised (cx, cy, w, h) in that square padded
-frame; :func:`to_original` maps them back to the figure's own pixels through the per-axis scale
-(exact, rounding aside) and clamps them to the figure. Training (``train.py``) uses the same
-frame through :func:`to_model`, its exact inverse.
+panels' shapes.
 
-Post-processing is sigmoid scores, top ``max_panels`` per class, the score threshold. Class 0
-is a panel, class 1 (when ``labels == 2``) a panel-label glyph, returned separately. No NMS is
-applied here: overlapping and nested boxes are resolved by ``postprocess.finalize``. The
-Open-PMC-18M path (480 x 480 squash, NMS at IoU 0.2) is kept as :func:`openpmc_detect`, a
-named baseline for the benchmark only.
+The box frame: DETR-family models predict normalised (cx, cy, w, h) relative to the *visible*
+image, not the padded canvas. Their sine position embedding is normalised by the extent of the
+mask (``modeling_dab_detr.py``, facebookresearch/detr#286), so a model sees the same positions
+whether or not padding surrounds the image, and the image processors they were trained with
+normalise the targets by the resized image's own size. :func:`to_original` therefore scales the
+boxes by the figure's own width and height (exact; the resize factor cancels out), and training
+(``train.py``) writes its targets in the same frame through :func:`to_model`, its exact inverse.
 
-Production loads weights by hub id (optionally a revision) or local directory, offline first;
-tests and the demo pass ``synthetic=True``: a tiny DAB-DETR built from a config in code with
-seeded weights, on the CPU in float32, marked ``synthetic`` in its ``model_label``. On a GPU
-the model runs under bf16 (or fp16) autocast unless ``dtype`` says otherwise.
+Classes come from the checkpoint's ``id2label``: the panel class is the one named ``subfigure``
+or ``panel`` (Open-PMC-18M's checkpoint is ``{0: "nothing", 1: "subfigure"}``: its panels are
+class 1), a panel-label glyph class the one named ``panel_label``; see :func:`class_map`.
+Post-processing is sigmoid scores, top ``max_panels`` of the panel class (and of the glyph
+class when ``labels == 2``), the score threshold. No NMS is applied here: overlapping and nested
+boxes are resolved by ``postprocess.finalize``. Open-PMC-18M's own inference (480 x 480 squash,
+score > 0.2, their NMS at IoU 0.2) is kept as :func:`openpmc_detect`, a named baseline for the
+benchmark only.
+
+Production loads weights by hub id (optionally a revision) or local directory, the Hugging Face
+cache before the network, and a local folder never through it (``pipelines.weights``). Configs
+saved by transformers 4.x name their backbone as a string (``"backbone": "resnet50"`` with
+``backbone_kwargs``), which transformers 5 would look up on the hub; :func:`model_config` turns
+it into an explicit timm backbone config with the same ``out_indices`` and ``output_stride``
+(DC5). :func:`check_weights` is the cheap set-up check that fails in one line before any Ray
+worker starts. Tests and the demo pass ``synthetic=True``: a tiny DAB-DETR built from a config
+in code with seeded weights, on the CPU in float32, marked ``synthetic`` in its
+``model_label``. On a GPU the model runs under bf16 (or fp16) autocast unless ``dtype`` says
+otherwise.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from pipelines.concepts.decode import decode_image
-from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD, ModelUnavailableError, from_pretrained_offline_first
+from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD
 from pipelines.panels.types import Box, Panel
 from pipelines.provenance import public_model_name
 from pipelines.stage import Progress
+from pipelines.weights import Weights
 
 DEFAULT_MODEL = "vector-institute/pmc-18m-dab-detr"
-PANEL_CLASS, LABEL_CLASS = 0, 1  # model class indices; COCO category_id = index + 1
+SETTING = "PANELFORGE_PANEL_DETECTOR"  # the setting that names the weights, in every loading error
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-OPENPMC_SIZE, OPENPMC_BATCH, OPENPMC_NMS_IOU = 480, 128, 0.2
+PANEL_NAMES = ("panel", "subfigure")  # id2label names of the panel class
+LABEL_NAMES = ("panel_label", "subfigure_label")  # ... and of the panel-label glyph class
+# Open-PMC-18M's inference (openpmcvl/dab_detr/biomedica_inference.py): 480 x 480 squash,
+# batches of 128, score > 0.2 among the top 100 (query, class) pairs, their NMS at IoU 0.2
+OPENPMC_SIZE, OPENPMC_BATCH, OPENPMC_THRESHOLD, OPENPMC_NMS_IOU, OPENPMC_TOP_K = 480, 128, 0.2, 0.2, 100
 
 
 @dataclass(frozen=True)
@@ -46,12 +66,13 @@ class DetectorConfig:
     model: str = DEFAULT_MODEL  # hub id or local directory
     revision: str | None = None
     synthetic: bool = False  # a randomly initialised model built in code (tests, demo, benchmarks)
-    architecture: str = "tiny"  # synthetic only: "tiny", or "full" (DabDetrConfig defaults, ResNet-50)
+    architecture: str = "tiny"  # synthetic only: "tiny", or "full" (the published ResNet-50 DC5 at real size)
     input_size: int = 800  # longest side after resizing; the padded frame is input_size x input_size
     threshold: float = 0.5
     dtype: str = "auto"  # auto: bf16 (fp16 without bf16 support) autocast on GPU, fp32 on CPU
     max_panels: int = 50  # top-k per class
-    labels: int = 1  # 1: panel; 2: panel + panel-label glyph
+    labels: int = 1  # 1: panels; 2: panels + panel-label glyphs (the model must have that class)
+    panel_class: int | None = None  # None: the class id2label names subfigure/panel; else this index
     device: str | None = None  # None: cuda when available, else cpu (synthetic: always cpu)
 
     def __post_init__(self):
@@ -126,19 +147,23 @@ def to_tensors(pixels: np.ndarray, frames: list[Frame]):
 
 
 def to_original(boxes: np.ndarray, frame: Frame) -> np.ndarray:
-    """Normalised (cx, cy, w, h) in the padded frame -> (x1, y1, x2, y2) float original pixels."""
+    """Normalised (cx, cy, w, h) relative to the visible (resized, unpadded) image -> (x1, y1,
+    x2, y2) float original pixels. The visible image is the whole figure resized, so the scale
+    from model frame to figure is the figure's own width and height: padding and resize factor
+    play no part (see the module docstring for why the model's frame is the visible image)."""
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    (pw, ph), (ox, oy), (sx, sy) = frame.padded, frame.offset, frame.scale
-    cx, cy, w, h = boxes[:, 0] * pw, boxes[:, 1] * ph, boxes[:, 2] * pw, boxes[:, 3] * ph
-    return np.stack([(cx - w / 2 - ox) / sx, (cy - h / 2 - oy) / sy, (cx + w / 2 - ox) / sx, (cy + h / 2 - oy) / sy], 1)
+    w, h = frame.width, frame.height
+    cx, cy, bw, bh = boxes[:, 0] * w, boxes[:, 1] * h, boxes[:, 2] * w, boxes[:, 3] * h
+    return np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1)
 
 
 def to_model(boxes: np.ndarray, frame: Frame) -> np.ndarray:
-    """(x1, y1, x2, y2) original pixels -> normalised (cx, cy, w, h) in the padded frame."""
+    """(x1, y1, x2, y2) original pixels -> normalised (cx, cy, w, h) relative to the visible
+    image: the frame of the model's predictions and of its training targets."""
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    (pw, ph), (ox, oy), (sx, sy) = frame.padded, frame.offset, frame.scale
-    x1, y1, x2, y2 = boxes[:, 0] * sx + ox, boxes[:, 1] * sy + oy, boxes[:, 2] * sx + ox, boxes[:, 3] * sy + oy
-    return np.stack([(x1 + x2) / 2 / pw, (y1 + y2) / 2 / ph, (x2 - x1) / pw, (y2 - y1) / ph], 1)
+    w, h = frame.width, frame.height
+    x1, y1, x2, y2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    return np.stack([(x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h], 1)
 
 
 def pixel_box(box: np.ndarray, width: int, height: int) -> Box | None:
@@ -149,7 +174,53 @@ def pixel_box(box: np.ndarray, width: int, height: int) -> Box | None:
     return (x1, y1, x2, y2) if x2 > x1 and y2 > y1 else None
 
 
-# -- postprocessing --------------------------------------------------------------------------
+# -- classes and postprocessing ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Classes:
+    """Which model class indices hold panels and (optionally) panel-label glyphs."""
+
+    panel: int = 0
+    label: int | None = None
+
+
+def class_names(labels: int) -> dict[int, str]:
+    """``id2label`` of the models PanelForge builds and trains: 0 panel, 1 panel_label."""
+    return {0: "panel", 1: "panel_label"} if labels == 2 else {0: "panel"}
+
+
+def class_map(id2label: dict, labels: int = 1, panel_class: int | None = None) -> Classes:
+    """The panel class (and the glyph class when ``labels == 2``) from a checkpoint's
+    ``id2label``: the class named ``subfigure`` or ``panel`` (any case), unless ``panel_class``
+    names it. Models whose classes were never named (transformers' ``LABEL_0``, ``LABEL_1``, as
+    PanelForge exported them before naming its classes) follow PanelForge's order, 0 panel and 1
+    panel_label. Anything else is an error: reading the wrong class gives confident nonsense."""
+    names = {int(k): str(v).strip().lower() for k, v in id2label.items()}
+    unnamed = all(name == f"label_{i}" for i, name in names.items())
+    if panel_class is not None:
+        if panel_class not in names:
+            raise ValueError(f"panel_class={panel_class} but the model's classes are {dict(sorted(names.items()))}")
+        panel = panel_class
+    else:
+        found = [i for i, name in sorted(names.items()) if name in PANEL_NAMES]
+        if len(found) != 1 and not (unnamed and 0 in names):
+            raise ValueError(
+                f"cannot tell which class is a panel: the model's classes are {dict(sorted(names.items()))} "
+                f"(expected one named {' or '.join(PANEL_NAMES)}); set panel_class"
+            )
+        panel = found[0] if found else 0
+    if labels == 1:
+        return Classes(panel)
+    found = [i for i, name in sorted(names.items()) if name in LABEL_NAMES and i != panel]
+    if not found and unnamed and 1 in names and panel != 1:
+        found = [1]
+    if not found:
+        raise ValueError(
+            f"labels=2 asks for panel-label boxes but the model has no panel-label class "
+            f"(its classes are {dict(sorted(names.items()))}); use labels=1"
+        )
+    return Classes(panel, found[0])
 
 
 @dataclass
@@ -160,25 +231,35 @@ class Detections:
     label_boxes: list[Panel] = field(default_factory=list)
 
 
-def postprocess(logits, pred_boxes, frames: list[Frame], threshold: float, max_panels: int = 50) -> list[Detections]:
-    """``logits`` (n, Q, C) and ``pred_boxes`` (n, Q, 4; normalised cxcywh in the padded frame),
-    tensors or arrays -> per-figure detections in original pixels. Per class: sigmoid, top
-    ``max_panels`` queries, score >= ``threshold``. Class 0 gives panels, class 1 label boxes."""
-    logits = np.asarray(logits.float().cpu() if hasattr(logits, "cpu") else logits, dtype=np.float64)
-    pred_boxes = np.asarray(pred_boxes.float().cpu() if hasattr(pred_boxes, "cpu") else pred_boxes, dtype=np.float64)
+def _numpy(x) -> np.ndarray:
+    return np.asarray(x.float().cpu() if hasattr(x, "cpu") else x, dtype=np.float64)
+
+
+def postprocess(
+    logits, pred_boxes, frames: list[Frame], threshold: float, max_panels: int = 50, classes: Classes | None = None
+) -> list[Detections]:
+    """``logits`` (n, Q, C) and ``pred_boxes`` (n, Q, 4; normalised cxcywh relative to each
+    visible image), tensors or arrays -> per-figure detections in original pixels. Per class:
+    sigmoid, top ``max_panels`` queries, score >= ``threshold``. ``classes`` says which class
+    gives panels and which (if any) label boxes; by default 0 and, when the model has it, 1."""
+    logits, pred_boxes = _numpy(logits), _numpy(pred_boxes)
+    if classes is None:
+        classes = Classes(0, 1 if logits.shape[2] > 1 else None)
     scores = 1.0 / (1.0 + np.exp(-logits))
     out = []
     for i, frame in enumerate(frames):
-        found: list[list[Panel]] = [[], []]
-        for cls in range(min(2, scores.shape[2])):
+        found: dict[int, list[Panel]] = {}
+        for cls in {classes.panel, classes.label} - {None}:
             s = scores[i, :, cls]
             top = np.argsort(-s, kind="stable")[:max_panels]
             top = top[s[top] >= threshold]
+            found[cls] = []
             for q, xyxy in zip(top, to_original(pred_boxes[i, top], frame), strict=True):
                 box = pixel_box(xyxy, frame.width, frame.height)
                 if box is not None:
                     found[cls].append(Panel(box=box, score=float(s[q])))
-        out.append(Detections(panels=found[PANEL_CLASS], label_boxes=found[LABEL_CLASS]))
+        labels = found[classes.label] if classes.label is not None else []
+        out.append(Detections(panels=found[classes.panel], label_boxes=labels))
     return out
 
 
@@ -199,7 +280,7 @@ def tiny_dab_detr_config(num_labels: int = 1):
     )
     return DabDetrConfig(
         backbone_config=backbone,
-        num_labels=num_labels,
+        id2label=class_names(num_labels),
         num_queries=20,
         encoder_layers=1,
         decoder_layers=2,
@@ -212,23 +293,133 @@ def tiny_dab_detr_config(num_labels: int = 1):
 
 
 def full_dab_detr_config(num_labels: int = 1):
-    """DAB-DETR's default architecture (ResNet-50, 300 queries, 6+6 layers), random weights."""
+    """The production architecture at real size, random weights: DAB-DETR with a ResNet-50 DC5
+    backbone (timm, output stride 16, as ``IDEA-Research/dab-detr-resnet-50-dc5`` and Open-PMC-18M's
+    checkpoint have it), 300 queries, 6+6 layers."""
     from transformers import DabDetrConfig
 
-    return DabDetrConfig(num_labels=num_labels)
+    return DabDetrConfig(backbone_config=timm_backbone("resnet50", output_stride=16), id2label=class_names(num_labels))
 
 
-def _unavailable(config: DetectorConfig, exc: Exception) -> ModelUnavailableError:
-    return ModelUnavailableError(
-        f"DAB-DETR weights {config.model!r} are not available (offline and not in the Hugging Face cache, "
-        f"nor a local directory). Download them once (huggingface-cli download {config.model}) "
-        "or set the detector model to a local directory."
+def timm_backbone(name: str, out_indices=(1, 2, 3, 4), output_stride: int | None = None, num_channels: int = 3) -> dict:
+    """An explicit timm backbone config: random weights (the checkpoint brings them), nothing
+    looked up on the hub. DAB-DETR's encoder reads the last of ``out_indices``."""
+    return {
+        "model_type": "timm_backbone",
+        "backbone": name,
+        "num_channels": num_channels,
+        "features_only": True,
+        "use_pretrained_backbone": False,
+        "out_indices": list(out_indices),
+        "output_stride": output_stride,
+    }
+
+
+LEGACY_BACKBONE_KEYS = ("backbone", "backbone_kwargs", "use_timm_backbone", "use_pretrained_backbone")
+
+
+def model_config(data: dict):
+    """A ``DabDetrConfig`` from a config.json's contents, with the backbone made explicit.
+
+    transformers 4.x saved a timm backbone as ``"backbone": "resnet50"``, ``"use_timm_backbone":
+    true`` and ``"backbone_kwargs": {"in_chans": 3, "out_indices": [1, 2, 3, 4],
+    "output_stride": 16}`` (16 is DC5: the last stage dilated instead of strided), with
+    ``"backbone_config": null``. transformers 5 reads such a string by asking the hub whether it is
+    a repository (a network call, and a ``ConnectError`` offline) and otherwise builds a timm
+    config from ``backbone_kwargs`` as they are. Here the same config is written explicitly
+    (``in_chans`` becomes ``num_channels``; no kwargs, 4.x filled them from ``dilation``), and a
+    kwarg a timm backbone config has no field for is refused rather than dropped."""
+    from transformers import DabDetrConfig
+
+    data = dict(data)
+    backbone = data.get("backbone")
+    if data.get("backbone_config") is None and isinstance(backbone, str):
+        if not data.get("use_timm_backbone", True):
+            raise ValueError(f"the config names a transformers backbone {backbone!r} without its backbone_config")
+        kwargs = dict(data.get("backbone_kwargs") or {})
+        if not kwargs:  # 4.x's defaults when no kwargs were given
+            kwargs = {
+                "in_chans": 3,
+                "out_indices": [1, 2, 3, 4],
+                **({"output_stride": 16} if data.get("dilation") else {}),
+            }
+        explicit = timm_backbone(
+            backbone,
+            out_indices=kwargs.pop("out_indices", (1, 2, 3, 4)),
+            output_stride=kwargs.pop("output_stride", None),
+            num_channels=kwargs.pop("in_chans", data.get("num_channels", 3)),
+        )
+        kwargs.pop("features_only", None)
+        if kwargs:
+            raise ValueError(f"backbone_kwargs {sorted(kwargs)} have no field in a timm backbone config")
+        data["backbone_config"] = explicit
+    for key in LEGACY_BACKBONE_KEYS:
+        data.pop(key, None)
+    return DabDetrConfig.from_dict(data)
+
+
+def detector_weights(config: DetectorConfig) -> Weights:
+    return Weights(SETTING, config.model, DEFAULT_MODEL, "panel detector, DAB-DETR", config.revision)
+
+
+def read_model_config(path: Path, config: DetectorConfig):
+    """:func:`model_config` of a config.json; a file that is not a DAB-DETR config is a
+    one-line error naming the setting."""
+    try:
+        data = json.loads(Path(path).read_text())
+        if data.get("model_type") != "dab-detr":
+            raise ValueError(f"model_type is {data.get('model_type')!r}, not 'dab-detr'")
+        return model_config(data)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"{SETTING}={config.model!r}: {path} is not a usable DAB-DETR config: {exc}") from exc
+
+
+def detector_classes(model_config, config: DetectorConfig) -> Classes:
+    """:func:`class_map` of a model's config, errors naming the setting."""
+    try:
+        return class_map(model_config.id2label, config.labels, config.panel_class)
+    except ValueError as exc:
+        name = "the synthetic detector" if config.synthetic else f"{SETTING}={config.model!r}"
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def check_weights(config: DetectorConfig) -> None:
+    """The set-up check, before any worker starts: the weights are where the setting says (or,
+    online, the hub has the id), the config reads without the network, and its classes include a
+    panel class (and a glyph class when ``labels == 2``). Loads no weights; downloads at most the
+    config.json of a hub id that is not cached. Raises ``ModelUnavailableError`` or
+    ``ValueError``, one line each."""
+    if config.synthetic:
+        return
+    path = detector_weights(config).config_file()
+    detector_classes(read_model_config(path, config), config)
+
+
+def load_pretrained(config: DetectorConfig):
+    """The checkpoint's model in float32 on the CPU: from a local folder or the Hugging Face
+    cache without the network (downloaded into the cache first when online and not cached),
+    with the config made explicit by :func:`model_config`. Weights that leave part of the model
+    uninitialised, or do not fit it, are an error, not a warning."""
+    from transformers import DabDetrForObjectDetection
+
+    folder = detector_weights(config).folder()
+    model_cfg = read_model_config(folder / "config.json", config)
+    model, info = DabDetrForObjectDetection.from_pretrained(
+        str(folder), config=model_cfg, local_files_only=True, output_loading_info=True
     )
+    bad = list(info.get("missing_keys") or []) + [str(m[0]) for m in info.get("mismatched_keys") or []]
+    if bad:
+        raise ValueError(
+            f"{SETTING}={config.model!r}: its weights do not fit its config: {len(bad)} tensors missing or of "
+            f"another shape (first: {sorted(bad)[0]})"
+        )
+    return model
 
 
 def build_model(config: DetectorConfig):
     """The model in float32 on the CPU, in eval mode: seeded random weights when synthetic (the
-    global RNG is left alone), else the pretrained weights."""
+    global RNG is left alone), else the pretrained weights (:func:`load_pretrained`). Its classes
+    are checked against ``labels`` and ``panel_class`` here, where the model is built."""
     import torch
     from transformers import DabDetrForObjectDetection
 
@@ -238,14 +429,8 @@ def build_model(config: DetectorConfig):
             torch.manual_seed(0)
             model = DabDetrForObjectDetection(arch(config.labels))
     else:
-        model = from_pretrained_offline_first(
-            DabDetrForObjectDetection, config.model, lambda exc: _unavailable(config, exc), config.revision
-        )
-        if model.config.num_labels != config.labels:
-            raise ValueError(
-                f"{config.model!r} has {model.config.num_labels} classes but the detector config says "
-                f"labels={config.labels}"
-            )
+        model = load_pretrained(config)
+    detector_classes(model.config, config)
     return model.eval()
 
 
@@ -281,6 +466,7 @@ class Detector:
         else:  # an in-memory model (training's evaluation)
             self.model = model
             self.device, self.dtype = next(model.parameters()).device, resolve_device(config)[1]
+        self.classes = detector_classes(self.model.config, config)
         self._torch = torch
 
     def forward(self, pixel_values, pixel_mask):
@@ -305,7 +491,7 @@ class Detector:
         if len(frames) == 0:
             return []
         logits, boxes = self.forward(*to_tensors(pixels, frames))
-        return postprocess(logits, boxes, frames, self.config.threshold, self.config.max_panels)
+        return postprocess(logits, boxes, frames, self.config.threshold, self.config.max_panels, self.classes)
 
     def detect(self, images: list[Image.Image], batch_size: int = 8) -> list[Detections]:
         """In-process convenience: prepare and detect RGB images, ``batch_size`` at a time."""
@@ -436,42 +622,88 @@ def detect_images(
 # -- the Open-PMC-18M baseline ---------------------------------------------------------------
 
 
+def openpmc_nms(boxes: np.ndarray, scores: np.ndarray, iou_max: float) -> list[int]:
+    """Open-PMC-18M's greedy NMS (``process_detections`` in ``openpmcvl/dab_detr/utils.py``),
+    class-agnostic, as they wrote it: take the highest score left, drop every remaining box whose
+    IoU with it is not below ``iou_max``, repeat. Returns the kept indices, best first."""
+    boxes, scores = np.asarray(boxes, dtype=np.float64).reshape(-1, 4), np.asarray(scores, dtype=np.float64)
+    order = np.argsort(scores)
+    kept: list[int] = []
+    while order.size > 0:
+        best, order = int(order[-1]), order[:-1]
+        kept.append(best)
+        lo = np.maximum(boxes[best, :2], boxes[order, :2])
+        hi = np.minimum(boxes[best, 2:], boxes[order, 2:])
+        inter = np.clip(hi - lo, 0, None).prod(axis=1)
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            overlap = inter / (area[best] + area[order] - inter)
+        order = order[overlap < iou_max]
+    return kept
+
+
+def openpmc_postprocess(
+    logits,
+    pred_boxes,
+    sizes: list[tuple[int, int]],
+    threshold: float = OPENPMC_THRESHOLD,
+    nms_iou: float = OPENPMC_NMS_IOU,
+) -> list[list[Panel]]:
+    """Open-PMC-18M's post-processing of squashed-input outputs, ``sizes`` the figures' (width,
+    height), step by step as ``biomedica_inference.py`` does it:
+
+    * ``post_process_object_detection(threshold=0.2)`` of transformers: sigmoid, the top 100
+      (query, class) pairs over *all* classes, score strictly above ``threshold``, boxes scaled
+      by the figure's size. Their checkpoint's "nothing" class is never a training target, so in
+      practice only class 1 (subfigure) passes; a pair of another class that passes is kept, as
+      theirs keeps it;
+    * their greedy class-agnostic NMS at IoU ``nms_iou`` (:func:`openpmc_nms`);
+    * corners rounded and clamped to [0, width - 1] x [0, height - 1], the crop they save; a
+      figure with no box left is kept whole (their ``subfig_0``), here with score 0.
+    """
+    probs, boxes = _numpy(logits), _numpy(pred_boxes)
+    probs = 1.0 / (1.0 + np.exp(-probs))
+    classes = probs.shape[2]
+    out: list[list[Panel]] = []
+    for i, (width, height) in enumerate(sizes):
+        flat = probs[i].reshape(-1)
+        top = np.argsort(-flat, kind="stable")[: min(OPENPMC_TOP_K, flat.size)]
+        top = top[flat[top] > threshold]
+        xyxy = to_original(boxes[i, top // classes], Frame(width, height, (width, height), (width, height)))
+        panels = []
+        for k in openpmc_nms(xyxy, flat[top], nms_iou):
+            x1, y1, x2, y2 = (round(float(v)) for v in xyxy[k])
+            x1, x2 = (max(0, min(v, width - 1)) for v in (x1, x2))
+            y1, y2 = (max(0, min(v, height - 1)) for v in (y1, y2))
+            panels.append(Panel(box=(x1, y1, x2, y2), score=float(flat[top[k]])))
+        out.append(panels or [Panel(box=(0, 0, width, height), score=0.0)])
+    return out
+
+
 def openpmc_detect(
     detector: Detector,
     images: list[Image.Image],
     batch_size: int = OPENPMC_BATCH,
     size: int = OPENPMC_SIZE,
+    threshold: float = OPENPMC_THRESHOLD,
     nms_iou: float = OPENPMC_NMS_IOU,
 ) -> list[list[Panel]]:
-    """Open-PMC-18M's inference path, kept as a named baseline for the benchmark: every figure
-    squashed to ``size`` x ``size`` (aspect ratio lost, no mask), batches of ``batch_size``,
-    boxes scaled back per axis, then class-agnostic NMS at IoU ``nms_iou``, which drops panels
-    nested in or overlapping others by as little as 20%. Not used by the pipeline."""
-    import torch
-    from torchvision.ops import nms
-
+    """Open-PMC-18M's inference (``openpmcvl/dab_detr/biomedica_inference.py``), kept as a named
+    baseline for the benchmark; not used by the pipeline. Every figure is squashed to ``size`` x
+    ``size`` as their ``ConditionalDetrImageProcessor(size={"width": 480, "height": 480})`` does
+    (PIL bilinear, aspect ratio lost, nothing padded, so the mask is all ones), normalised with
+    the ImageNet mean and std, run in batches of ``batch_size``, and post-processed by
+    :func:`openpmc_postprocess` (score > 0.2, their NMS at IoU 0.2). The detector's own
+    threshold, ``max_panels`` and class map play no part."""
     out: list[list[Panel]] = []
-    cfg = detector.config
     for start in range(0, len(images), batch_size):
         chunk = images[start : start + batch_size]
         pixels = np.stack(
             [np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)) for im in chunk]
         )
-        frames = [Frame(size, size, (size, size), (size, size)) for _ in chunk]
-        values, mask = to_tensors(pixels, frames)
+        values, mask = to_tensors(pixels, [Frame(size, size, (size, size), (size, size)) for _ in chunk])
         logits, boxes = detector.forward(values, mask)
-        scores = logits.sigmoid()[..., PANEL_CLASS]
-        for i, im in enumerate(chunk):
-            keep = torch.nonzero(scores[i] >= cfg.threshold).flatten()
-            frame = Frame(im.width, im.height, (size, size), (size, size))
-            xyxy = torch.from_numpy(to_original(boxes[i, keep].numpy(), frame)).float()
-            kept = keep[nms(xyxy, scores[i, keep], nms_iou)] if len(keep) else keep
-            panels = []
-            for q in kept.tolist():
-                box = pixel_box(to_original(boxes[i, q].numpy(), frame)[0], im.width, im.height)
-                if box is not None:
-                    panels.append(Panel(box=box, score=float(scores[i, q])))
-            out.append(panels)
+        out += openpmc_postprocess(logits, boxes, [im.size for im in chunk], threshold, nms_iou)
     return out
 
 

@@ -18,7 +18,7 @@
    box is returned;
 5. **labels** (``attach_labels``): each printed-label box given by a method is attached to the
    panel whose top-left corner it sits in or next to (see ``attach_labels``);
-6. **reading order** (``reading_order``): rows then columns.
+6. **reading order** (``reading_order``): rows then columns, by recursive XY-cut.
 
 Also: ``iou``, ``match_panels`` (Hungarian matching by IoU) and ``consensus`` (XY-cut and DETR
 agreeing).
@@ -38,6 +38,7 @@ DUPLICATE_IOS = 0.8
 DUPLICATE_AREA_RATIO = 0.5
 SINGLE_PANEL_COVER = 0.85
 ROW_OVERLAP = 0.5  # share of the shorter height two panels must share to be on one row
+CUT_TOLERANCE = 0.1  # a box may overlap the band before it by this share of its extent and still be cut off
 
 LabelBox = tuple[Box, str]
 
@@ -120,24 +121,87 @@ def single_panel(panels: Sequence[Panel], cover: float = SINGLE_PANEL_COVER) -> 
 
 
 def reading_order(panels: Sequence[Panel]) -> list[Panel]:
-    """Rows top-down, panels left-right within a row. Panels are taken by their top edge; a
-    panel joins the current row when it shares >= ``ROW_OVERLAP`` of the shorter of its height
-    and the row's height (the row's span grows with its members); otherwise it starts a row."""
-    rows: list[list[Panel]] = []
+    """Rows top-down, panels left-right within a row (``reading_order_indices``)."""
+    return [panels[i] for i in reading_order_indices([p.box for p in panels])]
+
+
+def reading_order_indices(boxes: Sequence[Box]) -> list[int]:
+    """The indices of ``boxes`` in reading order, rows first: a recursive XY-cut. The boxes are
+    cut into bands of rows where no box crosses between them (``_bands``), read top-down; a band
+    that cannot be cut into rows is cut into columns, read left-right; each piece is read the same
+    way again. So a tall panel beside a grid is read first, then the grid row by row, instead of
+    merging the grid's rows through the tall panel. Boxes that no cut separates (overlapping
+    detector boxes) are read by ``_grown_rows``."""
+    return _xy_cut(boxes, list(range(len(boxes))), 1)
+
+
+def column_order_indices(boxes: Sequence[Box]) -> list[int]:
+    """The indices of ``boxes`` read down the columns first (the same XY-cut on the transposed
+    boxes): the order of labels printed down the columns of a grid."""
+    return reading_order_indices([(y1, x1, y2, x2) for x1, y1, x2, y2 in boxes])
+
+
+def _bands(boxes: Sequence[Box], members: list[int], axis: int) -> list[list[int]]:
+    """``members`` grouped into bands along ``axis`` (1: rows, 0: columns) that no box crosses:
+    a box joins the band its interval overlaps by more than ``CUT_TOLERANCE`` of its own extent
+    (so detector boxes that overlap by a few pixels still fall in separate rows)."""
+    bands: list[list[int]] = []
+    end = 0
+    for i in sorted(members, key=lambda i: (boxes[i][axis], boxes[i][axis + 2])):
+        lo, hi = boxes[i][axis], boxes[i][axis + 2]
+        if bands and end - lo > CUT_TOLERANCE * (hi - lo):
+            bands[-1].append(i)
+            end = max(end, hi)
+        else:
+            bands.append([i])
+            end = hi
+    return bands
+
+
+def _xy_cut(boxes: Sequence[Box], members: list[int], axis: int) -> list[int]:
+    """Cut along ``axis`` where possible; else along the other axis, but only where that is
+    needed: neighbouring pieces that together can be cut along ``axis`` stay together (the
+    columns of a grid beside a tall panel are one piece, read along ``axis`` in its turn)."""
+    if len(members) <= 1:
+        return members
+    bands = _bands(boxes, members, axis)
+    if len(bands) > 1:
+        return [i for band in bands for i in _xy_cut(boxes, band, axis)]
+    pieces: list[list[int]] = []
+    for band in _bands(boxes, members, 1 - axis):
+        if pieces and len(_bands(boxes, pieces[-1] + band, axis)) > 1:
+            pieces[-1] = pieces[-1] + band
+        else:
+            pieces.append(band)
+    if len(pieces) > 1:
+        return [i for piece in pieces for i in _xy_cut(boxes, piece, axis)]
+    return _grown_rows(boxes, members) if axis == 1 else _grown_columns(boxes, members)
+
+
+def _grown_columns(boxes: Sequence[Box], members: list[int]) -> list[int]:
+    transposed = {i: (boxes[i][1], boxes[i][0], boxes[i][3], boxes[i][2]) for i in members}
+    return _grown_rows(transposed, members)
+
+
+def _grown_rows(boxes: Sequence[Box] | dict[int, Box], members: list[int]) -> list[int]:
+    """Rows of boxes no cut separates: taken by their top edge, a box joins the current row when
+    it shares >= ``ROW_OVERLAP`` of the shorter of its height and the row's height (the row's span
+    grows with its members); otherwise it starts a row."""
+    rows: list[list[int]] = []
     spans: list[list[int]] = []
-    for p in sorted(panels, key=lambda p: (p.box[1], p.box[0])):
-        y1, y2 = p.box[1], p.box[3]
+    for i in sorted(members, key=lambda i: (boxes[i][1], boxes[i][0])):
+        y1, y2 = boxes[i][1], boxes[i][3]
         for row, span in zip(rows, spans, strict=True):
             shared = min(y2, span[1]) - max(y1, span[0])
             if shared >= ROW_OVERLAP * min(y2 - y1, span[1] - span[0]) and shared > 0:
-                row.append(p)
+                row.append(i)
                 span[0], span[1] = min(span[0], y1), max(span[1], y2)
                 break
         else:
-            rows.append([p])
+            rows.append([i])
             spans.append([y1, y2])
-    order = sorted(range(len(rows)), key=lambda i: spans[i][0])
-    return [p for i in order for p in sorted(rows[i], key=lambda p: (p.box[0], p.box[1]))]
+    order = sorted(range(len(rows)), key=lambda r: spans[r][0])
+    return [i for r in order for i in sorted(rows[r], key=lambda i: (boxes[i][0], boxes[i][1]))]
 
 
 def attach_labels(panels: Sequence[Panel], labels: Iterable[LabelBox]) -> list[Panel]:

@@ -23,9 +23,13 @@ from pipelines.acquire.rawstore import RawReader, add_member
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.shard import image_refs
 from pipelines.lake import Lake
-from pipelines.panels.captions import assign_captions, split_caption
+from pipelines.panels.captions import split_caption
 from pipelines.panels.detector import DetectorConfig, detect_images
+from pipelines.panels.gate import REASONS as GATE_REASONS
+from pipelines.panels.gate import GateSettings, crop_gate
 from pipelines.panels.inputs import split_figure
+from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
+from pipelines.panels.pairing import count_agreement as figure_agreement
 from pipelines.panels.postprocess import consensus, finalize, iou
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
 from pipelines.release.samples import JPEG_QUALITY, caption_of
@@ -167,7 +171,7 @@ class PanelStage(Stage):
             and needs_detector(
                 item["panel_type"],
                 len(layouts[(item["pmcid"], item["image_file"])].panels),
-                len(splits[(item["pmcid"], item["image_file"])].panels),
+                len(panel_labels(splits[(item["pmcid"], item["image_file"])])),
             )
         ]
         detected = {}
@@ -223,7 +227,7 @@ class PanelStage(Stage):
             "n_xycut": len(layout.panels),
             "n_detr": None,
             "agreement": None,
-            "caption_labels": len(split.panels),
+            "caption_labels": len(panel_labels(split)),
             "model": detector.model_label if detector else None,
             "model_revision": detector.revision if detector else None,
             "threshold": detector.threshold if detector else None,
@@ -281,6 +285,9 @@ class PanelStage(Stage):
         split = [f for f in figures if f["status"] == "split"]
         with_labels = [f for f in split if f["caption_labels"]]
         matching = sum(1 for f in with_labels if f["caption_labels"] == f["n_panels"])
+        agreements = Counter(
+            figure_agreement(f["n_panels"], f["caption_labels"] or 0) for f in figures if f["n_panels"]
+        )
         result = self.result(
             partition,
             ok=len(figures) - len(errors) - carried,
@@ -295,6 +302,8 @@ class PanelStage(Stage):
                 "sent_to_detector": detected,
                 "detector": self.settings.detector.model_label if self.settings.detector else "none (layout only)",
                 "caption_panels": len(captions),
+                **{f"match_{m}": sum(1 for c in captions if c["match"] == m) for m in MATCHES if m != VLM},
+                **{f"figures_{a}": agreements[a] for a in COUNT_AGREEMENTS},
             },
             previews={"preview": Preview(panels, ["pmcid", "fig_id", "panel_index", "x1", "y1", "x2", "y2", "method"])},
             checks=[
@@ -308,7 +317,8 @@ class PanelStage(Stage):
 
 
 def _caption_rows(item: dict, panels: list[Panel], split) -> list[dict]:
-    assigned = assign_captions([(i, p.label) for i, p in enumerate(panels)], split)
+    """One ``panel_captions`` row per panel (``panels`` in ``panel_index`` order)."""
+    assigned = assign_captions(panels, split)
     return [
         {
             "pmcid": item["pmcid"],
@@ -382,10 +392,10 @@ def crop_panel(image: Image.Image, box: Box) -> Image.Image:
     return image.crop(box)
 
 
-def crop_jpeg(image: Image.Image, box: Box) -> bytes:
-    """A panel crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
+def jpeg_bytes(crop: Image.Image) -> bytes:
+    """A crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
     out = io.BytesIO()
-    crop_panel(image, box).save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
+    crop.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
     return out.getvalue()
 
 
@@ -396,7 +406,11 @@ def crops_tar(lake: Lake, release: str, shard: str) -> str:
 @dataclass
 class PanelCropsStage(Stage):
     """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
-    4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files."""
+    4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files.
+    Each crop goes through the release gate (``pipelines.panels.gate``): one that fails it is
+    still cut, for inspection, with its reason in ``gate``, and is never released as a panel."""
+
+    gate: GateSettings = field(default_factory=GateSettings)
 
     name = "panel_crops"
     reads = (Table.PANELS, Table.RAW_FILES)
@@ -431,7 +445,9 @@ class PanelCropsStage(Stage):
                         continue
                     for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
                         box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
-                        data = crop_jpeg(image, box)
+                        crop = crop_panel(image, box)
+                        reason, measures = crop_gate(crop, self.gate)
+                        data = jpeg_bytes(crop)
                         name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
                         offset = add_member(tar, name, io.BytesIO(data), len(data))
                         written += len(data)
@@ -448,6 +464,9 @@ class PanelCropsStage(Stage):
                                 "sha256": hashlib.sha256(data).hexdigest(),
                                 "width": box[2] - box[0],
                                 "height": box[3] - box[1],
+                                "gate": reason,
+                                "ink": measures.ink,
+                                "text_run": round(measures.text_run, 3),
                             }
                         )
         lake.write_table(Table.PANEL_CROPS, release, shard, rows)
@@ -456,7 +475,12 @@ class PanelCropsStage(Stage):
             ok=len(rows),
             error=len(errors),
             bytes=written,
-            counts={"crops": len(rows), "images_unreadable": len(errors)},
+            counts={
+                "crops": len(rows),
+                "images_unreadable": len(errors),
+                "gate_passed": sum(1 for r in rows if r["gate"] is None),
+                **{f"gate_{reason}": sum(1 for r in rows if r["gate"] == reason) for reason in GATE_REASONS},
+            },
             paths={"tar": dest},
         )
         result.errors = errors

@@ -4,11 +4,14 @@
 
 The JSON config holds :class:`TrainConfig`'s fields (``detector`` holds
 :class:`~pipelines.panels.detector.DetectorConfig`'s). Images go through the same
-aspect-preserving resize-and-pad as inference (``detector.prepare_image``), and targets through
-``detector.to_model``, so training and inference share one box frame. The loop is plain
+aspect-preserving resize-and-pad as inference (``detector.prepare_image``, with its pixel mask),
+and targets through ``detector.to_model``: normalised by the visible (unpadded) image, the frame
+DETR-family models predict in, so training and inference share one box frame. The loop is plain
 PyTorch: AdamW (backbone at ``backbone_lr_factor`` x the learning rate), optional linear
 warm-up, gradient clipping, DAB-DETR's own loss (sigmoid focal + L1 + GIoU with Hungarian
-matching). Classes: category 1 (panel) -> 0, category 2 (panel_label) -> 1 when
+matching). Classes follow the model's own ``id2label`` (``detector.class_map``): category 1
+(panel) -> the model's panel class (0 in the models PanelForge builds, 1 in Open-PMC-18M's
+checkpoint when fine-tuning it), category 2 (panel_label) -> its glyph class when
 ``detector.labels == 2``, else dropped.
 
 Everything goes to ``output_dir`` (a local path or an fsspec URL):
@@ -40,7 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.panels.detector import DetectorConfig, Frame, build_model, prepare_image, resolve_device, to_model
+from pipelines.panels.detector import (
+    Classes,
+    DetectorConfig,
+    Frame,
+    build_model,
+    detector_classes,
+    prepare_image,
+    resolve_device,
+    to_model,
+)
 
 log = logging.getLogger(__name__)
 CHECKPOINT = re.compile(r"step-(\d+)\.pt$")
@@ -87,24 +99,28 @@ class TrainConfig:
 
 
 class CocoDataset:
-    """The images and targets of a COCO folder, prepared exactly as for inference."""
+    """The images and targets of a COCO folder, prepared exactly as for inference: category 1
+    (panel) becomes ``classes.panel``, category 2 (panel_label) ``classes.label`` (dropped when
+    None)."""
 
-    def __init__(self, coco_dir: str, input_size: int, labels: int):
+    def __init__(self, coco_dir: str, input_size: int, classes: Classes):
         from pipelines.panels.coco_eval import read_coco
 
         gt, self.fs, self.root = read_coco(coco_dir)
         self.images = sorted(gt["images"], key=lambda im: im["id"])
-        self.input_size, self.labels = input_size, labels
+        self.input_size = input_size
+        self.class_of = {1: classes.panel, **({2: classes.label} if classes.label is not None else {})}
         self.annotations: dict[int, list[dict]] = {}
         for ann in gt.get("annotations", []):
-            if 1 <= ann["category_id"] <= labels and not ann.get("iscrowd", 0):
+            if ann["category_id"] in self.class_of and not ann.get("iscrowd", 0):
                 self.annotations.setdefault(ann["image_id"], []).append(ann)
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, Frame, np.ndarray, np.ndarray]:
-        """(padded uint8 pixels, frame, class indices (k,), normalised cxcywh boxes (k, 4))."""
+        """(padded uint8 pixels, frame, class indices (k,), cxcywh boxes (k, 4) normalised by the
+        visible image)."""
         from pipelines.concepts.decode import decode_image
 
         info = self.images[index]
@@ -116,7 +132,7 @@ class CocoDataset:
         anns = [a for a in self.annotations.get(info["id"], []) if a["bbox"][2] > 0 and a["bbox"][3] > 0]
         xyxy = np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)], dtype=np.float64)
         boxes = np.clip(to_model(xyxy, frame), 0.0, 1.0) if len(anns) else np.zeros((0, 4))
-        classes = np.array([a["category_id"] - 1 for a in anns], dtype=np.int64)
+        classes = np.array([self.class_of[a["category_id"]] for a in anns], dtype=np.int64)
         return pixels, frame, classes, boxes
 
 
@@ -339,7 +355,7 @@ def train(config: TrainConfig, reporter=None) -> dict:
         reporter.log(f"resumed from {checkpoints[-1][1]} at step {start}")
     metric_lines = _metrics_lines(out, start)
 
-    dataset = CocoDataset(config.train_dir, det.input_size, det.labels)
+    dataset = CocoDataset(config.train_dir, det.input_size, detector_classes(model.config, det))
     if len(dataset) == 0:
         raise ValueError(f"{config.train_dir} has no images")
     loader = torch.utils.data.DataLoader(

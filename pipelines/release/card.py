@@ -13,6 +13,7 @@ import json
 import yaml
 
 from pipelines.lake import Lake
+from pipelines.panels.gate import GateSettings
 from pipelines.release.pairs import JSON_FIELDS_OF, LONGCAP, PANEL, REGION
 from pipelines.release.samples import JSON_FIELDS
 from pipelines.release.webdataset import dataset_dir
@@ -317,6 +318,44 @@ def _shorten(value, limit: int = 200):
     return value
 
 
+EXCLUSION_TEXTS = {  # why a panel sample is left out, as the card says it
+    "no_text": "no caption text of its own (`text_match` `none`: no printed label named the panel and no reading "
+    "order was certain)",
+    "vlm_text": "a text the VLM associated (`vlm`)",
+    "crop_gate": "a crop the release gate drops",
+    "figure_excluded": "a figure that is not released",
+    "figure_not_planned": "a figure without a figure-level sample",
+    "bad_box": "a box outside its image",
+    "undecodable_image": "an image that could not be decoded",
+}
+
+
+def render_panel_pairing(summary: dict) -> str:
+    """How panel texts were matched to their crops, and what the panel subsets leave out."""
+    included, excluded, gate = (summary.get(k) or {} for k in ("included", "excluded", "gate"))
+    shipped = ", ".join(f"`{match}` {n:,}" for match, n in sorted(included.items())) or "none"
+    vlm = (
+        "This release includes them (built with `include_vlm_text`)."
+        if included.get("vlm")
+        else "This release leaves them out (the default; the `pair_samples` setting `include_vlm_text` adds them)."
+    )
+    left = [f"{EXCLUSION_TEXTS.get(reason, reason)} ({n:,})" for reason, n in sorted(excluded.items())]
+    gated = ", ".join(f"{reason.replace('_', ' ')} {n:,}" for reason, n in sorted(gate.items()))
+    g = GateSettings()
+    return f"""
+Each panel's text is its own part of the caption, matched to the crop by the label printed on the panel
+(`text_match` `label`) or, where the panels and the caption's labels agree in number and the layout reads in one
+order, by reading order (`order`); `count_agreement` compares the figure's panels with its caption's labels. A
+panel no rule could pair gets no caption text and is not released. Texts a VLM associated with a panel the rules
+left without one are marked `vlm`. {vlm} Shipped panel samples by match: {shipped}.
+
+Panel samples left out, by reason: {"; ".join(left) or "none"}.{f" Release gate: {gated}." if gated else ""} The gate
+drops crops with a side under {g.min_side} px or an area under {g.min_area:,} px, longer than {g.max_aspect:g} times
+their width, blank, or holding only text and straight lines (tick-label strips, row headers, titles, lone axes); the
+reason of each crop is in the lake's `panel_crops.gate`.
+"""
+
+
 def render_pair_levels(info: dict) -> str:
     """The card's section on the panel, region and long-caption subsets: per level its counts,
     what a sample holds (features), an example, then the pair statistics."""
@@ -334,11 +373,12 @@ def render_pair_levels(info: dict) -> str:
         shown = (
             f"\n\nExample:\n\n```json\n{json.dumps(example, indent=1, ensure_ascii=False)}\n```\n" if example else ""
         )
+        pairing = render_panel_pairing(info.get("panel_pairs") or {}) if level == PANEL else ""
         parts.append(
             f"""### Level `{level}`
 
 Members {members}: `.jpg` is {LEVEL_TEXTS[level]}. JSON fields: {", ".join(f"`{f}`" for f in JSON_FIELDS_OF[level])}.
-
+{pairing}
 {_table(rows, ["subset", "samples", "shards", "GB"])}{shown}
 """
         )

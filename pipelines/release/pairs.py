@@ -9,9 +9,13 @@ Hugging Face take a sample's key up to the first dot of the member name, so the 
 with an underscore; its fixed width keeps keys unique within a level. A long caption is the
 figure itself with another text, so its key is the figure's key.
 
+A panel sample ships only a caption-matched text by default (matched by printed label or by
+reading order, ``pipelines.panels.pairing``; texts the VLM associated on request) and only a crop
+that passes the release gate (``pipelines.panels.gate``); the others are excluded with a reason.
+
 Images are derived once, here: a panel pair reuses its crop from ``panel_crops`` (the bytes, not
 re-encoded) when its box is that panel's box; a panel the model proposed and every region are
-cut from the raw figure image with the panel crops' JPEG settings (``crop_jpeg``) into one tar
+cut from the raw figure image with the panel crops' JPEG settings (``jpeg_bytes``) into one tar
 per partition; a long caption carries the figure sample's own bytes. The release writer then
 only copies bytes, exactly as for the figure level.
 """
@@ -27,7 +31,9 @@ from PIL import Image
 from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.decode import decode_image
 from pipelines.lake import Lake
-from pipelines.panels.stages import crop_jpeg
+from pipelines.panels.gate import GateSettings, crop_gate
+from pipelines.panels.pairing import CAPTION_MATCHES, VLM
+from pipelines.panels.stages import crop_panel, jpeg_bytes
 from pipelines.provenance import public_model_name
 from pipelines.release.samples import _KEY_UNSAFE, json_text, shuffle_key, write_images
 from pipelines.schemas import PAIR_SAMPLES, Table
@@ -41,6 +47,8 @@ REASONS = (
     "long_caption_error",  # the long-caption stage recorded an error for the figure
     "bad_box",  # a box empty or outside the image
     "undecodable_image",  # the raw image could not be decoded to cut a crop
+    "vlm_text",  # a panel whose text the VLM associated (match "vlm"): shipped only when asked for
+    "crop_gate",  # a panel crop that fails the release gate (pipelines.panels.gate; the detail says why)
 )
 PANEL_CROPS, CUT, FIGURE = "panel_crops", "cut", "figure"
 
@@ -94,6 +102,7 @@ _PAIR_FIELDS = {
     "crop_source": "string",
 }
 PANEL_JSON_FIELDS = {**FIGURE_REF_FIELDS, **_PAIR_FIELDS, "label": "string", "panel_source": "string"}
+PANEL_JSON_FIELDS |= {"text_match": "string", "count_agreement": "string", "label_source": "string"}
 PANEL_JSON_FIELDS |= PROVENANCE_FIELDS
 REGION_JSON_FIELDS = {**FIGURE_REF_FIELDS, **_PAIR_FIELDS, "region_index": "int64", "marker": "string"}
 REGION_JSON_FIELDS |= {"region_source": "string", "distance": "float64", "negatives": NEGATIVE_FIELDS}
@@ -117,6 +126,8 @@ class PairPlan:
     excluded: dict[str, int] = field(default_factory=dict)
     crop_sources: dict[str, int] = field(default_factory=dict)
     inputs_absent: list[str] = field(default_factory=list)
+    panel_matches: dict[str, int] = field(default_factory=dict)  # included panel samples by text match
+    gate: dict[str, int] = field(default_factory=dict)  # panel samples left out by the gate, by its reason
 
     def included(self, level: str | None = None) -> int:
         return sum(1 for r in self.rows if r["status"] == "included" and level in (None, r["level"]))
@@ -142,9 +153,21 @@ def _rows(lake: Lake, table: str, release: str, shard: str, absent: list[str]) -
     return found.to_pylist()
 
 
-def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str) -> PairPlan:
+def plan_pair_shard(
+    lake: Lake,
+    release: str,
+    shard: str,
+    crops_tar: str,
+    panel_matches: tuple[str, ...] = CAPTION_MATCHES,
+    gate: GateSettings | None = None,
+) -> PairPlan:
     """Plan every panel pair, region pair and long caption of one partition; crops that must be
-    cut go into ``crops_tar`` (a lake path, written only when there is something to cut)."""
+    cut go into ``crops_tar`` (a lake path, written only when there is something to cut).
+
+    A panel sample ships when its text was matched in one of ``panel_matches`` (by default the
+    caption-matched ones, ``label`` and ``order``; add ``vlm`` for the texts the VLM associated)
+    and its crop passes the release gate: ``panel_crops.gate`` for a crop reused from there,
+    ``gate`` (its settings) measured here for a crop cut from the raw image."""
     samples = lake.read_table(Table.SAMPLES, release, shard)
     if samples is None:
         raise FileNotFoundError(f"release {release} shard {shard} has no sample plan: materialize dataset_samples")
@@ -171,6 +194,7 @@ def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str) -> Pai
     raw = {(r["pmcid"], r["name"]): r for r in _rows(lake, Table.RAW_FILES, release, shard, absent)}
 
     planner = _Planner(figures, seed, panel_boxes, crops, negatives, raw, RawReader(lake))
+    planner.panel_matches, planner.gate = tuple(panel_matches), gate or GateSettings()
     try:
         by_image: dict[tuple[str, str], list[dict]] = defaultdict(list)
         for pair in pairs:
@@ -187,7 +211,13 @@ def plan_pair_shard(lake: Lake, release: str, shard: str, crops_tar: str) -> Pai
     rows = sorted((_finish(row) for row in rows), key=lambda r: r["shuffle_key"])
     excluded = Counter(r["reason"] for r in rows if r["status"] == "excluded")
     sources = Counter(r["crop_source"] for r in rows if r["status"] == "included")
-    return PairPlan(rows, dict(excluded), dict(sources), absent)
+    matches = Counter(
+        json.loads(r["meta_json"])["text_match"] or "unknown"
+        for r in rows
+        if r["status"] == "included" and r["level"] == PANEL
+    )
+    gated = Counter(r["detail"] for r in rows if r["reason"] == "crop_gate")
+    return PairPlan(rows, dict(excluded), dict(sources), absent, dict(matches), dict(gated))
 
 
 def _finish(row: dict) -> dict:
@@ -258,6 +288,10 @@ class _Planner:
             if not (pair["text"] or "").strip():
                 rows.append(self._exclude(row, "no_text", f"text_source {pair['text_source']}"))
                 continue
+            match = text_match(pair)
+            if pair["level"] == PANEL and match == VLM and VLM not in self.panel_matches:
+                rows.append(self._exclude(row, "vlm_text", "the VLM associated this text with the panel"))
+                continue
             rows.append(self._pair_image(row, pair, figure, decoded))
         return rows
 
@@ -267,6 +301,8 @@ class _Planner:
         crop = self.crops.get(where) if pair["level"] == PANEL and self.panel_boxes.get(where) == box else None
         row.update(caption=pair["text"].strip(), width=box[2] - box[0], height=box[3] - box[1])
         if crop is not None:
+            if crop["gate"]:
+                return self._exclude(row, "crop_gate", crop["gate"])
             row.update(crop_source=PANEL_CROPS, image_tar=crop["tar_path"], image_offset=crop["offset"])
             row.update(image_size=crop["size"], image_sha256=crop["sha256"])
         else:
@@ -277,8 +313,13 @@ class _Planner:
                 return self._exclude(row, "undecodable_image", reason)
             if not (0 <= box[0] < box[2] <= image.width and 0 <= box[1] < box[3] <= image.height):
                 return self._exclude(row, "bad_box", f"{list(box)} in a {image.width}x{image.height} image")
+            cut = crop_panel(image, box)
+            if pair["level"] == PANEL:
+                gated, _ = crop_gate(cut, self.gate)
+                if gated:
+                    return self._exclude(row, "crop_gate", gated)
             row["crop_source"] = CUT
-            self.cuts.append((row, crop_jpeg(image, box)))
+            self.cuts.append((row, jpeg_bytes(cut)))
         row["meta"] = self._pair_meta(row, pair, figure, box)
         if pair["level"] == REGION:
             # one per line, in negative_index order ("" when none: every region sample has the member)
@@ -295,6 +336,8 @@ class _Planner:
         fields = JSON_FIELDS_OF[row["level"]]
         meta = {**_own_fields(pair, fields), **_figure_ref(row, figure)}
         meta.update(box=list(box), crop_source=row["crop_source"], synthetic=bool(pair["synthetic"]))
+        if row["level"] == PANEL:
+            meta["text_match"] = text_match(pair)
         if row["level"] == REGION:
             own = sorted(self.negatives.get(pair["pair_id"], []), key=lambda n: n["negative_index"])
             meta["negatives"] = [_negative(n) for n in own]
@@ -320,6 +363,12 @@ class _Planner:
         meta["synthetic"] = bool(source["synthetic"])
         row["meta"] = {name: meta.get(name) for name in LONGCAP_JSON_FIELDS}
         return row
+
+
+def text_match(pair: dict) -> str | None:
+    """How a pair's text was matched (``pairs.text_match``); for a pair written before the
+    column existed, "vlm" when the VLM gave the text, else unknown (None)."""
+    return pair.get("text_match") or (VLM if pair.get("text_source") == VLM else None)
 
 
 def _figure_ref(row: dict, figure: _Figure) -> dict:

@@ -16,11 +16,14 @@ from pathlib import Path
 
 from pipelines.concepts.annotations import load_taxonomy
 from pipelines.lake import Lake
+from pipelines.panels.gate import REASONS as GATE_REASONS
+from pipelines.panels.gate import GateSettings
+from pipelines.panels.pairing import CAPTION_MATCHES, VLM
 from pipelines.release.audit import find_machine_paths
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import plan_upload, release_patterns, upload_release
-from pipelines.release.pairs import PAIR_LEVELS, plan_pair_shard
+from pipelines.release.pairs import PAIR_LEVELS, PANEL, plan_pair_shard
 from pipelines.release.pairs import REASONS as PAIR_REASONS
 from pipelines.release.samples import REASONS, plan_shard
 from pipelines.release.stats import pair_stats, release_stats
@@ -177,7 +180,12 @@ def _subsets_result(stage: Stage, partition: Partition, lake: Lake, results: dic
 class PairPlanStage(Stage):
     """One row per panel pair, region pair and long caption of the partition, included or excluded
     with a reason, keyed and licensed by its figure-level sample; crops are reused from
-    panel_crops or cut once from the raw image into a per-partition tar."""
+    panel_crops or cut once from the raw image into a per-partition tar. Panel samples ship
+    caption-matched texts (by printed label or reading order; ``include_vlm_text`` adds the
+    texts the VLM associated) and crops that pass the release gate."""
+
+    include_vlm_text: bool = False
+    gate: GateSettings = field(default_factory=GateSettings)
 
     name = "pair_samples"
     reads = (
@@ -195,7 +203,8 @@ class PairPlanStage(Stage):
         release, shard = partition.release, partition.shard
         crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
         try:
-            plan = plan_pair_shard(lake, release, shard, crops)
+            matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
+            plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate)
         except FileNotFoundError as exc:
             raise StageInputError(str(exc)) from exc
         if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
@@ -206,6 +215,9 @@ class PairPlanStage(Stage):
         counts: dict[str, object] = {f"{level}_samples": plan.included(level) for level in PAIR_LEVELS}
         counts |= {f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in PAIR_REASONS}
         counts |= {f"crops_{source}": n for source, n in sorted(plan.crop_sources.items())}
+        counts |= {f"panel_text_{match}": plan.panel_matches.get(match, 0) for match in (*CAPTION_MATCHES, VLM)}
+        counts |= {f"gate_{reason}": plan.gate.get(reason, 0) for reason in GATE_REASONS}
+        counts["panel_texts_shipped"] = ", ".join(matches)
         counts["inputs_absent"] = ", ".join(plan.inputs_absent) or "none"
         return self.result(
             partition,
@@ -406,12 +418,34 @@ def release_info(lake: Lake, release: str) -> dict:
         "stats": json.loads(lake.fs.cat(stats_path)) if lake.exists(stats_path) else {},
         "pair_stats": json.loads(lake.fs.cat(pair_stats_path)) if lake.exists(pair_stats_path) else {},
         "examples": examples,
+        "panel_pairs": panel_pair_summary(lake, release),
         "excluded": dict(sorted(excluded.items())),
         "shuffle_seed": base["shuffle_seed"],
         "limits": base["limits"],
         "synthetic": synthetic_parts(lake, release).parts,
         "skipped_subsets": skipped_subsets(lake, release),
     }
+
+
+def panel_pair_summary(lake: Lake, release: str) -> dict:
+    """What the card says about the panel level: included panel samples by how their text was
+    matched, excluded ones by reason, and the release gate's reasons."""
+    included: Counter = Counter()
+    excluded: Counter = Counter()
+    gate: Counter = Counter()
+    for shard in lake.shards():
+        table = lake.read_table(Table.PAIR_SAMPLES, release, shard)
+        columns = ["level", "status", "reason", "detail", "meta_json"]
+        for row in table.select(columns).to_pylist() if table is not None else []:
+            if row["level"] != PANEL:
+                continue
+            if row["status"] == "included":
+                included[json.loads(row["meta_json"]).get("text_match") or "unknown"] += 1
+            else:
+                excluded[row["reason"]] += 1
+                if row["reason"] == "crop_gate":
+                    gate[row["detail"]] += 1
+    return {"included": dict(sorted(included.items())), "excluded": dict(sorted(excluded.items())), "gate": dict(gate)}
 
 
 def first_sample(lake: Lake, tar_path: str) -> dict:

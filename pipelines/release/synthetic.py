@@ -85,11 +85,11 @@ def synthetic_parts(lake: Lake, release: str) -> SyntheticParts:
     for level, noun in (("panel", "panel"), ("region", "region")):
         seen = levels.get(level, Counter())
         if seen["synthetic"]:
+            texts = f" and the text of {seen['model_text']:,} (`text_source` `vlm`)" if seen["model_text"] else ""
             out.parts.append(
                 f"**{noun.capitalize()} pairs** ({_of(seen['synthetic'], seen['samples'])} samples) were mined by a "
-                f"tiny random Qwen2.5-VL: the `description` of {_of(seen['described'], seen['samples'])} and the "
-                f"text of {_of(seen['model_text'], seen['samples'])} (`text_source` `vlm`) are random strings; "
-                "texts split from the caption are real."
+                f"tiny random Qwen2.5-VL: the `description` of {_of(seen['described'], seen['samples'])}{texts} "
+                "are random strings; texts taken from the caption are real."
             )
             out.short.append(f"{noun} descriptions")
     seen = levels.get("longcap", Counter())

@@ -25,12 +25,16 @@ class CanaryResult:
 
 
 def run_canary(engine: VlmEngine) -> CanaryResult:
-    """Send the canary and judge its answer. Only :class:`VlmOutage` propagates (the engine is
-    unreachable: retry later); anything else is a failed canary with the reason."""
+    """Send the canary and judge its answer. :class:`VlmOutage` propagates (the engine is
+    unreachable: retry later), and so does ``StageInputError`` (the engine refused to start, e.g.
+    a server with another pixel band: its own message says what to fix); anything else is a
+    failed canary with the reason."""
+    from pipelines.stage import StageInputError
+
     request = VlmRequest("canary", CANARY.render(), system=SYSTEM, schema=CANARY.schema, max_tokens=CANARY.max_tokens)
     try:
         [response] = engine.generate([request])
-    except VlmOutage:
+    except (VlmOutage, StageInputError):
         raise
     except Exception as exc:  # noqa: BLE001 - a canary reports, it does not crash the caller
         return CanaryResult(False, None, f"engine raised {type(exc).__name__}: {exc}")

@@ -26,7 +26,8 @@ from pipelines.provenance import public_model_name
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
-# Qwen2.5-VL's processor defaults: 256 to 1280 visual tokens of 28x28 pixels per image
+# 256 to 1280 visual tokens of 28x28 pixels per image: the band of Qwen's model card examples (a
+# checkpoint's own preprocessor_config.json allows 3,136 to 12,845,056 pixels, 4 to 16,384 tokens)
 DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
@@ -38,16 +39,40 @@ class VlmOutage(RuntimeError):  # noqa: N818 (an outage, not an error of the ite
 @dataclass(frozen=True)
 class Sampling:
     """Sampling parameters, the same for every backend (greedy by default: mining is extraction,
-    not creative writing, and greedy answers are reproducible)."""
+    not creative writing, and greedy answers are reproducible).
+
+    Every field is sent to every backend, neutral values included: a vLLM server fills each
+    field a request leaves out from the model's ``generation_config.json``
+    (``ModelConfig.get_diff_sampling_param``: ``repetition_penalty``, ``temperature``,
+    ``top_k``, ``top_p``, ``min_p``, ``max_new_tokens``; Qwen2.5-VL's say 1.05, 0.1, 1 and
+    0.001), and transformers' ``generate`` does the same, so a field not sent is a field decided
+    by the checkpoint, not by this configuration or its provenance. ``top_k`` -1 means all
+    tokens, as vLLM and SGLang spell it (SGLang refuses 0); ``max_tokens`` caps every answer
+    (each request's own budget is at most this)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
     max_tokens: int = 512
     seed: int = 0
     repetition_penalty: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (all tokens) or at least 1, got {self.top_k}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+            raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1: {self}")
+        if self.max_tokens < 1 or self.repetition_penalty <= 0:
+            raise ValueError(f"need max_tokens >= 1 and repetition_penalty > 0: {self}")
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def request_fields(self, max_tokens: int) -> dict:
+        """Every sampling field of one request, with its own answer budget: what goes on the wire
+        (OpenAI body, vLLM ``SamplingParams``), and what provenance records besides the cap."""
+        return {**self.as_dict(), "max_tokens": max_tokens}
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,23 @@
 """The in-process transformers backend: one model in this process, batched ``generate``.
 
-It is the backend of tests, the demo and single-GPU runs, and the reference the other backends
+It is the backend of tests, the demo and single-node runs, and the reference the other backends
 are compared with. Requests are checked one by one before any batch is formed (images decoded,
 aspect ratio within the processor's limit, schema compiled), so a corrupt image or a bad schema
 becomes that request's error and the batch goes on without it. Good requests go through in
 batches of ``batch_size``: memory is bounded by the batch, not by the number of requests.
+
+Placement: ``device="auto"`` uses every visible GPU. With one, the model goes there; with
+several, its layers are split across them (``device_map="auto"``, which needs the ``accelerate``
+package): Qwen2.5-VL-72B in bf16 (~145 GB of weights) needs at least two 80 GB GPUs, and runs
+one layer at a time (pipeline-style, no tensor parallelism), so for whole releases serve it with
+vLLM instead (``openai`` or ``ray`` backend, ``tensor_parallel_size`` 4). A model that does not
+fit the visible GPUs is refused, not offloaded to CPU memory. ``device="cuda:1"`` or ``"cpu"``
+pins one device.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -62,10 +71,43 @@ class _TokenBudget(LogitsProcessor):
         return scores
 
 
-def _pick_device(device: str) -> str:
+def chat_messages(request: VlmRequest) -> list[dict]:
+    """The chat turn the processor's template renders: the system prompt as a string, then the
+    images before the text as content parts (what the Ray backend has vLLM's parser produce with
+    content format "openai", and what the Qwen-VL chat template was trained on)."""
+    content = [{"type": "image"} for _ in request.images] + [{"type": "text", "text": request.prompt}]
+    messages = [{"role": "user", "content": content}]
+    if request.system is not None:
+        messages.insert(0, {"role": "system", "content": request.system})
+    return messages
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the model goes: ``device`` takes the inputs (the first shard when split), and
+    ``load_kwargs`` go to ``from_pretrained``."""
+
+    device: str
+    load_kwargs: dict
+    devices: tuple[str, ...]  # every device holding part of the model
+
+    @property
+    def sharded(self) -> bool:
+        return "device_map" in self.load_kwargs
+
+
+def _has_accelerate() -> bool:
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def placement(device: str, gpus: int) -> Placement:
+    """``auto``: split across the ``gpus`` visible GPUs when there are several, else the one GPU,
+    else the CPU; anything else is one device, as named."""
+    if device == "auto" and gpus > 1:
+        return Placement("cuda:0", {"device_map": "auto"}, tuple(f"cuda:{i}" for i in range(gpus)))
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+        device = "cuda" if gpus == 1 else "cpu"
+    return Placement(device, {}, (device,))
 
 
 class TransformersEngine(VlmEngine):
@@ -77,7 +119,8 @@ class TransformersEngine(VlmEngine):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self._check_synthetic(config)
-        self.device = _pick_device(device)
+        self.placement = placement(device, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        self.device = self.placement.device
         # Provenance records the dtype the weights really ran in (float32 on CPU, see _dtype).
         self.config = replace(config, dtype=self._dtype(config.dtype))
         self.batch_size = batch_size
@@ -94,16 +137,21 @@ class TransformersEngine(VlmEngine):
         self.processor.image_processor.size = {"shortest_edge": config.min_pixels, "longest_edge": config.max_pixels}
         self.tokenizer = self.processor.tokenizer
         self.tokenizer.padding_side = "left"  # batched generate appends on the right of every row
-        self.model = from_pretrained_offline_first(
-            SimpleNamespace(
-                from_pretrained=partial(
-                    AutoModelForImageTextToText.from_pretrained, dtype=getattr(torch, self.config.dtype)
-                )
-            ),
-            config.model,
-            unavailable,
-            config.revision,
-        ).to(self.device)
+        if self.placement.sharded and not _has_accelerate():
+            raise StageInputError(
+                f"splitting {config.model} across the {len(self.placement.devices)} visible GPUs needs the "
+                "`accelerate` package (pip install accelerate); or pin one GPU (device=cuda:0), or serve the "
+                "model with vLLM (backend openai or ray, docs/vlm-backends.md)"
+            )
+        load = partial(
+            AutoModelForImageTextToText.from_pretrained,
+            dtype=getattr(torch, self.config.dtype),
+            **self.placement.load_kwargs,
+        )
+        model = from_pretrained_offline_first(
+            SimpleNamespace(from_pretrained=load), config.model, unavailable, config.revision
+        )
+        self.model = self._placed(model)
         self.model.eval()
         self._check_family()
         self.patch_size = int(self.processor.image_processor.patch_size)
@@ -112,6 +160,20 @@ class TransformersEngine(VlmEngine):
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos]) | {self.eos_id}
         self._ll_tokenizer = None  # built on the first request with a schema (about a second)
+
+    def _placed(self, model):
+        """One device: moved there. Split: refused if accelerate had to put layers on the CPU or
+        disk (a 72B model on too few GPUs), which would run orders of magnitude slower."""
+        if not self.placement.sharded:
+            return model.to(self.device)
+        offloaded = sorted({str(d) for d in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"})
+        if offloaded:
+            raise StageInputError(
+                f"{self.config.model} does not fit the {len(self.placement.devices)} visible GPUs (layers were put "
+                f"on {', '.join(offloaded)}): use more GPUs, or serve it with vLLM and tensor_parallel_size "
+                "(backend openai or ray, docs/vlm-backends.md)"
+            )
+        return model
 
     @staticmethod
     def _check_synthetic(config: EngineConfig) -> None:
@@ -185,17 +247,10 @@ class TransformersEngine(VlmEngine):
         max_tokens = self.config.max_tokens(request)
         return _Prepared(index, request, images, grammar, max_tokens)
 
-    def _messages(self, item: _Prepared) -> list[dict]:
-        content = [{"type": "image"} for _ in item.images] + [{"type": "text", "text": item.request.prompt}]
-        messages = [{"role": "user", "content": content}]
-        if item.request.system is not None:
-            messages.insert(0, {"role": "system", "content": item.request.system})
-        return messages
-
     def _run_batch(self, batch: list[_Prepared]) -> list[VlmResponse]:
         started = time.perf_counter()
         texts = [
-            self.processor.apply_chat_template(self._messages(item), tokenize=False, add_generation_prompt=True)
+            self.processor.apply_chat_template(chat_messages(item.request), tokenize=False, add_generation_prompt=True)
             for item in batch
         ]
         images = [image for item in batch for image in item.images]
@@ -237,15 +292,25 @@ class TransformersEngine(VlmEngine):
         return self._ll_tokenizer
 
     def _rng_devices(self) -> list:
-        return [torch.device(self.device)] if self.device.startswith("cuda") else []
+        return [torch.device(d) for d in self.placement.devices if d.startswith("cuda")]
 
     def _sampling(self) -> dict:
-        """generate() arguments of the configured sampling; temperature 0 means greedy."""
+        """generate() arguments of the configured sampling; temperature 0 means greedy. Every
+        field is passed: ``generate`` fills the others from the checkpoint's generation config
+        (Qwen2.5-VL's: top_k 1, top_p 0.001, repetition penalty 1.05), as vLLM does."""
         s = self.config.sampling
         common = {"repetition_penalty": s.repetition_penalty, "pad_token_id": self.pad_id}
         if s.temperature == 0:
             return {"do_sample": False, **common}
-        return {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": None, **common}
+        top_k = s.top_k if s.top_k > 0 else None  # None: no top-k filter (0 would be a setting too)
+        return {
+            "do_sample": True,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": top_k,
+            "min_p": s.min_p if s.min_p > 0 else None,
+            **common,
+        }
 
     def _until_stop(self, tokens: list[int]) -> list[int]:
         """The answer's tokens: everything before the first stop token (the rest is padding)."""

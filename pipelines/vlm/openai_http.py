@@ -12,18 +12,28 @@ settings. Start it with the same band, e.g. for vLLM::
     vllm serve Qwen/Qwen2.5-VL-7B-Instruct \\
         --mm-processor-kwargs '{"min_pixels": 200704, "max_pixels": 1003520}'
 
-(SGLang and others have their own flag for processor kwargs.) A mismatch shifts every box
-silently, so the canary and the evaluation set are what catch it.
+(SGLang and others have their own flag for processor kwargs.) A mismatch would shift every box
+silently, so the first ``generate`` checks the server's frame (``pipelines.vlm.frame_check``:
+three probe images and the prompt tokens they cost) and refuses to run on a mismatch.
+
+**Sampling**: every field of ``Sampling`` is sent, neutral values included. vLLM fills each field
+a request leaves out from the model's ``generation_config.json`` (Qwen2.5-VL: repetition penalty
+1.05, top_k 1), which would decode differently from the other backends and from the provenance.
 
 **Structured outputs** are sent in one of two dialects, as the server understands them:
 ``structured_outputs`` (vLLM >= 0.12, which removed ``guided_json``) or ``response_format``
 (OpenAI's ``json_schema``, understood by SGLang and others). A server that does not know the
 parameter may ignore it silently; ``pipelines.vlm.canary`` is the check for that.
 
-Failures: a refused connection, a timeout, 429 or 5xx is retried with exponential backoff, and
-when the retries run out the whole call raises :class:`VlmOutage` (no item is failed: the run
-is retried later). 400/413/422 (the server rejected this request: an image it cannot read, a
-prompt over the context) and an unreadable 200 answer are that request's ``error``. Any other
+Failures: a refused connection, a request past its deadline, 429 or 5xx is retried with
+exponential backoff, and when the retries run out the whole call raises :class:`VlmOutage` (no
+item is failed: the run is retried later). ``timeout_s`` is the deadline of one request *as a
+whole* (``pipelines.acquire.deadline``), not of each socket read: a server that trickles bytes
+cannot hold a call (and the run's GPU slot) past it. A silent server is given up after
+``(retries + 1) x timeout_s`` plus the backoff: about 6 minutes with the defaults (120 s, 2
+retries); raise ``timeout_s`` for answers that take longer than that to generate.
+400/413/422 (the server rejected this request: an image it cannot read, a prompt over the
+context) and an unreadable 200 answer are that request's ``error``. Any other
 status (401 wrong key, 404 wrong model or URL) means the service cannot be used as configured,
 which is an outage too, raised at once. The API key is only ever in the ``Authorization``
 header, never in a log line or an error message.
@@ -43,8 +53,10 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 import requests
 from PIL import Image
 
+from pipelines.acquire.deadline import DeadlineExceeded, DeadlineSession
 from pipelines.acquire.retry import PermanentError, RetryPolicy, TransientError
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest, VlmResponse
+from pipelines.vlm.frame_check import FrameResult, require_frame
 from pipelines.vlm.grounding import model_frame
 
 log = logging.getLogger(__name__)
@@ -130,14 +142,17 @@ class OpenAIEngine(VlmEngine):
         served_model: str | None = None,
         concurrency: int = 8,
         timeout_s: float = 120.0,
-        retries: int = 4,
+        retries: int = 2,
         retry_delay_s: float = 1.0,
         structured: str = "structured_outputs",
+        check_frame: bool = True,
     ):
         if structured not in STRUCTURED_DIALECTS:
             raise ValueError(f"structured must be one of {STRUCTURED_DIALECTS}, not {structured!r}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.config = config
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._api_key = api_key
@@ -151,6 +166,9 @@ class OpenAIEngine(VlmEngine):
         self._sessions: list[requests.Session] = []
         self._sessions_lock = threading.Lock()
         self._version: str | None = None
+        self.check_frame = check_frame
+        self.frame: FrameResult | None = None  # the frame check's verdict, once it ran
+        self._frame_lock = threading.Lock()
 
     def __repr__(self) -> str:  # the key stays out of reprs in tracebacks and logs
         return f"OpenAIEngine({self.base_url!r}, model={self.served_model!r}, concurrency={self.concurrency})"
@@ -161,7 +179,7 @@ class OpenAIEngine(VlmEngine):
         """One session per worker thread: a ``requests.Session`` is not thread-safe, and each
         keeps its connection alive between requests."""
         if not hasattr(self._local, "session"):
-            session = requests.Session()
+            session = DeadlineSession()
             if self._api_key:
                 session.headers["Authorization"] = f"Bearer {self._api_key}"
             with self._sessions_lock:
@@ -174,8 +192,11 @@ class OpenAIEngine(VlmEngine):
         return text.replace(self._api_key, "***") if self._api_key else text
 
     def _post_once(self, payload: dict) -> tuple[int, bytes]:
+        url = f"{self.base_url}/v1/chat/completions"
         try:
-            response = self._session.post(f"{self.base_url}/v1/chat/completions", json=payload, timeout=self.timeout_s)
+            response = self._session.post(url, json=payload, deadline=self.timeout_s)
+        except DeadlineExceeded as exc:
+            raise TransientError(f"chat completion: {exc}") from None
         except _TRANSPORT_ERRORS as exc:
             raise TransientError(f"chat completion: {type(exc).__name__}") from None
         status, body = response.status_code, response.content
@@ -209,19 +230,14 @@ class OpenAIEngine(VlmEngine):
 
     # ---- requests --------------------------------------------------------------------------
     def payload(self, request: VlmRequest) -> dict:
-        """The chat completion body of ``request``. ``repetition_penalty`` is a vLLM/SGLang
-        extension, sent only when it does something, so a strict OpenAI server accepts the rest."""
-        s = self.config.sampling
+        """The chat completion body of ``request``: every sampling field, neutral ones included
+        (``top_k``, ``min_p`` and ``repetition_penalty`` are vLLM/SGLang extensions; a field left
+        out is filled from the model's generation config by vLLM)."""
         body = {
             "model": self.served_model,
             "messages": chat_messages(request),
-            "max_tokens": self.config.max_tokens(request),
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "seed": s.seed,
+            **self.config.sampling.request_fields(self.config.max_tokens(request)),
         }
-        if s.repetition_penalty != 1.0:
-            body["repetition_penalty"] = s.repetition_penalty
         if request.schema is not None:
             body.update(structured_params(request.schema, self.structured))
         return body
@@ -250,7 +266,16 @@ class OpenAIEngine(VlmEngine):
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
         """One response per request, in order; raises :class:`VlmOutage` if the server is down
-        (after the retries), in which case no response is returned at all."""
+        (after the retries), in which case no response is returned at all. The first call checks
+        the server's frame first (``StageInputError`` on a mismatch)."""
+        if requests and self.check_frame and self.frame is None:
+            with self._frame_lock:
+                if self.frame is None:  # an outage leaves it unchecked: the next call tries again
+                    self.frame = require_frame(self.config, self._generate, self.base_url)
+                    log.info("frame check passed: %s", self.frame.reason)
+        return self._generate(requests)
+
+    def _generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
         outage = threading.Event()
         futures: list[Future[VlmResponse]] = [self._pool.submit(self._one, r, outage) for r in requests]
         wait(futures, return_when=FIRST_EXCEPTION)
@@ -265,7 +290,7 @@ class OpenAIEngine(VlmEngine):
     # ---- provenance ------------------------------------------------------------------------
     def _get_json(self, path: str) -> dict | None:
         try:
-            response = self._session.get(f"{self.base_url}{path}", timeout=min(self.timeout_s, 10.0))
+            response = self._session.get(f"{self.base_url}{path}", deadline=min(self.timeout_s, 10.0))
             return response.json() if response.status_code == 200 else None
         except (requests.RequestException, ValueError):
             return None

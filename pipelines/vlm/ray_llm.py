@@ -2,8 +2,18 @@
 
 ``build_processor`` chains Ray Data stages: our ``preprocess`` (a request row -> OpenAI chat
 ``messages`` and vLLM ``sampling_params``), PrepareMultimodalStage (vLLM parses the messages and
-decodes the images), ChatTemplateStage and TokenizeStage (transformers, CPU), vLLMEngineStage (the
-GPU actors), DetokenizeStage, then our ``postprocess`` (the vLLM output columns -> one response).
+decodes the images), ChatTemplateStage (transformers, CPU), vLLMEngineStage (the GPU actors), then
+our ``postprocess`` (the vLLM output columns -> one response).
+
+The same prompt as the other backends, from the same revision: Ray 2.60's chat-template,
+tokenize and detokenize stages take a model id and no revision (``stages/configs.py``), so they
+would load the repository's newest files whatever ``revision`` pins. The chat template of the
+pinned revision is therefore read here and handed to the chat-template stage, and the tokenize
+and detokenize stages are off: the vLLM engine tokenizes the prompt and detokenizes the answer
+itself, with its tokenizer at ``tokenizer_revision`` (as ``vllm serve`` does). vLLM's message
+parser renders content in the ``"openai"`` format (a list of image and text parts, as the
+transformers backend passes them), not Ray's default ``"string"``, which joins the image
+placeholder and the text with a newline the other backends never put there.
 
 vLLM is never imported here and is not a dependency of this project: its wheels pin other torch
 and transformers versions than ours. It lives in the Ray workers' environment, which
@@ -112,16 +122,44 @@ def engine_kwargs(config: EngineConfig, settings: RayVllmSettings) -> dict:
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "dtype": config.dtype,
     }
-    if config.revision:
-        kwargs["revision"] = config.revision
+    kwargs.update(_revision_kwargs(config))
     if settings.structured_backend != "auto":
         kwargs["structured_outputs_config"] = {"backend": settings.structured_backend}
     return kwargs
 
 
-def processor_config(config: EngineConfig, settings: RayVllmSettings):
+def _revision_kwargs(config: EngineConfig) -> dict:
+    """The pinned revision, for the weights and the tokenizer alike (vLLM's ``ModelConfig``)."""
+    return {"revision": config.revision, "tokenizer_revision": config.revision} if config.revision else {}
+
+
+def pinned_chat_template(config: EngineConfig) -> str | None:
+    """The chat template of the pinned revision (None when no revision is pinned: the stage then
+    reads the model's own, which is the one wanted). Read once on the driver, from a local
+    directory or the Hugging Face cache first (``from_pretrained_offline_first``)."""
+    if not config.revision:
+        return None
+    from transformers import AutoProcessor
+
+    from pipelines.concepts.dinov2 import from_pretrained_offline_first
+    from pipelines.stage import StageInputError
+
+    def unavailable(exc: Exception) -> StageInputError:
+        return StageInputError(
+            f"the chat template of {config.model!r} at revision {config.revision!r} is neither in the Hugging Face "
+            f"cache nor reachable ({exc})"
+        )
+
+    template = from_pretrained_offline_first(AutoProcessor, config.model, unavailable, config.revision).chat_template
+    if not template:
+        raise StageInputError(f"{config.model!r} at revision {config.revision!r} has no chat template")
+    return template
+
+
+def processor_config(config: EngineConfig, settings: RayVllmSettings, chat_template: str | None = None):
     """The ``vLLMEngineProcessorConfig`` (returned as such; imported lazily, as ray.data.llm
-    pulls in aiohttp and pydantic models the rest of the project never needs)."""
+    pulls in aiohttp and pydantic models the rest of the project never needs). ``chat_template``:
+    the pinned revision's (:func:`pinned_chat_template`), None for the model's own."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
     return vLLMEngineProcessorConfig(
@@ -133,16 +171,22 @@ def processor_config(config: EngineConfig, settings: RayVllmSettings):
         runtime_env=settings.runtime_env,
         should_continue_on_error=settings.should_continue_on_error,
         # images need vLLM's multimodal parsing before the chat template (off by default); its
-        # ModelConfig reads the same revision and image limit as the engine
-        prepare_multimodal_stage={"enabled": True, "model_config_kwargs": _parse_model_kwargs(config, settings)},
+        # ModelConfig reads the same revision and image limit as the engine. "openai": content
+        # stays a list of parts (no newline after the image); system messages stay strings
+        prepare_multimodal_stage={
+            "enabled": True,
+            "model_config_kwargs": {
+                "limit_mm_per_prompt": {"image": settings.limit_images},
+                **_revision_kwargs(config),
+            },
+            "chat_template_content_format": "openai",
+            "apply_sys_msg_formatting": True,
+        },
+        chat_template_stage={"enabled": True, "chat_template": chat_template},
+        # these two stages cannot be given a revision: the engine tokenizes and detokenizes itself
+        tokenize_stage=False,
+        detokenize_stage=False,
     )
-
-
-def _parse_model_kwargs(config: EngineConfig, settings: RayVllmSettings) -> dict:
-    kwargs: dict = {"limit_mm_per_prompt": {"image": settings.limit_images}}
-    if config.revision:
-        kwargs["revision"] = config.revision
-    return kwargs
 
 
 def png_bytes(image: Image.Image) -> bytes:
@@ -154,7 +198,7 @@ def png_bytes(image: Image.Image) -> bytes:
 
 def request_row(request: VlmRequest, config: EngineConfig) -> dict:
     """A request as a flat Arrow-friendly row: images as PNG bytes, schema and sampling as JSON."""
-    sampling = {**config.sampling.as_dict(), "max_tokens": config.max_tokens(request)}
+    sampling = config.sampling.request_fields(config.max_tokens(request))
     return {
         "id": request.id,
         "system": request.system,
@@ -186,14 +230,8 @@ def preprocess(row: dict) -> dict:
     images = [_image_part(bytes(data)) for data in row.get("images") or []]
     text = row["prompt"]
     messages.append({"role": "user", "content": [*images, {"type": "text", "text": text}] if images else text})
-    sampling = json.loads(row["sampling"])
-    params = {
-        "temperature": sampling["temperature"],
-        "top_p": sampling["top_p"],
-        "max_tokens": int(row["max_tokens"]),
-        "seed": sampling["seed"],
-        "repetition_penalty": sampling["repetition_penalty"],
-    }
+    # every sampling field, neutral ones included, as the other backends send them
+    params = {**json.loads(row["sampling"]), "max_tokens": int(row["max_tokens"])}
     if row.get("schema"):
         # as the JSON string (vLLM's StructuredOutputsParams.json is ``str | dict``): a dict would
         # become an Arrow struct, and rows with different schemas would be unified into one struct
@@ -275,6 +313,7 @@ class RayVllmEngine(VlmEngine):
     def __init__(self, config: EngineConfig, settings: RayVllmSettings):
         self.config = config
         self.settings = settings
+        self._chat_template: str | None = None
 
     def backend_version(self) -> str:
         import ray
@@ -291,9 +330,10 @@ class RayVllmEngine(VlmEngine):
         """The Ray Data LLM processor (built, not run)."""
         from ray.data.llm import build_processor
 
-        return build_processor(
-            processor_config(self.config, self.settings), preprocess=preprocess, postprocess=postprocess
-        )
+        if self._chat_template is None:
+            self._chat_template = pinned_chat_template(self.config)
+        config = processor_config(self.config, self.settings, self._chat_template)
+        return build_processor(config, preprocess=preprocess, postprocess=postprocess)
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
         if not requests:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
@@ -56,3 +58,20 @@ def send_body(handler: BaseHTTPRequestHandler, body: bytes, fault=None) -> None:
         handler.connection.shutdown(2)
         return
     handler.wfile.write(body)
+
+
+def trickle(handler: BaseHTTPRequestHandler, status: int, body: bytes, interval: float) -> None:
+    """Send a whole HTTP response (status line, headers, body) one byte every ``interval``
+    seconds, until it is sent or the client hangs up: no read ever waits ``interval`` long."""
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    handler.close_connection = True
+    for byte in head + body:
+        try:
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+        except OSError:  # the client gave up
+            return
+        time.sleep(interval)

@@ -14,7 +14,9 @@ class Fault:
 
     kinds: ``status`` (HTTP ``status``/FTP reply code, with optional ``retry_after``),
     ``drop`` (send ``fraction`` of the body, then break the connection), ``body`` (answer
-    ``status`` with ``body`` instead, e.g. NCBI's rate-limit JSON with status 200).
+    ``status`` with ``body`` instead, e.g. NCBI's rate-limit JSON with status 200), ``trickle``
+    (the whole answer, status line and headers included, one byte every ``interval`` seconds:
+    a server that never trips a per-read timeout).
     """
 
     pattern: str
@@ -24,6 +26,7 @@ class Fault:
     retry_after: int | None = None
     fraction: float = 0.5
     body: bytes | None = None
+    interval: float = 1.0
     hits: int = 0
 
     def matches(self, path: str) -> bool:

@@ -3,6 +3,10 @@
 Faults on ``RETR``: a reply code (``421`` closes the session as real servers do, any other
 code is a plain error reply), or ``drop`` (send part of the file, then abort the transfer
 with 426). Latency applies to every command, per connection thread.
+
+The request log counts what a mirror's rate limit counts: each login once, as ``LOGIN`` at the
+moment the client connects (before the banner, USER and PASS), and every transfer, listing and
+size command.
 """
 
 from __future__ import annotations
@@ -56,14 +60,15 @@ class FtpLoopbackServer(LoopbackServer):
         authorizer.add_anonymous(root)
 
         class Handler(FTPHandler):
+            def on_connect(self):
+                plan.record("LOGIN", "", faulty=False)  # the connection is the login's request
+                return super().on_connect()
+
             def pre_process_command(self, line, cmd, arg):
                 self._fault = None
-                if cmd in ("USER", "RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
+                if cmd in ("RETR", "LIST", "NLST", "MLSD", "SIZE", "MDTM", "STAT", "MLST"):
                     # log the absolute virtual path: clients CWD first and then RETR a bare name
-                    if cmd == "USER":  # a login: no file system before authentication
-                        path = ""
-                    else:
-                        path = self.fs.ftpnorm(arg) if arg else self.fs.cwd
+                    path = self.fs.ftpnorm(arg) if arg else self.fs.cwd
                     self._fault = plan.record(cmd, path, faulty=cmd == "RETR")
                 return super().pre_process_command(line, cmd, arg)
 

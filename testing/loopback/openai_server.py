@@ -9,9 +9,12 @@ keys and error statuses. It can also play the servers that go wrong:
   vLLM given ``structured_outputs``): the answer is unconstrained and nothing says so, which is
   what the canary must catch;
 * ``api_key``: a wrong or missing bearer gets 401;
-* faults from a :class:`FaultPlan` (503s, latency, dropped answers). Chat requests are matched
-  against ``"/v1/chat/completions <user prompt>"``, so a pattern can pick one request out of a
-  batch by its prompt (e.g. a 400 for one image).
+* ``generation_config``: the sampling defaults of the served model's ``generation_config.json``,
+  which vLLM applies to every field a request leaves out; ``sampling`` records what each request
+  was decoded with (the scripted or tiny engine behind decodes with its own settings);
+* faults from a :class:`FaultPlan` (503s, latency, dropped answers, answers trickled a byte at
+  a time). Chat requests are matched against ``"/v1/chat/completions <user prompt>"``, so a
+  pattern can pick one request out of a batch by its prompt (e.g. a 400 for one image).
 
 The engine is called under a lock (an in-process model is not thread-safe), but connections
 are accepted concurrently, so ``max_in_flight`` shows how many requests a client had open at once.
@@ -32,10 +35,20 @@ from typing import Self
 from PIL import Image
 
 from pipelines.vlm.engine import VlmEngine, VlmRequest
-from testing.loopback.base import LoopbackHttpServer, send_body
+from testing.loopback.base import LoopbackHttpServer, send_body, trickle
 from testing.loopback.faults import FaultPlan
 
 CHAT_PATH = "/v1/chat/completions"
+# vLLM's ModelConfig.get_diff_sampling_param: the generation_config fields that become a served
+# model's defaults (max_new_tokens as max_tokens), and vLLM's own neutral values otherwise
+GENERATION_CONFIG_FIELDS = {
+    "repetition_penalty": 1.0,
+    "temperature": 1.0,
+    "top_k": -1,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "max_tokens": None,
+}
 
 
 class BadRequestError(ValueError):
@@ -96,6 +109,15 @@ def to_request(body: dict, honour_structured: bool = True) -> VlmRequest:
     )
 
 
+def effective_sampling(body: dict, generation_config: dict) -> dict:
+    """What vLLM decodes a chat request with: each field as sent, else the model's
+    generation_config's, else vLLM's neutral value."""
+    defaults = {**generation_config}
+    if "max_new_tokens" in defaults:
+        defaults["max_tokens"] = defaults.pop("max_new_tokens")
+    return {k: body[k] if k in body else defaults.get(k, neutral) for k, neutral in GENERATION_CONFIG_FIELDS.items()}
+
+
 def _error(status: int, message: str) -> tuple[int, dict]:
     """vLLM's error shape."""
     return status, {
@@ -118,6 +140,7 @@ class OpenAICompatibleServer(LoopbackHttpServer):
         plan: FaultPlan | None = None,
         version: str | None = "0.0.0-loopback",
         owned_by: str = "panelforge-loopback",
+        generation_config: dict | None = None,
     ):
         self.engine = engine
         self.served_model = served_model or engine.config.model
@@ -126,7 +149,9 @@ class OpenAICompatibleServer(LoopbackHttpServer):
         self.plan = plan or FaultPlan()
         self.version = version
         self.owned_by = owned_by
+        self.generation_config = generation_config or {}
         self.bodies: list[dict] = []  # every chat body received, as sent
+        self.sampling: list[dict] = []  # what vLLM would decode each of them with
         self.authorizations: list[str | None] = []  # the Authorization header of every request
         self.in_flight = 0
         self.max_in_flight = 0
@@ -154,6 +179,7 @@ class OpenAICompatibleServer(LoopbackHttpServer):
             request = to_request(body, self.honour_structured)
         except (BadRequestError, KeyError, TypeError, AttributeError) as exc:
             return _error(400, f"bad chat request: {exc}")
+        self.sampling.append(effective_sampling(body, self.generation_config))
         with self._engine_lock:
             (response,) = self.engine.generate([request])
         if response.error is not None:
@@ -242,6 +268,9 @@ class OpenAICompatibleServer(LoopbackHttpServer):
                         self.end_headers()
                         return
                     return self._reply(*_error(fault.status, "injected fault"))
+                if fault is not None and fault.kind == "trickle":
+                    status, payload = server.chat(body)
+                    return trickle(self, status, json.dumps(payload).encode(), fault.interval)
                 if fault is not None and fault.kind == "body":
                     self.send_response(fault.status)
                     self.send_header("Content-Length", str(len(fault.body or b"")))
