@@ -186,3 +186,15 @@ def test_a_refinement_over_budget_never_ships_shorter_than_the_caption(parsed_la
     row = rows[FIGURE]
     assert (row["status"], row["cut"], row["tokens_after"]) == ("refined", True, 39)
     assert row["long_caption"] == REFINED.rsplit(" The causal", 1)[0] and row["gained_context"]
+
+
+def test_long_captions_made_under_the_old_budget_rule_are_not_reused(monkeypatch):
+    """Rows cut by the old rule (the caption itself truncated) must be recomputed, not carried: the
+    stage's version is part of every row's fingerprint."""
+    from pipelines.longcap import stages
+    from testing.vlm import ScriptedEngine
+
+    engine = ScriptedEngine(lambda request: "")
+    now = stages.LongCapStage(engine).settings_fingerprint()
+    monkeypatch.setattr(stages, "LONGCAP_VERSION", "1")
+    assert stages.LongCapStage(engine).settings_fingerprint() != now

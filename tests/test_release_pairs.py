@@ -211,6 +211,23 @@ def test_plan_includes_and_excludes_by_the_figure_level_rules(built):
     assert counts["panel_texts_shipped"] == "label, order"
 
 
+def test_the_plan_shows_its_pairs_with_their_texts(built):
+    """The UI's contact sheets: the included panel and region samples (two each, read off the plan test
+    above), marked synthetic as their rows are; a partition without pairs shows none."""
+    import base64
+
+    counts = built["plans"][built["shard"]].counts
+    for level in ("panel", "region"):
+        sheet = counts[f"{level}_samples_sheet"]
+        title = f"{level} samples of {RELEASE}|{built['shard']}: 2 of 2 (SYNTHETIC: tiny random VLM)"
+        prefix = f"![{title}](data:image/jpeg;base64,"
+        assert sheet.startswith(prefix) and sheet.endswith(")")
+        image = Image.open(io.BytesIO(base64.b64decode(sheet[len(prefix) : -1])))
+        assert image.format == "JPEG" and image.width == 480
+    other = next(s for s in built["plans"] if s not in (built["shard"], built["shard_of"][B[0]]))
+    assert not any(k.endswith("_sheet") for k in built["plans"][other].counts)
+
+
 def test_vlm_texts_ship_when_asked_for(built, tmp_path):
     from pipelines.panels.pairing import CAPTION_MATCHES, VLM
     from pipelines.release.pairs import plan_pair_shard

@@ -49,6 +49,9 @@ from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fing
 from pipelines.vlm.grounding import parse_json
 
 GPU_POOL = "gpu"
+# What the stage makes of the same inputs, engine and prompt; a new version recomputes what earlier
+# ones made. 2: the token budget cuts the refinement's added sentences, never the caption.
+LONGCAP_VERSION = "2"
 
 
 @dataclass
@@ -167,7 +170,9 @@ class LongCapStage(Stage):
         return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
 
     def settings_fingerprint(self) -> str:
-        return engine_fingerprint(self.engine, prompt=PROMPT_VERSION, settings=self.settings.as_dict())
+        return engine_fingerprint(
+            self.engine, prompt=PROMPT_VERSION, settings=self.settings.as_dict(), version=LONGCAP_VERSION
+        )
 
     def _known(self, lake: Lake, partition: Partition) -> dict[str, dict]:
         """Captions already refined from the same inputs and settings (a rerun, the previous release)."""

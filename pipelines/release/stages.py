@@ -14,16 +14,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.annotations import load_taxonomy
 from pipelines.lake import Lake
 from pipelines.panels.gate import REASONS as GATE_REASONS
 from pipelines.panels.gate import GateSettings
 from pipelines.panels.pairing import CAPTION_MATCHES, VLM
+from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.release.audit import find_machine_paths
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import plan_upload, release_patterns, upload_release
-from pipelines.release.pairs import PAIR_LEVELS, PANEL, plan_pair_shard
+from pipelines.release.pairs import PAIR_LEVELS, PANEL, REGION, plan_pair_shard
 from pipelines.release.pairs import REASONS as PAIR_REASONS
 from pipelines.release.samples import REASONS, plan_shard
 from pipelines.release.stats import pair_stats, release_stats
@@ -219,6 +221,7 @@ class PairPlanStage(Stage):
         counts |= {f"gate_{reason}": plan.gate.get(reason, 0) for reason in GATE_REASONS}
         counts["panel_texts_shipped"] = ", ".join(matches)
         counts["inputs_absent"] = ", ".join(plan.inputs_absent) or "none"
+        counts |= pair_sheets(lake, plan.rows, partition)
         return self.result(
             partition,
             ok=plan.included(),
@@ -226,6 +229,30 @@ class PairPlanStage(Stage):
             counts=counts,
             previews={"preview": Preview(plan.rows, ["key", "level", "status", "reason", "crop_source", "caption"])},
         )
+
+
+def pair_sheets(lake: Lake, rows: list[dict], partition: Partition) -> dict[str, Markdown]:
+    """Contact sheets of the partition's first included panel and region samples (plan order:
+    shuffled), each crop with the text it ships with and the model's description, for the UI."""
+    sheets: dict[str, Markdown] = {}
+    with RawReader(lake) as reader:
+        for level in (PANEL, REGION):
+            included = [r for r in rows if r["level"] == level and r["status"] == "included"]
+            chosen = included[:SHEET_ITEMS]
+            if not chosen:
+                continue
+            items, synthetic = [], False
+            for row in chosen:
+                meta = json.loads(row["meta_json"])
+                synthetic |= bool(meta.get("synthetic"))
+                described = f" | VLM: {meta['description']}" if meta.get("description") else ""
+                items.append(
+                    (reader.read(row["image_tar"], row["image_offset"], row["image_size"]), row["caption"] + described)
+                )
+            title = f"{level} samples of {partition}: {len(chosen)} of {len(included)}"
+            title += " (SYNTHETIC: tiny random VLM)" if synthetic else ""
+            sheets[f"{level}_samples_sheet"] = Markdown(sheet_preview(captioned_sheet(items, title), title=title))
+    return sheets
 
 
 def pair_level_subsets() -> tuple[dict[str, Callable[[dict], bool]], dict[str, str]]:
