@@ -47,7 +47,6 @@ from PIL import Image
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD
 from pipelines.panels.types import Box, Panel
-from pipelines.provenance import public_model_name
 from pipelines.stage import Progress
 from pipelines.weights import Weights
 
@@ -87,8 +86,7 @@ class DetectorConfig:
     def model_label(self) -> str:
         if self.synthetic:
             return f"synthetic-{self.architecture}-dab-detr"
-        name = public_model_name(self.model)  # never a local directory's path (it is provenance)
-        return f"{name}@{self.revision}" if self.revision else name
+        return f"{self.model}@{self.revision}" if self.revision else self.model
 
 
 # -- preprocessing ---------------------------------------------------------------------------
