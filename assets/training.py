@@ -9,7 +9,7 @@ from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from pipelines.panels.stages import GPU_POOL
-from pipelines.release.webdataset import dataset_dir
+from pipelines.release.webdataset import dataset_dir, missing_subsets
 from pipelines.training.clip import LONGCLIP_CONTEXTS, RECIPE_EPOCHS, ClipTrainConfig, longclip_config
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
 from resources.lake import LakeResource
@@ -124,11 +124,9 @@ def clip_continual_pretraining(
     if config.recipe == LONGCLIP and subsets == ClipTrainingSettings().subsets:
         subsets = LONGCLIP_SUBSETS
     dirs = [dataset_dir(lk, release, subset) for subset in subsets]
-    missing = [d for d in dirs if not lk.fs.exists(f"{d}/sizes.json")]
+    missing = missing_subsets(lk, release, subsets)
     if missing:
-        raise Failure(
-            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
-        )
+        raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     job = clip_job(config, [url(d) for d in dirs])
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
@@ -197,11 +195,9 @@ def multilevel_training(
     release, group = context.partition_key, config.license_group
     names = {"figure": group, "panel": f"panel-{group}", "region": f"region-{group}"}
     dirs = {level: dataset_dir(lk, release, name) for level, name in names.items()}
-    missing = [d for d in dirs.values() if not lk.fs.exists(f"{d}/sizes.json")]
+    missing = missing_subsets(lk, release, names.values())
     if missing:
-        raise Failure(
-            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
-        )
+        raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
     result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))

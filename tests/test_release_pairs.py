@@ -508,7 +508,7 @@ def test_no_empty_subset_is_written_and_the_card_says_why(built):
 def test_a_subset_that_loses_its_samples_is_removed(built):
     import os
 
-    from pipelines.release.webdataset import shuffled_samples, skipped_path, write_subset
+    from pipelines.release.webdataset import missing_subsets, shuffled_samples, skipped_path, write_subset
 
     lake = built["lake"]
     folder = dataset_dir(lake, RELEASE, "scratch")
@@ -518,6 +518,11 @@ def test_a_subset_that_loses_its_samples_is_removed(built):
     result = write_subset(lake, RELEASE, "scratch", [], empty_reason="nothing left")
     assert (result.samples, result.skipped) == (0, "nothing left") and not os.path.exists(folder)
     assert json.loads(open(skipped_path(lake, RELEASE, "scratch")).read())["reason"] == "nothing left"
+    # what a training job that wants these subsets is told
+    assert missing_subsets(lake, RELEASE, ["scratch", "panel-commercial", "never"]) == [
+        "scratch: no sample (nothing left)",
+        "never: not written yet (materialize its shards)",
+    ]
     os.remove(skipped_path(lake, RELEASE, "scratch"))
 
 

@@ -95,6 +95,19 @@ def skipped_subsets(lake: Lake, release: str) -> dict[str, dict]:
     return found
 
 
+def missing_subsets(lake: Lake, release: str, subsets: Iterable[str]) -> list[str]:
+    """Why each of ``subsets`` has no shards to read, for a job that needs them: skipped (it had
+    no sample; the recorded reason) or not written yet. Empty: every one is there."""
+    skipped = skipped_subsets(lake, release)
+    missing = []
+    for subset in subsets:
+        if lake.fs.exists(dataset_dir(lake, release, subset, "sizes.json")):
+            continue
+        why = skipped.get(subset, {}).get("reason")
+        missing.append(f"{subset}: " + (f"no sample ({why})" if why else "not written yet (materialize its shards)"))
+    return missing
+
+
 def _member_bytes(size: int) -> int:
     return tarfile.BLOCKSIZE + padded_size(size)
 
