@@ -550,3 +550,38 @@ def test_the_machine_path_audit_reads_every_file_member_and_column(tmp_path):
         "metadata:made_in",
         "paths",
     ]
+
+
+def test_synthetic_parts_are_counted_from_what_the_stages_stored(tmp_path):
+    """A hand-made lake of one shard: three figures, two labelled by a synthetic model; two figures run
+    through the synthetic detector, whose boxes one of three panels kept; nothing mined."""
+    import pyarrow as pa
+
+    from pipelines.release.synthetic import synthetic_parts
+    from pipelines.schemas import PANEL_FIGURES, PANELS, SAMPLES
+
+    def row(schema, **values) -> dict:  # the required columns filled, the rest null
+        filled = {f.name: ("x" if pa.types.is_string(f.type) else 0) for f in schema if not f.nullable}
+        return dict.fromkeys(schema.names) | filled | values
+
+    lake = Lake(tmp_path / "lake")
+    (shard,) = lake.ensure_layout(1)
+    samples = [
+        row(SAMPLES, key=f"k{i}", status="included", meta_json=json.dumps({"labels_from_synthetic_model": i < 2}))
+        for i in range(3)
+    ]
+    samples.append(row(SAMPLES, key="gone", status="excluded", reason="empty_caption"))
+    lake.write_table("samples", "r1", shard, samples)
+    lake.write_table("panel_figures", "r1", shard, [row(PANEL_FIGURES, synthetic=i < 2) for i in range(3)])
+    lake.write_table("panels", "r1", shard, [row(PANELS, method=m) for m in ("xycut", "xycut", "detr")])
+    parts = synthetic_parts(lake, "r1")
+    assert parts.short == ["concept labels", "panel boxes"]
+    assert parts.parts[0].endswith(
+        "of 2 of 3 figures come from a tiny randomly initialised model, not DINOv2: they are placeholders."
+    )
+    assert parts.parts[1] == (
+        "**Panel detector**: 2 figures were also run through a tiny randomly initialised DAB-DETR; 1 of 3 panels kept "
+        "its boxes (`method` `detr` or `consensus`: noise), the others are the layout splitter's."
+    )
+    assert parts.footer() == "SYNTHETIC TEST BUILD (tiny random models):\nconcept labels, panel boxes"
+    assert not synthetic_parts(lake, "r2")  # another release: nothing synthetic, no banner

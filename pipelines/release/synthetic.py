@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipelines.lake import Lake
+from pipelines.panels.types import CONSENSUS, DETR
 from pipelines.schemas import Table
 
 MARK = "SYNTHETIC TEST BUILD"
@@ -65,11 +66,15 @@ def synthetic_parts(lake: Lake, release: str) -> SyntheticParts:
         out.short.append("concept labels")
     split = [r for r in _rows(lake, Table.PANEL_FIGURES, release, ["synthetic"]) if r["synthetic"]]
     if split:
+        methods = Counter(r["method"] for r in _rows(lake, Table.PANELS, release, ["method"]))
+        kept = methods[DETR] + methods[CONSENSUS]
         out.parts.append(
-            f"**Panel boxes**: {len(split):,} figures were split with a tiny randomly initialised panel detector "
-            "(DAB-DETR) besides the layout splitter: its boxes are noise wherever they were kept."
+            f"**Panel detector**: {len(split):,} figures were also run through a tiny randomly initialised "
+            f"DAB-DETR; {_of(kept, sum(methods.values()))} panels kept its boxes (`method` `{DETR}` or "
+            f"`{CONSENSUS}`: noise), the others are the layout splitter's."
         )
-        out.short.append("panel detector")
+        if kept:
+            out.short.append("panel boxes")
     levels: dict[str, Counter] = {}
     for row in _rows(lake, Table.PAIR_SAMPLES, release, ["level", "status", "meta_json"]):
         if row["status"] != "included":
