@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF_HUB_OFFLINE=1
+BENCH_ENV := HF_HUB_OFFLINE=1
+PORT ?= 3000
 
-.PHONY: install demo test ui screenshots lint format bench clean
+.PHONY: install demo test ui screenshots lint format bench bench-report clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
@@ -21,9 +23,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
 
+# the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)
-	$(DEMO_ENV) $(BIN)/python -m jobs.cli setup-instance
-	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml
+	$(DEMO_ENV) $(BIN)/python -m jobs.ui --port $(PORT)
 
 # docs/screenshots/*.png from the demo's instance (run `make demo` first; needs Debian's chromium)
 screenshots: $(STAMP)
@@ -35,14 +37,31 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
+# Every CPU benchmark, each writing benchmarks/results/<name>.json (tens of minutes on 2 cores; serialization
+# needs several GB of temporary disk), then docs/benchmarks.md from all the results (benchmarks/catalog.py
+# lists the same commands). `make bench-report` only regenerates the page.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.acquisition
-	$(BIN)/python -m benchmarks.acquisition_scale
-	$(BIN)/python -m benchmarks.parsing
-	$(BIN)/python -m benchmarks.entrez
-	$(BIN)/python -m benchmarks.embeddings
-	$(BIN)/python -m benchmarks.kmeans
-	$(BIN)/python -m benchmarks.serialization
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.acquisition
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.acquisition --rate 20 --concurrency 8 --out benchmarks/results/acquisition-rate20.json
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.acquisition_scale
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.parsing
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.parse_memory
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.entrez
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.embeddings
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.kmeans
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.panels
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.panels_detector
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.captions
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.captions --baseline 4999c77 --output benchmarks/results/captions_vs_first_holdout_run.json
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.mining_tau
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.mining
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.longcap
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.serialization
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.training
+	$(BIN)/python -m benchmarks.report
+
+bench-report: $(STAMP)
+	$(BIN)/python -m benchmarks.report
 
 clean:
 	rm -rf .demo data .pytest_cache

@@ -6,9 +6,10 @@ limit. The server's own log of requests (logins, SIZE, RETR) is the measurement.
 in the same run: the configured limit itself (``achieved / limit``) and the same download
 with the limit lifted (what the mirror and the client could do unthrottled).
 
-    python -m benchmarks.acquisition [--rate 3] [--latency 0.05] [--concurrency 4]
+    python -m benchmarks.acquisition [--rate 3] [--latency 0.05] [--concurrency 4] [--out PATH]
 
-Writes ``benchmarks/results/acquisition.json``.
+Writes ``benchmarks/results/acquisition.json`` (``--out``); ``make bench`` also runs it at 20 requests/s
+with 8 threads per process into ``acquisition-rate20.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import open_source
 from pipelines.acquire.stages import AcquireStage, InventoryStage
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=3.0)
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mirror = build_legacy_mirror(Path(tmp) / "mirror")
@@ -131,8 +134,7 @@ def main() -> None:
             "rerun_makes_zero_requests": limited["rerun_requests"] == 0 and unlimited["rerun_requests"] == 0,
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(json.dumps(result, indent=2))
 
 

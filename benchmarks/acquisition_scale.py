@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import CLOUD_POLICY, S3_GET_PER_PREFIX, open_source
 from pipelines.acquire.stages import AcquireStage, InventoryStage
@@ -175,8 +176,7 @@ def main() -> None:
                 "c64_quarter": measure(server, base_lake, work, "c64q", shards[:4], UNLIMITED, 64),
             }
     result = _result(args, runs, inventory, inventory_requests, objects)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -32,6 +32,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.panels.captions import caption_agreement, normalize_caption, phrase_agreement, split_caption
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,8 +125,7 @@ def main() -> None:
         "current": caption_agreement(label_cases),
         "baseline": caption_agreement(label_cases, splitter=baseline),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_results(args.output, result, indent=1)
     for split, entry in result["splits"].items():
         now, before = entry["current"], entry["baseline"]
         print(

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks.record import write_results
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
 from pipelines.concepts.embed import embed_images, ensure_ray
@@ -175,8 +176,7 @@ def main() -> None:
         "note": "ViT-L/14 timings use the real architecture with random weights (same compute). "
         "No GPU in this run: bf16 GPU throughput and utilization are not measured here.",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

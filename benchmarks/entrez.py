@@ -18,6 +18,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.entrez.client import EFETCH_BATCH, ELINK_BATCH, EntrezClient
 from pipelines.lake import Lake
 from testing.loopback.eutils_server import EutilsLoopbackServer
@@ -57,8 +58,7 @@ def main() -> None:
         "rerun_requests_with_cache": rerun,
         "minutes_at_3_req_s_for_6_4M_articles": round(640 * (efetch + elink) / 3 / 60, 1),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

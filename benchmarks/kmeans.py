@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.record import write_results
+
 RESULTS = Path(__file__).parent / "results" / "kmeans.json"
 
 
@@ -83,8 +85,7 @@ def main() -> None:
         "inertia_ratio_minibatch_over_panelforge": round(sklearn_inertia / seeded_inertia, 3),
         "inertia_ratio_faiss_random_over_panelforge": round(faiss_inertia / seeded_inertia, 3),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -58,6 +58,7 @@ from benchmarks.mining import (
     production_prompt_tokens,
     summary,
 )
+from benchmarks.record import write_results
 from pipelines.longcap.prompts import LONGCAP
 from pipelines.longcap.stages import LongCapSettings, LongCapStage
 from pipelines.longcap.tokens import TextTokenizer, load_tokenizer
@@ -353,8 +354,7 @@ def main() -> None:
         }
     result["seconds_total"] = round(time.perf_counter() - began, 1)
     result["load_average_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other processes share the CPUs
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     MARKDOWN.write_text(markdown(result))
     print(json.dumps(result, indent=2))
 

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.lake import Lake
 from pipelines.mining import prompts
 from pipelines.mining.stages import MiningSettings, MiningStage
@@ -752,8 +753,7 @@ def main() -> None:
         }
     result["seconds_total"] = round(time.perf_counter() - began, 1)
     result["load_average_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]  # other processes share the CPUs
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     MARKDOWN.write_text(markdown(result))
     print(json.dumps({k: v for k, v in result.items() if k not in ("per_request",)}, indent=2))
 

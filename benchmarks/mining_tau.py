@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from benchmarks.record import write_results
 from pipelines.mining.markers import ARROW, ARROWHEAD, BOX, CIRCLE, KINDS, Marker, detect_markers
 from pipelines.mining.regions import LONE_MARKER_SCALE, fuse_regions
 from pipelines.panels.evaluate import match_at_iou, recall_precision
@@ -275,8 +276,7 @@ def main() -> None:
             "oracle_f1_at_chosen_tau_vs_caption_only": round(oracle[str(best_tau)]["f1"] / base_f1, 3),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps({k: result[k] for k in ("chosen_tau", "oracle_best_tau", "caption_only", "ratios")}, indent=2))
     for t in TAUS:
         print(t, by_tau[str(t)]["precision"], by_tau[str(t)]["recall"], by_tau[str(t)]["f1"], oracle[str(t)]["f1"])

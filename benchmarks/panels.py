@@ -51,6 +51,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from benchmarks.record import write_results
 from pipelines.panels.captions import caption_agreement
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 from pipelines.panels.inputs import prepare_image, scale_boxes
@@ -390,8 +391,7 @@ def main() -> None:
             entry["speed_vs_xycut"] = round(entry["speed"]["figures_per_second_per_core"] / base, 4)
     result["captions"] = captions()
     result["seconds_total"] = round(time.perf_counter() - began, 1)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

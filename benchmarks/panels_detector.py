@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.embeddings import sample_images
+from benchmarks.record import write_results
 from pipelines.concepts.decode import decode_image
 from pipelines.lake import Lake
 from pipelines.panels.detector import (
@@ -147,8 +148,7 @@ def main() -> None:
         "count as the 480 x 480 squash; 800 costs about (800/480)^2 = 2.8x the pixels. Open-PMC-18M's batch is "
         "128 where the run has that many figures, else all of them. fp32 on CPU; no GPU in this run.",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -33,6 +33,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.record import write_results
+
 RESULTS = Path(__file__).parent / "results" / "parse_memory.json"
 RELEASE = "2026"
 PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
@@ -209,8 +211,7 @@ def main() -> None:
         ),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

@@ -23,6 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
+from benchmarks.record import write_results
 from pipelines.parse.nxml import parse_article
 from testing.loopback.sample_mirror import SAMPLE_DIR, article_files, sample_rows
 
@@ -109,8 +110,7 @@ def main() -> None:
         "panelforge_peak_rss_mb_after_all_passes": round(rss_many / 1024, 1),
         "fields_per_figure": sorted(sample.figures[0]),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
     print(json.dumps(result, indent=2))
 
 

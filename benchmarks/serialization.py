@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.record import write_results
+
 RESULTS = Path(__file__).parent / "results" / "serialization.json"
 BIOMEDICA_PAIRS_PER_S = 24_000_000 / (33 * 3600)
 BENCH_RELEASE = "bench"
@@ -172,8 +174,7 @@ def main() -> None:
         "the two writers of this run (per CPU second, and per wall-clock second). BIOMEDICA's reported figure "
         "is wall-clock for its whole pipeline (24M pairs in 33 h) on other hardware: context, not compared.",
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_results(RESULTS, result, indent=1)
     print(json.dumps(result, indent=1))
 
 

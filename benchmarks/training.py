@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.record import write_results
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "training.json"
 TINY = {
@@ -381,8 +383,7 @@ def main() -> None:
         "CPU the best-step figures are the nearest to an idle machine. GPU numbers need --device cuda "
         "on a GPU machine."
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(json.dumps(result, indent=2))
 
 

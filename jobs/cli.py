@@ -3,6 +3,8 @@
     python -m jobs.cli setup-instance            # once per DAGSTER_HOME: instance file, pool limits
                                                  # (cluster profile: PostgreSQL, DAGSTER_PG_* variables)
     python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
+    python -m jobs.cli pools                     # each pool's limit, the runs holding it, who waits
+    python -m jobs.cli free-slots RUN_ID         # give back the slots of a run that died (kill -9)
     dagster asset materialize -m jobs.definitions --select pmc_inventory --partition 2027
     dagster asset materialize -m jobs.definitions --select pmc_raw_articles --partition '2027|000'
 
@@ -31,7 +33,22 @@ def main(argv: list[str] | None = None) -> int:
         help="install the profile's instance file (deploy/dagster.yaml; cluster: deploy/dagster-cluster.yaml) "
         "into DAGSTER_HOME and set the pool limits",
     )
+    sub.add_parser("pools", help="each pool's limit, the runs holding its slots and the steps waiting")
+    free = sub.add_parser(
+        "free-slots",
+        help="give back the pool slots of a run whose process died (run monitoring does it by itself for "
+        "runs it saw end)",
+    )
+    free.add_argument("run_id", help="the run's id (Runs in the UI, or `pools`)")
+    free.add_argument(
+        "--force",
+        action="store_true",
+        help="also for a run the instance still thinks in progress (a command-line run killed with -9): "
+        "marks it failed first",
+    )
     args = parser.parse_args(argv)
+    if args.command in ("pools", "free-slots"):
+        return pools_command(args)
 
     from dagster import DagsterInstance
 
@@ -51,6 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def pools_command(args) -> int:
+    """``pools`` and ``free-slots``: read or free the pool slots of ``DAGSTER_HOME``'s instance."""
+    from dagster import DagsterInstance
+
+    from jobs.pools import RunStillActive, free_slots, pools_report
+
+    with DagsterInstance.get() as instance:
+        if args.command == "pools":
+            print(pools_report(instance))
+            return 0
+        try:
+            held = free_slots(instance, args.run_id, force=args.force)
+        except RunStillActive as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    freed = ", ".join(f"{h.step_key} in pool {pool}" for pool, h in held) or "none held"
+    print(f"run {args.run_id}: freed {freed}")
+    return 0
+
+
 def setup_instance(settings) -> int:
     """Install the profile's instance file, then set the pool limits in that instance's storage.
 
@@ -60,9 +97,7 @@ def setup_instance(settings) -> int:
     import os
     from pathlib import Path
 
-    from dagster import DagsterInstance
-
-    from jobs.instance import configure_pools, install_instance_file, missing_postgres_env
+    from jobs.instance import missing_postgres_env, prepare_instance
 
     home = os.environ.get("DAGSTER_HOME")
     if not home:
@@ -77,14 +112,14 @@ def setup_instance(settings) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"instance file: {install_instance_file(Path(home), settings.profile)}")
+    print(f"instance file: {Path(home) / 'dagster.yaml'}")
     try:
-        with DagsterInstance.get() as instance:
-            for pool, limit in configure_pools(instance, settings).items():
-                print(f"pool {pool}: {limit}")
+        # under a lock: several set-ups started at once on a fresh SQLite home would corrupt it
+        for pool, limit in prepare_instance(Path(home), settings).items():
+            print(f"pool {pool}: {limit}")
     except Exception as exc:  # noqa: BLE001 - any storage failure ends here, with a readable line
         reason = _connection_failure(exc, os.environ.get("DAGSTER_PG_PASSWORD"))
-        if reason is None:
+        if reason is None or settings.profile != "cluster":  # SQLite's own errors keep their traceback
             raise
         where = f"{os.environ.get('DAGSTER_PG_HOST')}:{os.environ.get('DAGSTER_PG_PORT')}"
         print(f"cannot open the instance's PostgreSQL at {where}: {reason}", file=sys.stderr)

@@ -34,6 +34,7 @@ from assets.release import (
 )
 from assets.training import clip_continual_pretraining, multilevel_training
 from jobs.automation import automation_sensor, with_automation
+from jobs.pools import with_pool_waits
 from jobs.refresh import (
     pmc_download_job,
     pmc_inventory_job,
@@ -83,6 +84,8 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         jobs=[pmc_inventory_job, pmc_download_job, publish_release_job],
         sensors=[yearly_refresh_sensor(settings.shards), automation_sensor(settings.automation_interval_s)],
         resources=build_resources(settings),
+        # Dagster's default executor, plus an INFO line naming who holds a pool a step waits for
+        executor=with_pool_waits(),
     )
 
 

@@ -29,11 +29,11 @@ def main() -> int:
     DEMO_ANNOTATIONS = REPO / "sample" / "annotations"
     warnings.filterwarnings("ignore", category=BetaWarning)
     os.environ.setdefault("PANELFORGE_PROFILE", "demo")
-    from jobs.instance import configure_pools, install_instance_file
-    from resources.settings import DEMO_DIR
+    from jobs.instance import prepare_instance
+    from resources.settings import DEMO_DIR, Settings
 
     os.environ.setdefault("DAGSTER_HOME", str(DEMO_DIR / "dagster_home"))
-    install_instance_file(Path(os.environ["DAGSTER_HOME"]))
+    prepare_instance(Path(os.environ["DAGSTER_HOME"]), Settings.from_env())  # `make ui` may be setting it up too
 
     from testing.loopback.eutils_server import EutilsLoopbackServer
     from testing.loopback.s3_server import S3LoopbackServer
@@ -80,11 +80,9 @@ def main() -> int:
         from assets.partitions import open_release
         from pipelines.partitioning import shard_keys
         from resources.profiles import build_resources
-        from resources.settings import Settings
 
         settings = Settings.from_env()
         instance = DagsterInstance.get()
-        configure_pools(instance, settings)
         open_release(instance, DEMO_RELEASE, settings.shards)
         shards = shard_keys(settings.shards)
         resources = build_resources(settings)

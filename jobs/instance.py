@@ -8,11 +8,14 @@ event logs and schedules in PostgreSQL, connected through ``DAGSTER_PG_*`` envir
 
 from __future__ import annotations
 
+import fcntl
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import DagsterInstance
+from dagster._core.instance.ref import InstanceRef
 
 from pipelines.acquire.stages import POOL as PMC_POOL
 from pipelines.concepts.stages import GPU_POOL
@@ -21,6 +24,8 @@ from resources.settings import REPO, Settings
 
 INSTANCE_FILE = REPO / "deploy" / "dagster.yaml"
 CLUSTER_INSTANCE_FILE = REPO / "deploy" / "dagster-cluster.yaml"
+# Held while an instance is set up (see ``setup_lock``); beside the instance, never in the lake
+SETUP_LOCK = ".panelforge-setup.lock"
 # What every Dagster process needs in its environment with the cluster file (never the file itself)
 POSTGRES_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB")
 
@@ -58,8 +63,48 @@ def missing_postgres_env(environ: Mapping[str, str]) -> list[str]:
 
 
 def configure_pools(instance: DagsterInstance, settings: Settings) -> dict[str, int]:
-    """Set every pool's limit on ``instance`` (idempotent); returns the limits."""
+    """Set every pool's limit on ``instance`` (idempotent); returns the limits.
+
+    Two processes setting a pool that does not exist yet both insert its row, and the second
+    insert fails on the key's unique constraint; the row is then there, so the second setting of
+    the limit updates it. Retried once for that reason: it is how a storage shared by several
+    machines (PostgreSQL), which ``setup_lock`` cannot serialise, stays safe to set up at once.
+    """
+    import sqlalchemy.exc
+
     limits = pool_limits(settings)
     for pool, limit in limits.items():
-        instance.event_log_storage.set_concurrency_slots(pool, limit)
+        try:
+            instance.event_log_storage.set_concurrency_slots(pool, limit)
+        except sqlalchemy.exc.IntegrityError:
+            instance.event_log_storage.set_concurrency_slots(pool, limit)
     return limits
+
+
+@contextmanager
+def setup_lock(dagster_home: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``dagster_home`` while its instance is set up.
+
+    Dagster creates a SQLite instance's databases the first time a process opens them; two
+    processes doing it at once each stamp the schema's Alembic revision (two heads: every later
+    open fails) and each insert the pool rows (``UNIQUE constraint failed``). ``make demo``,
+    ``make ui`` and ``jobs.cli setup-instance`` started together therefore take this lock
+    (``flock``: released by the kernel when a holder dies, so a killed set-up never blocks the next).
+    """
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    with open(dagster_home / SETUP_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_instance(dagster_home: Path, settings: Settings) -> dict[str, int]:
+    """Everything a fresh ``dagster_home`` needs before any other Dagster process opens it, under
+    ``setup_lock``: the profile's instance file (a file already there is kept), the storage
+    created by opening it once, and the pool limits. Returns the limits."""
+    with setup_lock(dagster_home):
+        install_instance_file(dagster_home, settings.profile)
+        with DagsterInstance.from_ref(InstanceRef.from_dir(str(dagster_home))) as instance:
+            return configure_pools(instance, settings)

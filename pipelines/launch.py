@@ -4,8 +4,12 @@ A training asset never trains in the Dagster process: ``resources/launcher.py`` 
 ``python -m <module> --config <url>`` as an external job (a subprocess, a Ray job, a Kubernetes
 job) through Dagster Pipes. The module calls the helpers here:
 
-* :func:`load_config` reads the job's JSON config (a local path or any fsspec URL); the launcher
-  adds a ``launch`` section (``run_id``, ``run_dir``, ``gpus``, ``dagster_run_id``).
+* :func:`main` is the whole entry point of a job module: ``main(ConfigClass, run)`` reads the
+  JSON config (:func:`load_config`: a local path or any fsspec URL), splits off the ``launch``
+  section the launcher adds (:class:`LaunchInfo`: ``run_id``, ``run_dir``, ``checkpoint_dir``,
+  ``gpus``, ``dagster_run_id``), builds the config class strictly (:class:`JobConfig`: a key that
+  is no field is an error naming it, so a typo never trains with a default), opens the Pipes
+  session with its progress heartbeat, and calls ``run(config, launch)``.
 * :func:`session` opens Dagster Pipes when the process was launched by Pipes (its
   ``DAGSTER_PIPES_*`` variables are set) and does nothing otherwise, so the same module runs by
   hand; under torchrun only rank 0 reports.
@@ -13,7 +17,8 @@ job) through Dagster Pipes. The module calls the helpers here:
   and the final report into the Dagster run (or print them when there is no Pipes session).
 * :func:`checkpoint_dir`, :func:`save_checkpoint`, :func:`latest_checkpoint` keep checkpoints in
   the lake under the run id; every file appears atomically, so a preempted job leaves either the
-  whole checkpoint or none, and the next launch resumes from the last whole one.
+  whole checkpoint or none, and the next launch resumes from the last whole one;
+  :func:`prune_checkpoints` keeps the newest few.
 
 Pipes messages travel the way the launcher's message reader asks: a local file (subprocess), an
 fsspec directory of numbered chunks (Ray: ``fsspec_url``), or stdout (Kubernetes pod logs).
@@ -23,14 +28,17 @@ library), and it reads only the launch protocol's variables (Pipes' and torchrun
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import difflib
 import json
 import os
 import re
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import IO, Any, ClassVar, Self, TypeVar
 
 import fsspec
 from dagster_pipes import (
@@ -133,6 +141,133 @@ def load_config(url: str) -> dict:
     return json.loads(read_bytes(url))
 
 
+def prune_checkpoints(directory: str, keep: int, upto: int | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` whole checkpoints in ``directory`` (``keep`` < 1 keeps
+    them all); returns the URLs removed. With ``upto`` (the step just saved) only checkpoints at
+    or before that step count: those after it, left by an earlier run in the same folder, are not
+    this run's to judge. Call it after saving the new one, so a crash in between leaves one
+    checkpoint too many, never none."""
+    if keep < 1:
+        return []
+    fs, path = fsspec.core.url_to_fs(directory)
+    try:
+        names = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return []
+    found = sorted((int(m.group(1)), n) for n in names if (m := CHECKPOINT_RE.match(n.rstrip("/").rsplit("/", 1)[-1])))
+    removed = []
+    for _, name in [(step, n) for step, n in found if upto is None or step <= upto][:-keep]:
+        fs.rm(name)
+        removed.append(f"{directory.rstrip('/')}/{name.rstrip('/').rsplit('/', 1)[-1]}")
+    return removed
+
+
+# ------------------------------------------------------------------------------- the entry point
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """The ``launch`` section ``resources/launcher.py`` adds to a job's config: the stable run id
+    and the run's folders in the lake. A job run by hand has none (run id ``manual``, no run dir).
+    Keys this version does not know are ignored: the section is written by the launcher, not by
+    a person, and a newer launcher may add some."""
+
+    run_id: str = "manual"
+    run_dir: str | None = None
+    checkpoint_dir: str | None = None
+    gpus: int = 0
+    backend: str | None = None
+    dagster_run_id: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> LaunchInfo:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
+
+
+class JobConfig:
+    """The base of every launched job's config: subclass it as a ``@dataclass`` whose fields are
+    the keys of the job's JSON config.
+
+    :meth:`from_dict` is strict: a key that is no field raises ``ValueError`` naming it (and the
+    nearest field), because a misspelt ``setps`` would otherwise run the default silently.
+    ``LAUNCH_FIELDS`` maps config fields to keys of the launcher's ``launch`` section that fill
+    them when the config leaves them unset (e.g. ``{"run_dir": "run_dir"}``); ``JOB`` names the
+    job in messages. Subclasses with nested or preset values convert them in :meth:`coerce`."""
+
+    JOB: ClassVar[str] = "job"
+    LAUNCH_FIELDS: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def check_keys(cls, data: Mapping[str, Any]) -> None:
+        known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+            near = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in hints.items() if m)
+            raise ValueError(f"unknown {cls.JOB} config keys: {unknown}" + (f" ({near})" if near else ""))
+
+    @classmethod
+    def coerce(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments from the config's (already checked) keys; identity here."""
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        cls.check_keys(data)
+        return cls(**cls.coerce(dict(data)))
+
+    @classmethod
+    def from_job(cls, data: Mapping[str, Any], launch: LaunchInfo) -> Self:
+        """The config of a launched run: ``LAUNCH_FIELDS`` the config leaves unset (missing or
+        null) come from the launcher's section."""
+        data = dict(data)
+        for name, key in cls.LAUNCH_FIELDS.items():
+            if data.get(name) is None and getattr(launch, key) is not None:
+                data[name] = getattr(launch, key)
+        return cls.from_dict(data)
+
+    def heartbeat_interval(self) -> float:
+        """Seconds between the heartbeat lines of the Pipes session."""
+        return PROGRESS_INTERVAL_S
+
+
+C = TypeVar("C", bound=JobConfig)
+
+
+def main(
+    config_cls: type[C],
+    run: Callable[[C, LaunchInfo], Any],
+    argv: list[str] | None = None,
+    description: str | None = None,
+    setup: Callable[[C], contextlib.AbstractContextManager[Any]] | None = None,
+) -> Any:
+    """The entry point of a launched job, ``python -m <module> --config <url>``: read the JSON
+    config, split off the launcher's section, build ``config_cls`` strictly, open the Pipes
+    session (rank 0; heartbeat every ``config.heartbeat_interval()`` seconds) and return ``run(config, launch)``.
+    ``run`` reports its progress with :func:`report_progress` and its result with
+    :func:`report_final`. An invalid config is raised inside the session, so Dagster shows the
+    message, not only an exit code. ``setup(config)``, when given, is entered before the session
+    opens and left after it closes: a trainer joins torchrun's process group there with its own
+    backend, before the session asks for the rank."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--config", required=True, help=f"JSON file (local path or fsspec URL) of {config_cls.__name__}"
+    )
+    args = parser.parse_args(argv)
+    data = load_config(args.config)
+    launch = LaunchInfo.from_dict(data.pop("launch", None))
+    try:
+        config, error = config_cls.from_job(data, launch), None
+    except (TypeError, ValueError) as exc:  # a missing field, an unknown key, a bad value
+        config, error = None, exc
+    around = setup(config) if setup is not None and config is not None else contextlib.nullcontext()
+    with around, session(config.heartbeat_interval() if config is not None else PROGRESS_INTERVAL_S):
+        if config is None:
+            raise error  # type: ignore[misc]
+        return run(config, launch)
+
+
 # ----------------------------------------------------------------------------------- reporting
 
 
@@ -220,17 +355,30 @@ def log(msg: str, level: str = "info") -> None:
             getattr(pipes.log, level)(msg)
 
 
-def report_progress(step: int, metrics: Mapping[str, float]) -> None:
-    """One step's metrics: a log line in the run and a custom Pipes message ``{step, metrics}``."""
+def report_progress(step: int, metrics: Mapping[str, Any], kind: str | None = None) -> None:
+    """One step's metrics: a log line in the run and a custom Pipes message ``{step, metrics}``
+    (with ``kind`` when given: ``eval`` for an evaluation at that step, say)."""
     if job_rank() != 0:
         return
-    line = f"step {step}: " + ", ".join(f"{k}={v:.6g}" for k, v in metrics.items())
-    log(line)
+    values = ", ".join(f"{k}={v:.6g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in metrics.items())
+    log(f"{kind + ' at ' if kind else ''}step {step}: {values}")
     if _steps is not None:
         _steps.advance()
     pipes = _pipes()
     if pipes is not None:
-        pipes.report_custom_message({"step": step, "metrics": dict(metrics)})
+        pipes.report_custom_message({"step": step, **({"kind": kind} if kind else {}), "metrics": dict(metrics)})
+
+
+def flat_metadata(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A report as asset metadata Dagster can plot across runs: nested mappings become
+    ``<key>_<inner key>`` entries; None, lists and other non-scalars are left out."""
+    out: dict[str, Any] = {}
+    for key, value in report.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}_{k}": v for k, v in value.items() if isinstance(v, int | float | str)})
+        elif isinstance(value, int | float | str):
+            out[key] = value
+    return out
 
 
 def report_final(metadata: Mapping[str, Any], run_dir_url: str | None = None) -> None:

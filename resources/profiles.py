@@ -7,7 +7,7 @@ resource               demo                         local                   clus
 =====================  ===========================  ======================  ======================
 lake                   ./data, 4 shards             ./data, 256 shards      PANELFORGE_HOME (s3://)
 pmc_source             sample mirror on disk        s3://pmc-oa-opendata    s3://pmc-oa-opendata (340/s, 64 in flight)
-eutils                 NCBI_EUTILS_URL              NCBI                    NCBI (+ NCBI_API_KEY)
+eutils                 recorded answers, loopback   NCBI                    NCBI (+ NCBI_API_KEY)
 models                 tiny random (synthetic)      DINOv2 by id or path    DINOv2 by id or path
 ray                    in-process, CPU              in-process, CPU         PANELFORGE_RAY_ADDRESS, 1 GPU/actor
 hub                    dry runs only (no repo)      PANELFORGE_HF_REPO      PANELFORGE_HF_REPO
@@ -66,6 +66,7 @@ def build_resources(settings: Settings | None = None) -> dict:
         ),
         "eutils": EutilsResource(
             base_url=settings.eutils_url,
+            recorded=settings.eutils_recorded,
             email=settings.ncbi_email,
             api_key=_secret("NCBI_API_KEY"),
             outage_retries=settings.outage_retries,

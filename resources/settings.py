@@ -67,6 +67,7 @@ class Settings:
     rate_dir: str = str(Path(tempfile.gettempdir()) / "panelforge-ratelimit")
     ftp_user: str = "anonymous"
     eutils_url: str = DEFAULT_EUTILS_URL
+    eutils_recorded: bool = False  # demo profile, no NCBI_EUTILS_URL: recorded answers, never NCBI
     ncbi_email: str | None = None
     dinov2_model: str = DEFAULT_DINOV2
     panel_detector: str | None = DEFAULT_PANEL_DETECTOR
@@ -115,6 +116,7 @@ class Settings:
             rate_dir=env.get("PANELFORGE_RATE_DIR") or cls.rate_dir,
             ftp_user=env.get("PANELFORGE_FTP_USER") or "anonymous",
             eutils_url=_http_url("NCBI_EUTILS_URL", env.get("NCBI_EUTILS_URL") or DEFAULT_EUTILS_URL),
+            eutils_recorded=profile == "demo" and env.get("NCBI_EUTILS_URL") is None,
             ncbi_email=env.get("NCBI_EMAIL") or None,
             dinov2_model=env.get("PANELFORGE_DINOV2_MODEL") or DEFAULT_DINOV2,
             panel_detector=_detector(env.get("PANELFORGE_PANEL_DETECTOR")),

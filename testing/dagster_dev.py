@@ -53,15 +53,24 @@ def cli(env: dict[str, str], *args: str) -> str:
 class DagsterDev:
     """``dagster dev`` (web server + daemon) on a free port, loading this checkout's code.
     ``daemon=False`` starts the web server alone: enough to look at an instance, and it launches
-    nothing on its own (no sensors, no automation ticks)."""
+    nothing on its own (no sensors, no automation ticks). ``workspace`` and ``location`` load
+    another code location of this checkout instead (a test's own, e.g. ``testing.gpu_pool``)."""
 
-    def __init__(self, env: dict, log: Path, daemon: bool = True):
+    def __init__(
+        self,
+        env: dict,
+        log: Path,
+        daemon: bool = True,
+        workspace: Path = REPO / "workspace.yaml",
+        location: dict = LOCATION,
+    ):
         self.port = free_port()
         self.log_path = log
         self.log = open(log, "wb")
+        self.location = location
         command = [DAGSTER, "dev"] if daemon else [str(Path(sys.executable).with_name("dagster-webserver"))]
         self.proc = subprocess.Popen(
-            [*command, "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
+            [*command, "-w", str(workspace), "-h", "127.0.0.1", "-p", str(self.port)],
             cwd=REPO,
             env=env,
             stdout=self.log,
@@ -96,20 +105,18 @@ class DagsterDev:
             """mutation($sel: RepositorySelector!, $key: String!) {
                  addDynamicPartition(repositorySelector: $sel, partitionsDefName: "releases", partitionKey: $key) {
                    __typename ... on PythonError { message } } }""",
-            sel=LOCATION,
+            sel=self.location,
             key=release,
         )["addDynamicPartition"]
         assert added["__typename"] == "AddDynamicPartitionSuccess", added
 
-    def launch(self, job: str, partition: str) -> str:
-        """Launch ``job`` for ``partition`` through GraphQL, as the UI's launchpad does; its run id."""
+    def launch(self, job: str, partition: str | None = None) -> str:
+        """Launch ``job`` (for ``partition``) through GraphQL, as the UI's launchpad does; its run id."""
+        tags = [{"key": "dagster/partition", "value": partition}] if partition else []
         launched = self.gql(
             """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
                  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
-            params={
-                "selector": {**LOCATION, "jobName": job},
-                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
-            },
+            params={"selector": {**self.location, "jobName": job}, "executionMetadata": {"tags": tags}},
         )["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         return launched["run"]["runId"]
@@ -123,6 +130,15 @@ class DagsterDev:
                 return run["runOrError"]["status"]
             time.sleep(1)
         raise TimeoutError(f"run {run_id} did not finish")
+
+    def run_messages(self, run_id: str) -> list[tuple[str, str]]:
+        """(level, message) of every event of the run's log so far, oldest first."""
+        events = self.gql(
+            """query($id: ID!) { logsForRun(runId: $id, limit: 10000) { __typename
+                 ... on EventConnection { events { ... on MessageEvent { level message } } } } }""",
+            id=run_id,
+        )["logsForRun"]["events"]
+        return [(e["level"], e["message"]) for e in events if e]
 
     def tail(self, n: int = 4000) -> str:
         self.log.flush()

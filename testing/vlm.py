@@ -4,7 +4,7 @@ hand, and check what the pipeline makes of it. End-to-end tests use the tiny rea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.frame_check import visual_tokens
@@ -34,24 +34,32 @@ class ScriptedEngine(VlmEngine):
         return "0"
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        out = []
-        for request in requests:
-            self.requests.append(request)
-            sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
-            answer = self.answer(request)
-            if isinstance(answer, Exception):
-                out.append(VlmResponse(request.id, None, image_sizes=sizes, error=str(answer)))
-            else:
-                out.append(
-                    VlmResponse(
-                        request.id,
-                        answer,
-                        prompt_tokens=len(request.prompt.split()) + self._visual_tokens(request),
-                        completion_tokens=len(answer.split()),
-                        image_sizes=sizes,
-                    )
-                )
-        return out
+        return [self._respond(request) for request in requests]
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        """One answer at a time, each written only when the caller asks for the next: what the
+        caller did with the earlier ones (progress, checkpoints) is visible to ``answer``. A test's
+        subclass that scripts ``generate`` itself (an outage, a dropped schema) is streamed
+        through it."""
+        if type(self).generate is not ScriptedEngine.generate:
+            yield from super().stream(requests)
+            return
+        for index, request in enumerate(requests):
+            yield index, self._respond(request)
+
+    def _respond(self, request: VlmRequest) -> VlmResponse:
+        self.requests.append(request)
+        sizes = [model_frame(im.width, im.height, self.config) for im in request.images]
+        answer = self.answer(request)
+        if isinstance(answer, Exception):
+            return VlmResponse(request.id, None, image_sizes=sizes, error=str(answer))
+        return VlmResponse(
+            request.id,
+            answer,
+            prompt_tokens=len(request.prompt.split()) + self._visual_tokens(request),
+            completion_tokens=len(answer.split()),
+            image_sizes=sizes,
+        )
 
     def _visual_tokens(self, request: VlmRequest) -> int:
         if not self.image_tokens:

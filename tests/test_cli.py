@@ -83,3 +83,48 @@ def test_the_sensor_lists_a_release_opened_ahead_of_time(dagster_home):
             result = sensor(context)
     assert [r.run_key for r in result.run_requests] == ["inventory-2027"]
     assert result.dynamic_partitions_requests == []  # already open
+
+
+@pytest.mark.e2e  # six processes at once
+def test_concurrent_setups_of_a_fresh_home_neither_crash_nor_fork_the_schema(tmp_path):
+    """``make demo`` and ``make ui`` (or two ``setup-instance``) started together on a new SQLite
+    home: without a lock one crashed in ``configure_pools`` (``UNIQUE constraint failed:
+    concurrency_limits.concurrency_key``) or in creating the schema (``table run_tags already
+    exists``) in 2 of 3 tries here, and the run storage was left with two Alembic revisions. The
+    race is not deterministic, so three fresh homes are set up by two processes each, all at once."""
+    import sqlite3
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PANELFORGE_PROFILE": "local", "PANELFORGE_GPU_SLOTS": "2"}
+    homes = [tmp_path / f"home{n}" for n in range(3)]
+    procs = [
+        (
+            home,
+            subprocess.Popen(
+                [sys.executable, "-m", "jobs.cli", "setup-instance"],
+                cwd=REPO,
+                env={**env, "DAGSTER_HOME": str(home)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+        for home in homes
+        for _ in range(2)
+    ]
+    for _home, proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "pool gpu: 2" in out
+    for home in homes:
+        databases = sorted(home.rglob("*.db"))
+        assert {db.name for db in databases} >= {"runs.db", "schedules.db"}
+        for db in databases:
+            with sqlite3.connect(db) as conn:
+                revisions = conn.execute("SELECT version_num FROM alembic_version").fetchall()
+            assert len(revisions) == 1, (db, revisions)  # one head: later opens and migrations work
+        assert _pool_limits(home) == {"pmc_source": 1, "ncbi_eutils": 1, "gpu": 2}
+
+
+def _pool_limits(home: Path) -> dict[str, int]:
+    with DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        return {pool.name: pool.limit for pool in instance.event_log_storage.get_pool_limits()}

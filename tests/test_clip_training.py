@@ -10,11 +10,13 @@ import fsspec
 import pytest
 import torch
 
+from pipelines.launch import LaunchInfo
 from pipelines.training.clip import (
     ClipTrainConfig,
     RunLog,
     TrainData,
     export_wise_ft,
+    main,
     subset_data,
     train,
     trainer_args,
@@ -179,6 +181,24 @@ def test_subset_shards_and_samples_come_from_sizes_json(tmp_path):
         "pipe:py -m pipelines.training.clip --cat " + remote + "/panelforge-{000000..000000}.tar",
         5,
     )
+
+
+def test_the_job_config_is_strict_and_takes_the_launch_section_and_main_still_cats(tmp_path, capsysbinary):
+    near = r"unknown CLIP training config keys: \['epocs'\] \('epocs': did you mean 'epochs'\?\)"
+    with pytest.raises(ValueError, match=near):
+        ClipTrainConfig.from_dict({"train_data": ["a"], "run_dir": "r", "epocs": 3})
+    launch = LaunchInfo(run_id="x", run_dir="s3://lake/runs/x", checkpoint_dir="s3://lake/runs/x/ckpt", gpus=4)
+    launched = ClipTrainConfig.from_job({"train_data": ["a"]}, launch)
+    assert (launched.run_dir, launched.checkpoint_dir, launched.gpus) == (
+        "s3://lake/runs/x",
+        "s3://lake/runs/x/ckpt",
+        4,
+    )
+    assert ClipTrainConfig.from_job({"train_data": ["a"], "gpus": 1}, launch).gpus == 1  # the config's own wins
+    shard = tmp_path / "panelforge-000000.tar"  # the pipe: OpenCLIP reads a remote shard through
+    shard.write_bytes(b"shard bytes")
+    assert main(["--cat", str(shard)]) is None
+    assert capsysbinary.readouterr().out == b"shard bytes"
 
 
 def test_wise_ft_interpolates_float_weights_by_hand():

@@ -216,6 +216,20 @@ CHART_SCHEMA = {
                     "properties": {"enabled": _BOOL, "maxRetries": _INT, "retryOnAssetOrOpFailure": _BOOL},
                     "required": ["enabled"],
                 },
+                # rendered into the instance's run_monitoring by the chart's configmap-instance.yaml
+                "runMonitoring": {
+                    "type": "object",
+                    "properties": {
+                        "enabled": _BOOL,
+                        "startTimeoutSeconds": _INT,
+                        "cancelTimeoutSeconds": _INT,
+                        "maxRuntimeSeconds": _INT,
+                        "pollIntervalSeconds": _INT,
+                        "maxResumeRunAttempts": _INT,
+                        "freeSlotsAfterRunEndSeconds": _INT,
+                    },
+                    "required": ["enabled"],
+                },
             },
         },
         "concurrency": {
@@ -297,6 +311,23 @@ def test_helm_concurrency_is_the_cluster_instance_files():
         values["postgresql"]["postgresqlScheme"]
         == load(DEPLOY / "dagster-cluster.yaml")["storage"]["postgres"]["postgres_db"]["scheme"]
     )
+
+
+def test_every_shipped_instance_frees_the_slots_of_dead_runs():
+    """Run monitoring on (the daemon's concurrency-slot sweep runs only then) with a delay after
+    which a finished run's slots are freed: without both, a run killed with -9 keeps the `gpu`
+    pool's slot for ever (test_run_monitoring.py shows the slot coming back)."""
+    for name in ("dagster.yaml", "dagster-cluster.yaml"):
+        monitoring = load(DEPLOY / name)["run_monitoring"]
+        assert monitoring["enabled"] is True, name
+        assert monitoring["free_slots_after_run_end_seconds"] > 0, name
+        assert monitoring["max_resume_run_attempts"] == 0, name  # the default launcher cannot resume runs
+    chart = load(HELM_VALUES)["dagsterDaemon"]["runMonitoring"]
+    cluster = load(DEPLOY / "dagster-cluster.yaml")["run_monitoring"]
+    assert chart["enabled"] is True
+    assert chart["freeSlotsAfterRunEndSeconds"] == cluster["free_slots_after_run_end_seconds"]
+    assert chart["pollIntervalSeconds"] == cluster["poll_interval_seconds"]
+    assert chart["maxResumeRunAttempts"] == 0  # a pod that died is retried as a new run (runRetries)
 
 
 # --- KubeRay ----------------------------------------------------------------------------------

@@ -16,9 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
+from pipelines.launch import LaunchInfo
 from pipelines.panels.coco_eval import coco_map, evaluate_detector
 from pipelines.panels.detector import Classes, Detector, DetectorConfig, build_model
-from pipelines.panels.train import CocoDataset, Output, TrainConfig, batch_indices, collate, load_checkpoint, train
+from pipelines.panels.train import CocoDataset, TrainConfig, batch_indices, collate, load_checkpoint, main, train
 from tests.panel_fixtures import REDUCED, make_coco, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,8 +64,8 @@ def test_a_few_steps_train_checkpoint_reload_and_evaluate(coco, tmp_path):
     assert 0.0 <= report["eval"]["map"] <= report["eval"]["map_50"] <= 1.0
     assert metrics[-1]["kind"] == "eval" and json.loads((out / "report.json").read_text())["steps"] == 4
     # the last two checkpoints are kept; the newest reloads into the exported model's weights
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002.pt", "step-00000004.pt"]
-    state = load_checkpoint(Output(str(out)), str(out / "checkpoints" / "step-00000004.pt"))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
+    state = load_checkpoint(str(out / "checkpoints" / "ckpt-00000004.pt"))
     assert state["step"] == 4 and state["config"]["detector"] == asdict(DETECTOR) and state["optimizer"]["state"]
     model = build_model(DETECTOR)
     model.load_state_dict(state["model"])
@@ -96,16 +97,16 @@ def test_a_killed_job_resumes_at_its_saved_step(coco, tmp_path):
     command = [sys.executable, "-m", "pipelines.panels.train", "--config", str(path)]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoints" / "step-00000003.pt").exists():
+    while not (out / "checkpoints" / "ckpt-00000003.pt").exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    saved = max(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("step-*.pt"))
+    saved = max(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("ckpt-*.pt"))
     assert 3 <= saved < 30 and not (out / "report.json").exists()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = json.loads(done.stdout.strip().splitlines()[-1])["report"]  # printed when not under Pipes
     assert report["resumed_from"] == saved and report["steps"] == 30
     steps = [m["step"] for m in _metrics(out)]
     assert steps == list(range(1, 31))  # lines logged after the checkpoint, before the kill, were redone once
@@ -134,7 +135,26 @@ def test_the_job_reports_through_dagster_pipes(coco, tmp_path):
     assert metadata["steps"].value == 2 and metadata["model"].value == "synthetic-tiny-dab-detr"
     assert 0.0 <= metadata["eval_map"].value <= 1.0
     assert [(m["kind"], m["step"]) for m in messages] == [("train", 1), ("train", 2), ("eval", 2)]
-    assert math.isfinite(messages[0]["loss"]) and messages[-1]["images"] == 4
+    assert math.isfinite(messages[0]["metrics"]["loss"]) and messages[-1]["metrics"]["images"] == 4
+
+
+def test_the_job_refuses_unknown_keys_by_name_and_trains_in_the_launched_run_dir(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"unknown training config keys: \['setps'\] \('setps': did you mean 'steps'\?\)"
+    ):
+        TrainConfig.from_dict({"train_dir": "t", "output_dir": "o", "setps": 5})
+    path = tmp_path / "config.json"  # the launcher's file: its section names the run's folder
+    path.write_text(
+        json.dumps({"train_dir": "t", "setps": 5, "launch": {"run_id": "r", "run_dir": str(tmp_path / "r")}})
+    )
+    with pytest.raises(ValueError, match=r"\['setps'\]"):
+        main(["--config", str(path)])
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+    job = {"train_dir": "t", "detector": {"input_size": 96, "synthetic": True}}
+    launched = TrainConfig.from_job(job, LaunchInfo(run_id="r", run_dir="s3://lake/runs/r"))
+    assert launched.output_dir == "s3://lake/runs/r" and launched.checkpoint_dir == "s3://lake/runs/r/checkpoints"
+    assert launched.detector == DetectorConfig(input_size=96, synthetic=True)
+    assert TrainConfig.from_job({**job, "output_dir": "/mine"}, LaunchInfo(run_dir="/lake")).output_dir == "/mine"
 
 
 def test_targets_are_relative_to_the_visible_image_in_the_models_classes(tmp_path):

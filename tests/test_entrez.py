@@ -135,14 +135,7 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
         {"pmcid": "PMC1", "pmid": None},
         {"pmcid": "PMC2", "pmid": "1"},
     ]
-    full = [
-        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
-        for a in articles
-    ]
-    lake.write_table("articles", "2026", "000", full)
-    (tmp_path / "dh").mkdir()
-    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
-    open_test_release(instance, "2026")
+    instance = _parsed(lake, tmp_path, "2026", "000", articles)
     with EutilsLoopbackServer() as server:
         result = materialize(
             [pubmed_metadata],
@@ -162,6 +155,19 @@ def test_pubmed_asset_joins_by_pmid(lake, tmp_path):
     assert rows["1"]["status"] == "not_found" and rows["1"]["cited_by_count"] == -1  # unknown, not "cited by none"
 
 
+def _parsed(lake, tmp_path, release: str, shard: str, articles: list[dict]) -> DagsterInstance:
+    """``articles`` (pmcid, pmid) as the parse stage writes them, and an instance with the release open."""
+    full = [
+        {**{name: None for name in lake_articles_fields()}, **a, "keywords": [], "subjects": [], "parse_status": "ok"}
+        for a in articles
+    ]
+    lake.write_table("articles", release, shard, full)
+    (tmp_path / "dh").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dh"))
+    open_test_release(instance, release)
+    return instance
+
+
 def lake_articles_fields():
     from pipelines.schemas import ARTICLES
 
@@ -176,3 +182,45 @@ def test_invalid_api_key_raises_without_quoting_the_key(lake):
         with pytest.raises(EntrezUnavailableError, match="rejected the API key") as raised:
             client(server, lake, api_key="s3cr3t-key").pubmed_records(["9997"])
     assert "s3cr3t" not in str(raised.value) and plan.count() == 1
+
+
+def test_the_demo_profile_answers_from_the_recordings_and_never_asks_ncbi(tmp_path, monkeypatch):
+    """`make demo`, `make ui`, then the README's command-line refresh: `pubmed_metadata` ran with
+    the demo profile's resources, which pointed at NCBI itself; offline, every shard failed after
+    about 19 minutes of retries. The demo profile now serves the recorded answers on loopback for
+    every step that uses E-utilities, wherever the step runs. Names other than loopback cannot be
+    resolved here, and every attempt is recorded."""
+    import socket
+
+    from resources.profiles import build_resources
+    from resources.settings import Settings
+
+    asked: list[str] = []
+    resolve = socket.getaddrinfo
+
+    def loopback_only(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            asked.append(host)
+            raise socket.gaierror(f"{host}: no network in this test")
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
+    env = {"PANELFORGE_PROFILE": "demo", "PANELFORGE_HOME": str(tmp_path / "lake"), "PANELFORGE_OUTAGE_RETRIES": "0"}
+    settings = Settings.from_env(env)
+    assert settings.eutils_recorded and settings.eutils_url == "https://eutils.ncbi.nlm.nih.gov/entrez/eutils"
+    resources = build_resources(settings)
+    lake = resources["lake"].lake()
+    articles = [{"pmcid": "PMC5442267", "pmid": "27797938"}, {"pmcid": "PMC2", "pmid": "1"}]
+    instance = _parsed(lake, tmp_path, "2027", "001", articles)
+    result = materialize(
+        [pubmed_metadata],
+        partition_key=MultiPartitionKey({"release": "2027", "shard": "001"}),
+        instance=instance,
+        resources={name: resources[name] for name in ("lake", "eutils", "quality")},
+        raise_on_error=False,
+    )
+    assert asked == [] and result.success
+    rows = {r["pmid"]: r["status"] for r in lake.read_table("pubmed", "2027", "001").to_pylist()}
+    assert rows == {"27797938": "ok", "1": "not_found"}  # 27797938 is in the recordings, 1 is not
+    # with NCBI_EUTILS_URL set, the demo profile uses that server, as every other profile does
+    assert not Settings.from_env({**env, "NCBI_EUTILS_URL": "http://127.0.0.1:9/entrez/eutils"}).eutils_recorded

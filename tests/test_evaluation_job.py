@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from dagster import DagsterInstance
 
 from assets.evaluation import clip_evaluation
+from pipelines.evaluation.job import EvalJobConfig, main
 from pipelines.evaluation.split import make_heldout_split
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
@@ -61,3 +63,16 @@ def test_clip_evaluation_asset_launches_the_job_and_reports(tmp_path):
     errors = {(d, k): reason for d, k, reason in report["errors"]}
     assert errors[("vqa-rad", "4")] == "image not found: synpic999.jpg"
     assert errors[("pathmnist", "*")].startswith("benchmark not loaded:")
+
+
+def test_the_job_refuses_unknown_keys_by_name(tmp_path):
+    # a misspelt key used to be dropped silently: the evaluation then ran its default (1000 resamples)
+    near = r"unknown evaluation config keys: \['n_resample'\] \('n_resample': did you mean 'n_resamples'\?\)"
+    with pytest.raises(ValueError, match=near):
+        EvalJobConfig.from_dict({"lake": "l", "release": "2025", "model": "m", "n_resample": 20})
+    path = tmp_path / "config.json"
+    job = {"lake": str(tmp_path / "lake"), "release": "2025", "model": "m", "basline": "b"}
+    path.write_text(json.dumps({**job, "launch": {"run_id": "r", "run_dir": str(tmp_path / "r")}}))
+    with pytest.raises(ValueError, match=r"\['basline'\] \('basline': did you mean 'baseline'\?\)"):
+        main(["--config", str(path)])
+    assert not (tmp_path / "r").exists() and not (tmp_path / "lake").exists()

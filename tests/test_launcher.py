@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from dagster import AssetExecutionContext, DagsterInstance, MaterializeResult, asset, materialize
 
-from pipelines.launch import checkpoint_step, latest_checkpoint, save_checkpoint
+from pipelines.launch import LaunchInfo, checkpoint_step, latest_checkpoint, prune_checkpoints, save_checkpoint
+from pipelines.launch_selftest import SelftestConfig
 from resources.launcher import JobLauncherResource, LauncherUnavailableError, build_command
 from resources.profiles import build_resources
 from resources.settings import Settings, SettingsError
@@ -207,6 +208,55 @@ def test_latest_checkpoint_ignores_partial_files(tmp_path):
     (tmp_path / "ckpt" / ".ckpt-00000011.pt.abc.tmp").write_bytes(b"partial")  # a killed writer's
     last = latest_checkpoint(folder)
     assert last == f"{folder}/ckpt-00000010.pt" and checkpoint_step(last) == 10
+
+
+def test_prune_keeps_the_newest_whole_checkpoints(tmp_path):
+    folder = str(tmp_path / "ckpt")
+    assert prune_checkpoints(folder, 2) == []  # no folder yet: nothing to do
+    for step in (3, 1, 12, 7):
+        save_checkpoint(folder, step, b"x")
+    (tmp_path / "ckpt" / "notes.txt").write_text("not a checkpoint")
+    assert prune_checkpoints(folder, 0) == []  # 0 keeps every one
+    assert prune_checkpoints(folder, 2) == [f"{folder}/ckpt-00000001.pt", f"{folder}/ckpt-00000003.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "ckpt-00000007.pt",
+        "ckpt-00000012.pt",
+        "notes.txt",
+    ]
+    # a fresh run at step 2 beside an earlier run's step 12: the earlier one is not its to remove
+    save_checkpoint(folder, 2, b"x")
+    assert prune_checkpoints(folder, 1, upto=2) == []
+    assert prune_checkpoints(folder, 1, upto=7) == [f"{folder}/ckpt-00000002.pt"]
+
+
+def test_job_configs_refuse_unknown_keys_by_name_and_take_the_launch_section():
+    with pytest.raises(
+        ValueError, match=r"unknown selftest config keys: \['stpes'\] \('stpes': did you mean 'steps'\?\)"
+    ):
+        SelftestConfig.from_dict({"stpes": 3})
+    with pytest.raises(ValueError, match=r"\['colour', 'stpes'\]"):  # every unknown key, a hint where one is near
+        SelftestConfig.from_dict({"stpes": 3, "colour": "red"})
+    assert SelftestConfig.from_dict({"steps": 3, "sleep_s": 0.5}) == SelftestConfig(steps=3, sleep_s=0.5)
+    # the launcher's section: known keys read, keys of a newer launcher ignored, absent ones defaulted
+    info = LaunchInfo.from_dict({"run_id": "r1", "run_dir": "s3://lake/runs/r1", "gpus": 2, "tmp_dir": "/x"})
+    assert (info.run_id, info.run_dir, info.gpus, info.checkpoint_dir) == ("r1", "s3://lake/runs/r1", 2, None)
+    assert LaunchInfo.from_dict(None) == LaunchInfo() and LaunchInfo().run_id == "manual"
+
+
+def test_an_unknown_key_fails_the_launched_run_with_its_name_in_dagster(tmp_path):
+    with DagsterInstance.ephemeral() as instance:
+        result = _materialize(str(tmp_path / "runs"), {"stpes": 3}, _launcher("subprocess"), instance)
+        assert not result.success
+        records = instance.all_logs(result.run_id)
+    # Pipes hands the job's exception to Dagster as a structured error (shown in the run's UI)
+    errors = [
+        r.dagster_event.engine_event_data.error
+        for r in records
+        if r.dagster_event is not None and r.dagster_event.is_engine_event and r.dagster_event.engine_event_data.error
+    ]
+    assert [e.cls_name for e in errors] == ["ValueError"]
+    assert errors[0].message.startswith("ValueError: unknown selftest config keys: ['stpes']")
+    assert not (_run_dir(tmp_path / "runs") / "checkpoints").exists()  # refused before any step
 
 
 def test_launcher_settings_and_profiles():

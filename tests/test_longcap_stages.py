@@ -198,3 +198,41 @@ def test_long_captions_made_under_the_old_budget_rule_are_not_reused(monkeypatch
     now = stages.LongCapStage(engine).settings_fingerprint()
     monkeypatch.setattr(stages, "LONGCAP_VERSION", "1")
     assert stages.LongCapStage(engine).settings_fingerprint() != now
+
+
+def test_progress_counts_each_figure_as_its_answer_returns(parsed_lake, monkeypatch):
+    """The run log said "0/15 figures (0%)" for minutes: progress advanced only when a whole batch
+    of figures (``figures_per_batch``) was back from the model. Now each answer counts as it
+    returns: when the model is asked about the k-th figure of the batch, k-1 are counted done."""
+    import pipelines.longcap.stages as longcap_stages
+    from pipelines.longcap.prompts import LONGCAP
+    from pipelines.longcap.stages import LongCapSettings, LongCapStage
+    from pipelines.mining.prompts import CANARY_TOKEN
+    from pipelines.stage import Progress
+    from pipelines.vlm.engine import EngineConfig
+    from testing.vlm import ScriptedEngine
+
+    made: list[Progress] = []
+
+    class Watched(Progress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(longcap_stages, "Progress", Watched)
+    seen: list[tuple[int, int]] = []  # (figures counted done, figures asked) when a figure is asked
+
+    def answer(request):
+        if request.schema is not None and "canary" in request.schema.get("properties", {}):
+            return __import__("json").dumps({"canary": CANARY_TOKEN})
+        assert request.schema == LONGCAP.schema
+        seen.append((made[-1].done, len(seen)))
+        return _answer("irrelevant", verdict="NOT_FEASIBLE")
+
+    engine = ScriptedEngine(answer, EngineConfig(model="scripted-progress", synthetic=True))
+    settings = LongCapSettings(tokenizer="tiny", budget=512, context_budget=400, figures_per_batch=64)
+    LongCapStage(engine, settings).run(parsed_lake, Partition(RELEASE, LC_SHARD), progress=[].append)
+    total = made[-1].total
+    assert 2 < total <= settings.figures_per_batch  # one batch holds every figure of the shard
+    assert seen == [(k, k) for k in range(total)]  # before: [(0, 0), (0, 1), ...], all counted at the end
+    assert made[-1].done == total

@@ -13,7 +13,6 @@ stays in ``models/eval/<release>/<run id>/``.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from pipelines import launch
@@ -23,7 +22,7 @@ from pipelines.lake import Lake
 
 
 @dataclass(frozen=True)
-class EvalJobConfig:
+class EvalJobConfig(launch.JobConfig):
     """``share``: record a new held-out split of that share of articles first (None: use the
     release's recorded split); ``limit``: at most this many pairs per retrieval set;
     ``benchmarks``: extra datasets as ``{kind, path, ...options}`` (paths on the job's machine)."""
@@ -44,10 +43,7 @@ class EvalJobConfig:
     synthetic: bool = False
     benchmarks: tuple[dict, ...] = ()
 
-    @classmethod
-    def from_dict(cls, data: dict) -> EvalJobConfig:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+    JOB = "evaluation"
 
 
 def run(config: EvalJobConfig, run_id: str, run_dir: str | None = None) -> dict:
@@ -82,14 +78,13 @@ def run(config: EvalJobConfig, run_id: str, run_dir: str | None = None) -> dict:
     return metadata
 
 
+def launched(config: EvalJobConfig, job: launch.LaunchInfo) -> dict:
+    """The run under the launcher's run id; the report also in its run dir."""
+    return run(config, job.run_id, job.run_dir)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="JSON config (local path or fsspec URL)")
-    args = parser.parse_args(argv)
-    data = launch.load_config(args.config)
-    info = data.pop("launch", {}) or {}
-    with launch.session():
-        return run(EvalJobConfig.from_dict(data), info.get("run_id", "manual"), info.get("run_dir"))
+    return launch.main(EvalJobConfig, launched, argv, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

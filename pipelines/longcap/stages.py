@@ -250,11 +250,13 @@ class LongCapStage(Stage):
                         continue
                     item.image = image
                     ready.append(item)
-                responses = engine.generate([self._request(item) for item in ready])
-                for item, response in zip(ready, responses, strict=True):
-                    rows.append(self._refine(item, response, tokenizer))
-                    item.image = None
-                progress.advance(len(chunk), unreadable=len(chunk) - len(ready))
+                progress.advance(len(chunk) - len(ready), unreadable=len(chunk) - len(ready))
+                refined: dict[int, dict] = {}
+                for index, response in engine.stream([self._request(item) for item in ready]):
+                    refined[index] = self._refine(ready[index], response, tokenizer)
+                    ready[index].image = None
+                    progress.advance()  # a figure is done when its answer is back, not its whole batch
+                rows.extend(refined[index] for index in range(len(ready)))
         rows = [{k: v for k, v in r.items() if k in _COLUMNS} for r in rows]
         lake.write_table(Table.LONG_CAPTIONS, partition.release, partition.shard, rows)
         return self._result(partition, rows, errors, carried, canary, engine, tokenizer)

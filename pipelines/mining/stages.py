@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
@@ -56,7 +56,14 @@ from pipelines.stage import (
     reusable_results,
 )
 from pipelines.vlm.canary import canary_check, require_structured_outputs
-from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse, engine_fingerprint, fingerprint, provenance
+from pipelines.vlm.engine import (
+    VlmEngine,
+    VlmRequest,
+    VlmResponse,
+    engine_fingerprint,
+    fingerprint,
+    provenance,
+)
 from pipelines.vlm.grounding import parse_boxes, parse_json
 
 GPU_POOL = "gpu"
@@ -116,22 +123,30 @@ class MeteredEngine(VlmEngine):
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
         responses = self.engine.generate(requests)
-        m = self.meter
         for request, response in zip(requests, responses, strict=True):
-            owner = m.owner or request.id.split("|", 1)[0]
-            kind = prompts.name_of(request.prompt)
-            m.requests[owner] += 1
-            m.prompt_tokens[owner] += response.prompt_tokens
-            m.completion_tokens[owner] += response.completion_tokens
-            m.seconds[owner] += response.seconds
-            for name, value in (
-                ("requests", 1),
-                ("prompt_tokens", response.prompt_tokens),
-                ("completion_tokens", response.completion_tokens),
-                ("seconds", response.seconds),
-            ):
-                m.by_prompt[kind][name] += value
+            self._count(request, response)
         return responses
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        for index, response in self.engine.stream(requests):
+            self._count(requests[index], response)
+            yield index, response
+
+    def _count(self, request: VlmRequest, response: VlmResponse) -> None:
+        m = self.meter
+        owner = m.owner or request.id.split("|", 1)[0]
+        kind = prompts.name_of(request.prompt)
+        m.requests[owner] += 1
+        m.prompt_tokens[owner] += response.prompt_tokens
+        m.completion_tokens[owner] += response.completion_tokens
+        m.seconds[owner] += response.seconds
+        for name, value in (
+            ("requests", 1),
+            ("prompt_tokens", response.prompt_tokens),
+            ("completion_tokens", response.completion_tokens),
+            ("seconds", response.seconds),
+        ):
+            m.by_prompt[kind][name] += value
 
 
 _EMPTY_PAIR = dict.fromkeys(TABLES[Table.PAIRS].names)

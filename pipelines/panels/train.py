@@ -14,35 +14,36 @@ matching). Classes follow the model's own ``id2label`` (``detector.class_map``):
 checkpoint when fine-tuning it), category 2 (panel_label) -> its glyph class when
 ``detector.labels == 2``, else dropped.
 
-Everything goes to ``output_dir`` (a local path or an fsspec URL):
-``checkpoints/step-NNNNNNNN.pt`` every ``checkpoint_every`` steps and at the end (model,
-optimizer, step, config, RNG state; written atomically, the last ``keep_checkpoints`` kept),
+Everything goes to ``output_dir`` (a local path or an fsspec URL; launched, the run's folder in
+the lake): ``checkpoints/ckpt-NNNNNNNN.pt`` every ``checkpoint_every`` steps and at the end
+(model, optimizer, step, config, RNG state; written atomically and the last ``keep_checkpoints``
+kept, by ``pipelines.launch``),
 ``metrics.jsonl`` (one line per logged step, then the evaluation), ``model/`` (the final
 weights, loadable with ``DetectorConfig(model=<dir>)``) and ``report.json``. With
 ``resume`` (the default) a run continues from its latest checkpoint: the batch order is a
 function of (seed, step) and the RNG state is restored, so a run killed and resumed gives the
 same weights as one never interrupted; metric lines written after that checkpoint are dropped.
 
-When launched by Dagster Pipes (``PipesSubprocessClient`` and friends), logs, metrics and the
-final report go through Pipes; otherwise to the ``logging`` logger.
+The module is a launched job like every other (``pipelines.launch.main``): under Dagster Pipes
+its log lines, one message per logged step (``kind`` train, eval or real) and the final report
+(nested values flattened: ``eval_map``) go to the Dagster run; run by hand they are printed.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
-import logging
 import math
-import re
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from pipelines import launch
 from pipelines.panels.detector import (
     Classes,
     DetectorConfig,
@@ -54,12 +55,9 @@ from pipelines.panels.detector import (
     to_model,
 )
 
-log = logging.getLogger(__name__)
-CHECKPOINT = re.compile(r"step-(\d+)\.pt$")
-
 
 @dataclass
-class TrainConfig:
+class TrainConfig(launch.JobConfig):
     train_dir: str
     output_dir: str
     val_dir: str | None = None
@@ -81,15 +79,17 @@ class TrainConfig:
     real_eval: str | None = None  # boxes.json of hand-boxed real figures (paths relative to its repository root)
     detector: DetectorConfig = field(default_factory=lambda: DetectorConfig(synthetic=True))
 
+    JOB = "training"
+    LAUNCH_FIELDS = {"output_dir": "run_dir"}  # launched: the run's folder in the lake
+
     @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown training config keys: {unknown}")
-        data = dict(data)
-        detector = data.pop("detector", {}) or {}
-        return cls(**data, detector=DetectorConfig(**detector) if isinstance(detector, dict) else detector)
+    def coerce(cls, data: dict[str, Any]) -> dict[str, Any]:
+        detector = data.pop("detector", None) or {}
+        return {**data, "detector": DetectorConfig(**detector) if isinstance(detector, dict) else detector}
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.output_dir.rstrip('/')}/checkpoints"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,17 +182,15 @@ class Output:
 
         self.fs, root = fsspec.core.url_to_fs(str(url))
         self.root = root.rstrip("/")
-        self.fs.makedirs(f"{self.root}/checkpoints", exist_ok=True)
+        self.fs.makedirs(self.root, exist_ok=True)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
     def write_bytes(self, relative: str, data: bytes) -> str:
         """Atomically, as every launched job writes (``pipelines.launch.atomic_write``)."""
-        from pipelines.launch import atomic_write
-
         dest = self.path(relative)
-        atomic_write(self.fs.unstrip_protocol(dest), data)
+        launch.atomic_write(self.fs.unstrip_protocol(dest), data)
         return dest
 
     def read_text(self, relative: str) -> str | None:
@@ -202,13 +200,6 @@ class Output:
         with self.fs.open(path, "rb") as fh:
             return fh.read().decode()
 
-    def checkpoints(self) -> list[tuple[int, str]]:
-        found = []
-        for path in self.fs.ls(self.path("checkpoints"), detail=False):
-            if match := CHECKPOINT.search(str(path)):
-                found.append((int(match.group(1)), str(path)))
-        return sorted(found)
-
     def put_dir(self, local: Path, relative: str) -> str:
         dest = self.path(relative)
         self.fs.makedirs(dest, exist_ok=True)
@@ -217,7 +208,9 @@ class Output:
         return dest
 
 
-def save_checkpoint(out: Output, step: int, model, optimizer, config: TrainConfig, keep: int) -> str:
+def save_checkpoint(step: int, model, optimizer, config: TrainConfig) -> str:
+    """The training state after ``step`` as the launched jobs' checkpoint (atomic, the newest
+    ``config.keep_checkpoints`` kept); its URL."""
     import torch
 
     state = {
@@ -230,17 +223,15 @@ def save_checkpoint(out: Output, step: int, model, optimizer, config: TrainConfi
     }
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    path = out.write_bytes(f"checkpoints/step-{step:08d}.pt", buffer.getvalue())
-    for _, old in out.checkpoints()[:-keep] if keep > 0 else []:
-        out.fs.rm(old)
-    return path
+    url = launch.save_checkpoint(config.checkpoint_dir, step, buffer.getvalue(), "pt")
+    launch.prune_checkpoints(config.checkpoint_dir, config.keep_checkpoints, upto=step)
+    return url
 
 
-def load_checkpoint(out: Output, path: str) -> dict:
+def load_checkpoint(url: str) -> dict:
     import torch
 
-    with out.fs.open(path, "rb") as fh:
-        return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+    return torch.load(io.BytesIO(launch.read_bytes(url)), map_location="cpu", weights_only=False)
 
 
 def export_model(out: Output, model, detector: DetectorConfig) -> str:
@@ -249,61 +240,6 @@ def export_model(out: Output, model, detector: DetectorConfig) -> str:
         model.save_pretrained(tmp)
         (Path(tmp) / "panelforge_detector.json").write_text(json.dumps(asdict(detector), indent=2) + "\n")
         return out.put_dir(Path(tmp), "model")
-
-
-# -- reporting -------------------------------------------------------------------------------
-
-
-class LogReporter:
-    """Without Dagster Pipes: everything to the module logger."""
-
-    def log(self, message: str) -> None:
-        log.info(message)
-
-    def metrics(self, record: dict) -> None:
-        log.info(json.dumps(record))
-
-    def final(self, report: dict) -> None:
-        log.info("final report: %s", json.dumps(report))
-
-
-class PipesReporter:
-    """Through Dagster Pipes: log lines, one custom message per metrics record, and the final
-    report as the asset materialization's metadata."""
-
-    def __init__(self, pipes):
-        self.pipes = pipes
-
-    def log(self, message: str) -> None:
-        self.pipes.log.info(message)
-
-    def metrics(self, record: dict) -> None:
-        self.pipes.report_custom_message(record)
-
-    def final(self, report: dict) -> None:
-        metadata = {}
-        for key, value in report.items():
-            if isinstance(value, dict):
-                metadata.update({f"{key}_{k}": v for k, v in value.items() if isinstance(v, int | float | str)})
-            elif isinstance(value, int | float | str | bool):
-                metadata[key] = value
-        self.pipes.report_asset_materialization(metadata=metadata)
-
-
-@contextlib.contextmanager
-def open_reporter():
-    """A Pipes reporter when ``dagster_pipes`` is importable and this process was launched by
-    Dagster Pipes (its context is in the environment), else a logging one."""
-    try:
-        import dagster_pipes
-    except ImportError:
-        yield LogReporter()
-        return
-    if not dagster_pipes.PipesEnvVarParamsLoader().is_dagster_pipes_process():
-        yield LogReporter()
-        return
-    with dagster_pipes.open_dagster_pipes() as pipes:
-        yield PipesReporter(pipes)
 
 
 # -- the loop --------------------------------------------------------------------------------
@@ -321,11 +257,11 @@ def _metrics_lines(out: Output, upto: int) -> list[str]:
     return keep
 
 
-def train(config: TrainConfig, reporter=None) -> dict:
-    """Train (or resume) and return the final report (also written to ``report.json``)."""
+def train(config: TrainConfig) -> dict:
+    """Train (or resume) and return the final report (also written to ``report.json``); log lines
+    and metrics go through ``pipelines.launch`` (to Dagster when launched by Pipes)."""
     import torch
 
-    reporter = reporter or LogReporter()
     out = Output(config.output_dir)
     det = config.detector
     torch.manual_seed(config.seed)
@@ -343,16 +279,16 @@ def train(config: TrainConfig, reporter=None) -> dict:
     )  # fmt: skip
 
     start, resumed_from = 0, None
-    checkpoints = out.checkpoints() if config.resume else []
-    if checkpoints:
-        state = load_checkpoint(out, checkpoints[-1][1])
+    checkpoint_path = launch.latest_checkpoint(config.checkpoint_dir) if config.resume else None
+    if checkpoint_path is not None:
+        state = load_checkpoint(checkpoint_path)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if device.type == "cuda" and state["rng"]["cuda"]:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         start = resumed_from = int(state["step"])
-        reporter.log(f"resumed from {checkpoints[-1][1]} at step {start}")
+        launch.log(f"resumed from {checkpoint_path} at step {start}")
     metric_lines = _metrics_lines(out, start)
 
     dataset = CocoDataset(config.train_dir, det.input_size, detector_classes(model.config, det))
@@ -365,10 +301,9 @@ def train(config: TrainConfig, reporter=None) -> dict:
         num_workers=config.num_workers,
         generator=torch.Generator().manual_seed(config.seed),  # leaves the global RNG alone
     )
-    reporter.log(f"training {det.model_label} on {len(dataset)} images, steps {start}..{config.steps}, device {device}")
+    launch.log(f"training {det.model_label} on {len(dataset)} images, steps {start}..{config.steps}, device {device}")
     model.train()
     step, last, began = start, {}, time.perf_counter()
-    checkpoint_path = checkpoints[-1][1] if checkpoints else None
     for batch in loader:
         warmup = min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
         for group in optimizer.param_groups:
@@ -397,10 +332,10 @@ def train(config: TrainConfig, reporter=None) -> dict:
         if step % config.log_every == 0 or step == config.steps:
             metric_lines.append(json.dumps(last))
             out.write_bytes("metrics.jsonl", ("\n".join(metric_lines) + "\n").encode())
-            reporter.metrics(last)
+            launch.report_progress(step, {k: v for k, v in last.items() if k not in ("kind", "step")}, "train")
         if step % config.checkpoint_every == 0 or step == config.steps:
-            checkpoint_path = save_checkpoint(out, step, model, optimizer, config, config.keep_checkpoints)
-            reporter.log(f"checkpoint {checkpoint_path}")
+            checkpoint_path = save_checkpoint(step, model, optimizer, config)
+            launch.log(f"checkpoint {checkpoint_path}")
 
     model.eval()
     model_dir = export_model(out, model, det)
@@ -420,12 +355,11 @@ def train(config: TrainConfig, reporter=None) -> dict:
         report["eval"] = evaluate_detector(Detector(det, model=model), config.val_dir, config.eval_batch_size)
         metric_lines.append(json.dumps({"kind": "eval", "step": step, **report["eval"]}))
         out.write_bytes("metrics.jsonl", ("\n".join(metric_lines) + "\n").encode())
-        reporter.metrics({"kind": "eval", "step": step, **report["eval"]})
+        launch.report_progress(step, report["eval"], "eval")
     if config.real_eval:
         report["real"] = evaluate_on_real_figures(Detector(det, model=model), config.real_eval)
-        reporter.metrics({"kind": "real", "step": step, **report["real"]})
+        launch.report_progress(step, report["real"], "real")
     out.write_bytes("report.json", (json.dumps(report, indent=2) + "\n").encode())
-    reporter.final(report)
     return report
 
 
@@ -450,24 +384,16 @@ def evaluate_on_real_figures(detector, boxes_json: str) -> dict:
     return {"figures": len(figures), **recall_precision(results)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="JSON file (local path or fsspec URL) of TrainConfig")
-    args = parser.parse_args(argv)
-    import fsspec
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    with fsspec.open(args.config, "rb") as fh:
-        data = json.load(fh)
-    # launched by the job launcher: its ``launch`` section names the run's folder in the lake
-    launch = data.pop("launch", None)
-    if launch and not data.get("output_dir"):
-        data["output_dir"] = launch["run_dir"]
-    config = TrainConfig.from_dict(data)
-    with open_reporter() as reporter:
-        report = train(config, reporter)
-    print(json.dumps(report))
+def run(config: TrainConfig, job: launch.LaunchInfo) -> dict:
+    """The launched job: train, then the report as the asset's metadata (``report.json`` is
+    ``train``'s own, in the output folder)."""
+    report = train(config)
+    launch.report_final(launch.flat_metadata(report))
     return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return launch.main(TrainConfig, run, argv, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ model's, theta = (1 - alpha) * theta_base + alpha * theta_ft, and exports the re
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -39,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +73,7 @@ START_LINE = re.compile(r"Start epoch (\d+)")
 
 
 @dataclass
-class ClipTrainConfig:
+class ClipTrainConfig(launch.JobConfig):
     """One continual-pretraining run. ``train_data``: WebDataset subset folders (each with
     ``panelforge-NNNNNN.tar`` and ``sizes.json``); more than one is a mixture, sampled with
     ``upsampling_factors`` (OpenCLIP needs ``dataset_resampled`` for that)."""
@@ -117,13 +116,8 @@ class ClipTrainConfig:
     text_pooler: str = "mean_pooler"  # OpenCLIP's hf_pooler_type
     text_proj: str = "mlp"  # OpenCLIP's hf_proj_type
 
-    @classmethod
-    def from_dict(cls, data: dict) -> ClipTrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown CLIP training config keys: {unknown}")
-        return cls(**data)
+    JOB = "CLIP training"
+    LAUNCH_FIELDS = {"run_dir": "run_dir", "checkpoint_dir": "checkpoint_dir", "gpus": "gpus"}
 
     def validate(self) -> None:
         if not self.train_data:
@@ -315,11 +309,7 @@ def copy_checkpoints(local: Path, lake_dir: str, upto: int | None = None, keep_l
         if epoch > have and (upto is None or epoch <= upto):
             copied.append(launch.save_checkpoint(lake_dir, epoch, path.read_bytes(), "pt"))
     if copied and keep_last_only:
-        fs, root = fsspec.core.url_to_fs(lake_dir)
-        for name in fs.ls(root, detail=False):
-            base = name.rstrip("/").rsplit("/", 1)[-1]
-            if launch.CHECKPOINT_RE.match(base) and f"{lake_dir.rstrip('/')}/{base}" != copied[-1]:
-                fs.rm(name)
+        launch.prune_checkpoints(lake_dir, 1, upto=launch.checkpoint_step(copied[-1]))
     return copied
 
 
@@ -526,39 +516,28 @@ def train(config: ClipTrainConfig) -> dict:
     return report
 
 
-def config_from_job(data: dict[str, Any]) -> ClipTrainConfig:
-    """The run's config from the launcher's JSON: the ``launch`` section fills ``run_dir``,
-    ``checkpoint_dir`` and ``gpus`` unless the job config set them."""
-    data = dict(data)
-    job = data.pop("launch", None) or {}
-    for key in ("run_dir", "checkpoint_dir", "gpus"):
-        if key in job and data.get(key) is None:
-            data[key] = job[key]
-    return ClipTrainConfig.from_dict(data)
-
-
 def cat(url: str) -> None:
     """Stream one lake file to stdout: the ``pipe:`` OpenCLIP's WebDataset reads remote shards with."""
     with fsspec.open(url, "rb") as src:
         shutil.copyfileobj(src, sys.stdout.buffer, 1 << 20)
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--config", help="JSON file (local path or fsspec URL) of ClipTrainConfig")
-    group.add_argument("--cat", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.cat:
-        cat(args.cat)
+def run(config: ClipTrainConfig, job: launch.LaunchInfo) -> dict | None:
+    """The launched job: train, then report (rank 0 only: under the launcher's torchrun, rank 0's
+    trainer uses every GPU and the other ranks exit)."""
+    if launch.job_rank() != 0:
         return None
-    config = config_from_job(launch.load_config(args.config))
-    with launch.session():
-        if launch.job_rank() != 0:
-            return None  # under the launcher's torchrun: rank 0's trainer uses every GPU
-        report = train(config)
-        launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
+    report = train(config)
+    launch.report_final(launch.flat_metadata(report), config.run_dir)
     return report
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) == 2 and args[0] == "--cat":  # the pipe: command OpenCLIP reads remote shards with
+        cat(args[1])
+        return None
+    return launch.main(ClipTrainConfig, run, args, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

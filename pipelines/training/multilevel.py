@@ -70,7 +70,7 @@ terms stay per rank (each region against its own negatives).
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import functools
 import io
 import json
@@ -81,7 +81,7 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +146,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class MultilevelConfig:
+class MultilevelConfig(launch.JobConfig):
     """One multi-level run. ``*_data``: WebDataset subsets (release folders or tar brace patterns);
     a level no schedule slot names may stay empty."""
 
@@ -202,18 +202,22 @@ class MultilevelConfig:
     persistent_workers: bool = True
     epoch_steps: int | None = None  # steps per epoch, for curriculum stages given in epochs; None: shares of steps
 
+    JOB = "multi-level training"
+    LAUNCH_FIELDS = {"run_dir": "run_dir", "checkpoint_dir": "checkpoint_dir", "gpus": "gpus"}
+
     @classmethod
-    def from_dict(cls, data: dict) -> MultilevelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown multi-level training config keys: {unknown}")
+    def coerce(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The preset's values under the config's own; schedule slots as lists of levels."""
         preset = data.get("preset")
         if preset is not None and preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
         merged = {**PRESETS.get(preset, {}), **data}
         merged["schedule"] = [[slot] if isinstance(slot, str) else list(slot) for slot in merged.get("schedule", [])]
-        config = cls(**merged)
+        return merged
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MultilevelConfig:
+        config = super().from_dict(data)
         config.loss_weights = {**{k: 0.0 for k in WEIGHT_KEYS}, **config.loss_weights}
         return config
 
@@ -957,16 +961,9 @@ class Trainer:
             torch.save(self.state([p[0] for p in positions], [p[1] for p in positions]), buffer)
             url = launch.save_checkpoint(self.ckpt_dir, self.step, buffer.getvalue(), "pt")
             if self.config.keep_last_checkpoint_only:
-                self._drop_older()
+                launch.prune_checkpoints(self.ckpt_dir, 1, upto=self.step)
         barrier(self.info)
         return url
-
-    def _drop_older(self) -> None:
-        fs, root = fsspec.core.url_to_fs(self.ckpt_dir)
-        for name in fs.ls(root, detail=False):
-            base = name.rstrip("/").rsplit("/", 1)[-1]
-            if launch.CHECKPOINT_RE.match(base) and launch.checkpoint_step(base) < self.step:
-                fs.rm(name)
 
     # -- one step's data
 
@@ -1191,32 +1188,31 @@ def _export(config: MultilevelConfig, trainer: Trainer) -> str:
         return clip.export_wise_ft(config, final, f"{config.run_dir.rstrip('/')}/model")
 
 
-def config_from_job(data: dict[str, Any]) -> MultilevelConfig:
-    """The run's config from the launcher's JSON; ``launch`` fills run_dir, checkpoint_dir, gpus."""
-    data = dict(data)
-    job = data.pop("launch", None) or {}
-    for key in ("run_dir", "checkpoint_dir", "gpus"):
-        if key in job and data.get(key) is None:
-            data[key] = job[key]
-    return MultilevelConfig.from_dict(data)
+@contextlib.contextmanager
+def process_group(config: MultilevelConfig):
+    """torchrun's process group, joined with the trainer's backend before the Pipes session asks
+    for the rank, and left after it closes."""
+    from pipelines.training.distributed import init_from_env, shutdown
+
+    info = init_from_env(config.device)
+    try:
+        yield info
+    finally:
+        shutdown(info)
+
+
+def run(config: MultilevelConfig, job: launch.LaunchInfo) -> dict | None:
+    """Every rank trains; rank 0 alone reports (``pipelines.launch`` is silent on the others)."""
+    from pipelines.training.distributed import init_from_env
+
+    info = init_from_env(config.device)  # joined in process_group already: this rank's place
+    report = train(config, info)
+    launch.report_final(launch.flat_metadata(report), config.run_dir)
+    return report if info.is_main else None
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    """Every rank trains; rank 0 alone reports (``pipelines.launch`` is silent on the others)."""
-    from pipelines.training.distributed import init_from_env, shutdown
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="JSON file (local path or fsspec URL) of MultilevelConfig")
-    args = parser.parse_args(argv)
-    config = config_from_job(launch.load_config(args.config))
-    info = init_from_env(config.device)
-    try:
-        with launch.session():
-            report = train(config, info)
-            launch.report_final({k: v for k, v in report.items() if v is not None}, config.run_dir)
-    finally:
-        shutdown(info)
-    return report if info.is_main else None
+    return launch.main(MultilevelConfig, run, argv, description=__doc__.splitlines()[0], setup=process_group)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
@@ -139,13 +139,23 @@ class VlmResponse:
 
 class VlmEngine:
     """The interface of every backend. ``generate`` returns one response per request, in the
-    request order; ``info`` is the provenance stored with every pair."""
+    request order; ``stream`` yields them as they are ready; ``info`` is the provenance stored
+    with every pair."""
 
     config: EngineConfig
     backend: str = "none"
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
         raise NotImplementedError
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        """``(index in requests, response)`` for every request, as soon as each is ready, in any
+        order: a stage can count a figure done while the rest of its batch is still with the model
+        (the run log's progress line). Backends that finish requests a few at a time (a batch of
+        ``batch_size``, one HTTP call) override it; this default answers once all are done.
+        An outage raises :class:`VlmOutage` as ``generate`` does; what was yielded before stands.
+        A subclass that changes what ``generate`` sends must change ``stream`` the same way."""
+        yield from enumerate(self.generate(requests))
 
     def backend_version(self) -> str:
         raise NotImplementedError
@@ -174,6 +184,18 @@ class VlmEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def in_order(responses: Iterable[tuple[int, VlmResponse]], n: int) -> list[VlmResponse]:
+    """The responses of ``stream`` for ``n`` requests, in the request order: ``generate`` of a
+    backend that implements ``stream``."""
+    ordered: list[VlmResponse | None] = [None] * n
+    for index, response in responses:
+        ordered[index] = response
+    missing = [i for i, r in enumerate(ordered) if r is None]
+    if missing:
+        raise RuntimeError(f"the engine answered {n - len(missing)} of {n} requests (none for {missing[:5]})")
+    return ordered  # type: ignore[return-value]
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -32,7 +32,7 @@ from transformers.utils import logging as hf_logging
 
 from pipelines.concepts.dinov2 import from_pretrained_offline_first
 from pipelines.stage import StageInputError
-from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse, in_order
 from pipelines.vlm.grounding import smart_resize
 from pipelines.vlm.structured import JsonSchemaLogitsProcessor, SchemaError, compile_schema, ll_tokenizer
 from pipelines.vlm.tiny import is_synthetic
@@ -212,19 +212,21 @@ class TransformersEngine(VlmEngine):
             torch.cuda.empty_cache()
 
     def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        responses: list[VlmResponse | None] = [None] * len(requests)
+        return in_order(self.stream(requests), len(requests))
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        """Refused requests first, then each batch of ``batch_size`` as ``generate`` finishes it."""
         good: list[_Prepared] = []
         for index, request in enumerate(requests):
             prepared = self._prepare(index, request)
             if isinstance(prepared, VlmResponse):
-                responses[index] = prepared
+                yield index, prepared
             else:
                 good.append(prepared)
         for start in range(0, len(good), self.batch_size):
             batch = good[start : start + self.batch_size]
             for item, response in zip(batch, self._run_batch(batch), strict=True):
-                responses[item.index] = response
-        return responses  # type: ignore[return-value]
+                yield item.index, response
 
     def _prepare(self, index: int, request: VlmRequest) -> _Prepared | VlmResponse:
         """Everything that can fail for one request alone fails here, before it joins a batch."""

@@ -47,15 +47,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import requests
 from PIL import Image
 
 from pipelines.acquire.deadline import DeadlineExceeded, DeadlineSession
 from pipelines.acquire.retry import PermanentError, RetryPolicy, TransientError
-from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest, VlmResponse
+from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest, VlmResponse, in_order
 from pipelines.vlm.frame_check import FrameResult, require_frame
 from pipelines.vlm.grounding import model_frame
 
@@ -268,24 +268,45 @@ class OpenAIEngine(VlmEngine):
         """One response per request, in order; raises :class:`VlmOutage` if the server is down
         (after the retries), in which case no response is returned at all. The first call checks
         the server's frame first (``StageInputError`` on a mismatch)."""
+        return in_order(self.stream(requests), len(requests))
+
+    def stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
+        """Each response as its request completes, after the frame check of the first call. When
+        the server is down (after the retries) the requests not answered yet are cancelled, the
+        running ones stop at their next attempt (nothing is left in flight), and
+        :class:`VlmOutage` is raised."""
         if requests and self.check_frame and self.frame is None:
             with self._frame_lock:
                 if self.frame is None:  # an outage leaves it unchecked: the next call tries again
                     self.frame = require_frame(self.config, self._generate, self.base_url)
                     log.info("frame check passed: %s", self.frame.reason)
-        return self._generate(requests)
+        yield from self._stream(requests)
 
     def _generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
+        """``generate`` without the frame check (the check's own requests)."""
+        return in_order(self._stream(requests), len(requests))
+
+    def _stream(self, requests: Sequence[VlmRequest]) -> Iterator[tuple[int, VlmResponse]]:
         outage = threading.Event()
-        futures: list[Future[VlmResponse]] = [self._pool.submit(self._one, r, outage) for r in requests]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        if outage.is_set():
-            for future in futures:
+        futures: dict[Future[VlmResponse], int] = {
+            self._pool.submit(self._one, r, outage): i for i, r in enumerate(requests)
+        }
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                failures = [f.exception() for f in done if f.exception() is not None]
+                if failures or outage.is_set():
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)
+                    failures += [f.exception() for f in pending if not f.cancelled() and f.exception() is not None]
+                    raise next((e for e in failures if not isinstance(e, _AbandonedError)), failures[0])
+                for future in done:
+                    yield futures[future], future.result()
+        finally:
+            for future in pending:  # a caller that stops early leaves nothing queued
                 future.cancel()
-            wait(futures)  # the running ones stop at their next attempt: nothing is left in flight
-            failures = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
-            raise next((e for e in failures if not isinstance(e, _AbandonedError)), failures[0])
-        return [future.result() for future in futures]
 
     # ---- provenance ------------------------------------------------------------------------
     def _get_json(self, path: str) -> dict | None:
