@@ -7,7 +7,7 @@ DEMO_ENV := PANELFORGE_PROFILE=demo DAGSTER_HOME=$(CURDIR)/.demo/dagster_home HF
 BENCH_ENV := HF_HUB_OFFLINE=1
 PORT ?= 3000
 
-.PHONY: install demo test ui screenshots lint format bench bench-report clean
+.PHONY: install demo test ui screenshots lint format bench bench-report gpu-check clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 11), "Python 3.11+ is required"'
@@ -58,9 +58,16 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.longcap
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.serialization
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.training
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.dinov2_pad
 	$(BIN)/python -m benchmarks.report
 
 bench-report: $(STAMP)
+	$(BIN)/python -m benchmarks.report
+
+# On a GPU machine without network: every production architecture at real size, random weights
+# (DINOv2-L, the DC5 DAB-DETR, Qwen2.5-VL-3B/7B, ViT-L-14 training) -> benchmarks/results/gpu_*.json
+gpu-check: $(STAMP)
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.gpu_check
 	$(BIN)/python -m benchmarks.report
 
 clean:

@@ -50,7 +50,7 @@ def figure_embeddings(
     ray: RayResource,
     quality: QualityResource,
 ) -> MaterializeResult:
-    config = models.dinov2_config()
+    config = models.dinov2_config(check=True)
     if config.synthetic:
         context.log.info("embedding with a tiny RANDOM DINOv2 (synthetic): vectors are marked synthetic=True")
     stage = EmbedStage(config, ray.batch_size, ray.actors, ray.gpus_per_actor, ray.address, dict(ray.actor_resources))

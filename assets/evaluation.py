@@ -2,11 +2,15 @@
 
 from typing import Any
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
 from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
+from assets.synthetic import synthetic_models, synthetic_settings
+from pipelines.evaluation.split import heldout_path
+from pipelines.training.clip import COMMONPOOL, check_weights
+from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
@@ -20,10 +24,11 @@ class EvaluationSettings(Config):
     for comparison; ``share``: record a new article-disjoint held-out split of that share first
     (0: use the release's recorded split); ``benchmarks``: extra datasets, each
     ``{kind: vqa-rad | slake | medmnist | hf | image-folder | manifest, path: ..., <options>}``
-    (paths as the job's machine sees them)."""
+    (paths as the job's machine sees them). In the synthetic profile a model left at its default
+    is the tiny local one the training assets use (its numbers are marked synthetic)."""
 
     model: str = "ViT-L-14"
-    pretrained: str = "commonpool_xl_s13b_b90k"
+    pretrained: str = COMMONPOOL
     baseline: str = ""
     baseline_pretrained: str = ""
     license_group: str = "commercial"
@@ -53,6 +58,21 @@ def clip_evaluation(
     launcher: JobLauncherResource,
 ) -> MaterializeResult:
     lk = lake.lake()
+    if models.synthetic:
+        model, _ = synthetic_models(lk.path("models", "synthetic"))
+        config = synthetic_settings(config, {"model": model, "pretrained": ""})
+    if not config.share and not lk.exists(heldout_path(lk, context.partition_key)):
+        raise Failure(
+            f"no held-out split recorded for release {context.partition_key}: set share (e.g. 0.1) to record one",
+            allow_retries=False,
+        )
+    if launcher.backend == "subprocess":
+        try:
+            for model, pretrained in ((config.model, config.pretrained), (config.baseline, config.baseline_pretrained)):
+                if model:
+                    check_weights(model, pretrained)
+        except (ModelUnavailableError, ValueError) as exc:
+            raise Failure(str(exc), allow_retries=False) from None
     job = {
         "lake": lk.url,
         "release": context.partition_key,
@@ -70,5 +90,8 @@ def clip_evaluation(
         "synthetic": models.synthetic,
         "benchmarks": config.benchmarks,
     }
-    result = launcher.run(context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"))
+    result = launcher.run(
+        context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"), tmp_url=lk.job_tmp_dir()
+    )
+    result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()

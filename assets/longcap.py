@@ -1,27 +1,26 @@
 """Long captions (BIOMEDICA-LongCAP) and region hard negatives (RegionMed-CLIP)."""
 
-from pathlib import Path
-
-from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
+from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, Failure, MaterializeResult, asset
 
 from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage, shard_check
-from pipelines.longcap import negatives
+from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION
 from pipelines.longcap.prompts import PROMPT_VERSION
 from pipelines.longcap.stages import (
     FEASIBILITY,
     GAINED_CONTEXT,
     GUARD_REJECTIONS,
     LONGCAP_CANARY,
+    LONGCAP_VERSION,
     NEGATIVES_DIFFER,
     LongCapSettings,
     LongCapStage,
     NegativesStage,
 )
-from pipelines.vlm.engine import fingerprint
+from pipelines.longcap.tokens import TokenizerUnavailableError, load_tokenizer
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -42,7 +41,7 @@ class NegativesSettings(Config):
     deps=[pairs],
     group_name=LONG_CAPTIONS,
     kinds={"parquet"},
-    code_version=fingerprint(Path(negatives.__file__).read_text()),  # the rules and the prompt
+    code_version=f"{RULES_VERSION}-{NEGATIVES_PROMPT_VERSION}",  # the rules' and the prompt's versions
     backfill_policy=BackfillPolicy.multi_run(1),
     description=NegativesStage.__doc__,
     check_specs=[
@@ -80,7 +79,7 @@ class LongCapRunSettings(Config):
     group_name=LONG_CAPTIONS,
     kinds={"parquet", "vllm"},
     pool="gpu",
-    code_version=PROMPT_VERSION,
+    code_version=f"{LONGCAP_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),
     description=LongCapStage.__doc__,
     check_specs=[
@@ -118,6 +117,10 @@ def long_captions(
         context_budget=config.context_budget,
         figures_per_batch=config.figures_per_batch,
     )
+    try:  # before the VLM starts: a tokenizer that is not at hand fails now, in one line
+        load_tokenizer(models.text_tokenizer, models.text_context)
+    except TokenizerUnavailableError as exc:
+        raise Failure(str(exc), allow_retries=False) from None
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
         return run_stage(context, stage, lk, quality.max_error_rate, outage_of(vlm))

@@ -1,7 +1,8 @@
 """Panel2Patch mining: figure, panel and region image–text pairs from a vision-language model.
 
-The asset's code version is the prompts' version: a changed prompt shows the asset as changed
-in the UI, and a rerun mines again only the figures a change affects (the stage reuses every
+The asset's code version is the mining logic's version and the prompts' version: a changed
+prompt or logic shows the asset as changed in the UI, and a rerun mines again only the figures a
+change affects (the stage reuses every
 figure whose engine, prompts, settings and inputs are unchanged). Its data version is a hash
 of those fingerprints, so downstream assets go stale only when the pairs can have changed.
 """
@@ -19,6 +20,7 @@ from pipelines.mining.stages import (
     CANARY,
     EXTRACTIVE,
     GPU_POOL,
+    MINING_VERSION,
     PARSE_FAILURES,
     MiningSettings,
     MiningStage,
@@ -51,7 +53,7 @@ class MiningRunSettings(Config):
     group_name=MINING,
     kinds={"parquet", "ray", "vllm"},
     pool=GPU_POOL,
-    code_version=PROMPT_VERSION,
+    code_version=f"{MINING_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),
     description=MiningStage.__doc__,
     check_specs=[

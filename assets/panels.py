@@ -20,6 +20,7 @@ from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.synthetic import synthetic_settings
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
@@ -121,6 +122,10 @@ def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: Qua
     return run_stage(context, PanelCropsStage(), lake.lake(), quality.max_error_rate)
 
 
+SYNTHETIC_TRAINING_SET = {"figures": 32}
+SYNTHETIC_DETECTOR_TRAINING = {"steps": 10, "batch_size": 2, "checkpoint_every": 5}
+
+
 class TrainingSetSettings(Config):
     figures: int = 2000
     seed: int = 0
@@ -136,8 +141,10 @@ class TrainingSetSettings(Config):
     description=SyntheticSetStage.__doc__,
 )
 def panel_training_set(
-    context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource
+    context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource, models: ModelsResource
 ) -> MaterializeResult:
+    if models.synthetic:  # the demo: a set a few CPU steps can train on
+        config = synthetic_settings(config, SYNTHETIC_TRAINING_SET)
     stage = SyntheticSetStage(config.figures, config.seed, config.val_share, config.commercial_only)
     return run_stage(context, stage, lake.lake())
 
@@ -173,6 +180,8 @@ def panel_detector(
 ) -> MaterializeResult:
     lk = lake.lake()
     release = context.partition_key
+    if models.synthetic:  # the demo: the tiny random detector, a few CPU steps
+        config = synthetic_settings(config, SYNTHETIC_DETECTOR_TRAINING)
     try:
         dataset = latest_training_set(lk, release, config.training_set_version)
     except StageInputError as exc:
@@ -191,5 +200,7 @@ def panel_detector(
     }
     if detector.synthetic:
         context.log.info("training a tiny RANDOMLY initialised DAB-DETR (synthetic): its numbers are no quality claim")
-    result = launcher.run(context, "pipelines.panels.train", job, lk.path("models", "panels", "runs"))
+    result = launcher.run(
+        context, "pipelines.panels.train", job, lk.path("models", "panels", "runs"), tmp_url=lk.job_tmp_dir()
+    )
     return result.get_materialize_result()

@@ -1,5 +1,12 @@
 """Training assets: models trained on the release, each launched as an external GPU job through
-the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
+the ``launcher`` resource (a subprocess here, a Ray job or a Kubernetes job on a cluster).
+
+In the synthetic profile (``make demo``, ``make ui``) the models are the tiny local ones the tests
+use (``pipelines/training/tiny.py``, built once in the lake, marked synthetic), trained for a few
+CPU steps: every setting left at its production default takes its demo value
+(``assets/synthetic.py``), so the assets can be clicked in the demo's UI and finish in seconds;
+their numbers are marked synthetic and are no quality claim.
+"""
 
 import json
 
@@ -8,10 +15,21 @@ from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, a
 from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
+from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.panels.stages import GPU_POOL
 from pipelines.release.webdataset import dataset_dir, missing_subsets
-from pipelines.training.clip import LONGCLIP_CONTEXTS, RECIPE_EPOCHS, ClipTrainConfig, longclip_config
+from pipelines.training.clip import (
+    LONGCLIP_CONTEXTS,
+    RECIPE_EPOCHS,
+    ClipTrainConfig,
+    check_memory,
+    check_weights,
+    longclip_config,
+)
+from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
+from pipelines.weights import ModelUnavailableError
+from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 
@@ -20,7 +38,14 @@ MULTILEVEL_MODULE = "pipelines.training.multilevel"
 _BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
 LONGCLIP = "bmc-longclip"
 LONGCLIP_SUBSETS = ["commercial", "longcap-commercial"]  # figure-level + long-caption (BMC-LongCLIP+)
-TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device")
+TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device",
+                "grad_checkpointing")  # fmt: skip
+# The synthetic profile's sizes: a few CPU steps of the tiny models (each applied to a setting
+# left at its production default)
+SYNTHETIC_CLIP = {"batch_size": 8, "accum_freq": 1, "epochs": 1, "warmup": 1, "workers": 1, "device": "cpu",
+                  "log_every_n_steps": 1}  # fmt: skip
+SYNTHETIC_MULTILEVEL = {"steps": 4, "batch_size": 4, "warmup": 1, "device": "cpu", "log_every": 1,
+                        "checkpoint_every": 2}  # fmt: skip
 
 
 class ClipTrainingSettings(Config):
@@ -52,6 +77,10 @@ class ClipTrainingSettings(Config):
     seed: int = 0
     text_model: str = ""  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
     context_length: int = 512  # with a Hugging Face text tower only
+    grad_checkpointing: bool = _BIOMEDICA.grad_checkpointing
+    # the memory of the job's GPUs (an H100's 80 GB; 141 for an H200): the batch is checked against it
+    # before launch and again by the job (pipelines/training/memory.py); 0: no check
+    gpu_memory_gb: float = 80.0
 
 
 def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -73,7 +102,7 @@ def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
     }
     if config.text_model:
         job.update(text_model=config.text_model, context_length=config.context_length)
-    return job
+    return job | {"gpu_memory_gb": config.gpu_memory_gb}
 
 
 def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -99,6 +128,7 @@ def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
         **{k: getattr(recipe, k) for k in keys},
         "log_every_n_steps": config.log_every_n_steps,
         "seed": config.seed,
+        "gpu_memory_gb": config.gpu_memory_gb,
     }
 
 
@@ -117,6 +147,7 @@ def clip_continual_pretraining(
     config: ClipTrainingSettings,
     lake: LakeResource,
     launcher: JobLauncherResource,
+    models: ModelsResource,
 ) -> MaterializeResult:
     lk = lake.lake()
     release = context.partition_key
@@ -128,9 +159,41 @@ def clip_continual_pretraining(
     if missing:
         raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    if models.synthetic:
+        config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
+        context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
-    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")))
+    check_clip_job(job, config, launcher)
+    result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
+    result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()
+
+
+def synthetic_clip_settings(config: ClipTrainingSettings, models_dir: str) -> ClipTrainingSettings:
+    """The demo's run: the tiny models (a tiny ModernBERT as bmc-longclip's text tower) and
+    :data:`SYNTHETIC_CLIP`'s sizes, for every setting left at its default."""
+    model, text_model = synthetic_models(models_dir)
+    sizes = {**SYNTHETIC_CLIP, "model": model, "pretrained": ""}
+    if config.recipe == LONGCLIP:
+        sizes["text_model"] = text_model
+    return synthetic_settings(config, sizes)
+
+
+def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLauncherResource) -> None:
+    """Before launching: the weights are where the settings say (on this machine when the job runs
+    here) and the per-GPU batch fits ``gpu_memory_gb``; each failure is one line naming the setting."""
+    run = ClipTrainConfig.from_dict({**job, "run_dir": "-", "gpus": max(launcher.gpus, 1)})
+    try:
+        if launcher.backend == "subprocess":
+            check_weights(run.model, run.pretrained)
+        if run.gpu_memory_gb and run.device.startswith("cuda"):
+            check_memory(run, run.gpu_memory_gb * GB)
+    except ModelUnavailableError as exc:
+        raise Failure(str(exc), allow_retries=False) from None
+    except ValueError as exc:
+        raise Failure(f"clip_continual_pretraining: {exc}", allow_retries=False) from None
+    except OSError:
+        pass  # a text tower's config that is not at hand here: the job checks on its own machine
 
 
 class MultilevelTrainingSettings(Config):
@@ -141,8 +204,9 @@ class MultilevelTrainingSettings(Config):
 
     preset: str = "zoom-in"
     license_group: str = "commercial"
-    model: str = "ViT-L-14"
-    pretrained: str = ""
+    model: str | None = None  # None: the preset's (ViT-L-14)
+    pretrained: str | None = None  # None: the preset's (zoom-in: BMC-CLIP; region-aware: CommonPool)
+    allow_random_init: bool = False  # train from random weights (refused otherwise)
     steps: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -162,9 +226,10 @@ def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, st
     here so a typo fails the asset at once instead of on a GPU machine."""
     if config.preset not in PRESETS:
         raise Failure(f"preset must be one of {sorted(PRESETS)}, got {config.preset!r}", allow_retries=False)
-    job = {"preset": config.preset, "model": config.model, "pretrained": config.pretrained, "seed": config.seed}
+    job = {"preset": config.preset, "seed": config.seed, "allow_random_init": config.allow_random_init}
     job |= {f"{level}_data": [d] for level, d in subset_dirs.items()}
-    optional = ("steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device", "precision")
+    optional = ("model", "pretrained", "steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device",
+                "precision")  # fmt: skip
     job |= {k: getattr(config, k) for k in (*optional, "checkpoint_every", "log_every", "wise_ft_alpha")
             if getattr(config, k) is not None}  # fmt: skip
     try:
@@ -190,6 +255,7 @@ def multilevel_training(
     config: MultilevelTrainingSettings,
     lake: LakeResource,
     launcher: JobLauncherResource,
+    models: ModelsResource,
 ) -> MaterializeResult:
     lk = lake.lake()
     release, group = context.partition_key, config.license_group
@@ -199,6 +265,19 @@ def multilevel_training(
     if missing:
         raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
+    if models.synthetic:
+        model, _ = synthetic_models(lk.path("models", "synthetic"))
+        config = synthetic_settings(config, {**SYNTHETIC_MULTILEVEL, "model": model, "pretrained": ""})
+        context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.steps} CPU steps")
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
-    result = launcher.run(context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")))
+    if launcher.backend == "subprocess":
+        run = MultilevelConfig.from_dict({**job, "run_dir": "-"})
+        try:
+            check_weights(run.model, run.pretrained)
+        except (ModelUnavailableError, ValueError) as exc:
+            raise Failure(str(exc), allow_retries=False) from None
+    result = launcher.run(
+        context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")), tmp_url=lk.job_tmp_dir()
+    )
+    result.metadata["synthetic"] = models.synthetic
     return result.get_materialize_result()

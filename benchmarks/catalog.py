@@ -545,6 +545,47 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "dinov2_pad",
+        "DINOv2: centre crop against padding to a square",
+        (Run(_cmd("dinov2_pad"), "dinov2_pad.json"),),
+        rows=(
+            Row("figures of the sample measured", "figures"),
+            Row("share of the area the crop keeps, figures 2:1 or longer", "crop_keeps_area/elongated (>= 2)"),
+            Row("share of the area the crop keeps, all figures", "crop_keeps_area/all"),
+        ),
+        tables=(
+            Table(
+                "Clustering with each preprocessing (encoders with random weights)",
+                "models",
+                "encoder",
+                (
+                    Col("agreement of crop and pad clusters (ARI)", "cluster_agreement_ari"),
+                    Col("5 nearest neighbours shared", "knn5_overlap/all"),
+                    Col("clusters follow aspect, crop (NMI)", "clusters_follow_aspect_nmi/crop"),
+                    Col("clusters follow aspect, pad (NMI)", "clusters_follow_aspect_nmi/pad"),
+                ),
+                label="model",
+            ),
+        ),
+    ),
+    Benchmark(
+        "gpu_check",
+        "GPU check: the production architectures at real size (make gpu-check)",
+        (Run(_cmd("gpu_check"), "gpu_*.json"),),
+        gpu=True,
+        rows=(
+            Row("device", "device"),
+            Row("DINOv2-L images/s", "images_per_second", optional=True),
+            Row("DAB-DETR DC5 figures/s", "figures_per_second", optional=True),
+            Row("Qwen2.5-VL new tokens/s", "new_tokens_per_second", optional=True),
+            Row("ViT-L-14 training samples/s", "samples_per_second", optional=True),
+            Row("ViT-L-14 per-GPU batch (the largest the estimate fits)", "batch_per_gpu", optional=True),
+            Row("estimated GB at that batch", "estimate_gb", optional=True),
+            Row("peak GPU memory (GB)", "memory/peak_allocated_gb"),
+            Row("mean GPU utilisation (%)", "gpu_utilisation/mean_percent"),
+        ),
+    ),
+    Benchmark(
         "training",
         "Training throughput",
         (Run(_cmd("training"), "training.json"),),

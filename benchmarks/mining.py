@@ -51,7 +51,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.record import write_results
@@ -63,6 +63,7 @@ from pipelines.schemas import Table
 from pipelines.stage import Partition
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame
+from pipelines.vlm.metering import MeteredEngine
 
 RESULTS = Path(__file__).parent / "results" / "mining.json"
 MARKDOWN = Path(__file__).parent / "results" / "mining.md"
@@ -105,44 +106,34 @@ class Record:
     system: str | None
 
 
-@dataclass
-class Recorder(VlmEngine):
-    """Delegates to an engine and keeps one ``Record`` per request (the stage's own counters are
-    per figure and per prompt totals; percentiles per request need each one)."""
+class Recorder(MeteredEngine):
+    """The stage's own metering (``pipelines.vlm.metering``), keeping one ``Record`` per request
+    too (the stage's counters are per figure and per prompt totals; percentiles per request
+    need each one). The first ``keep`` mining requests are kept whole, to be replayed at another
+    batch size."""
 
-    engine: VlmEngine
-    records: list[Record] = field(default_factory=list)
-    keep: int = 0  # the first ``keep`` mining requests are kept whole, to be replayed at another batch size
-    kept: list[VlmRequest] = field(default_factory=list)
+    def __init__(self, engine: VlmEngine, keep: int = 0):
+        super().__init__(engine)
+        self.records: list[Record] = []
+        self.keep, self.kept = keep, []
 
-    def __post_init__(self) -> None:
-        self.config, self.backend = self.engine.config, self.engine.backend
-
-    def backend_version(self) -> str:
-        return self.engine.backend_version()
-
-    def info(self) -> dict:
-        return self.engine.info()
-
-    def generate(self, requests: Sequence[VlmRequest]) -> list[VlmResponse]:
-        responses = self.engine.generate(requests)
-        for request, response in zip(requests, responses, strict=True):
-            if len(self.kept) < self.keep and prompts.name_of(request.prompt) != "canary":
-                self.kept.append(request)
-            self.records.append(
-                Record(
-                    figure=request.id.split("|", 1)[0] if "|" in request.id else "?",
-                    prompt=prompts.name_of(request.prompt),
-                    prompt_tokens=response.prompt_tokens,
-                    completion_tokens=response.completion_tokens,
-                    seconds=response.seconds,
-                    image_sizes=[image.size for image in request.images],
-                    frames=list(response.image_sizes),
-                    text=request.prompt,
-                    system=request.system,
-                )
+    def record(self, request: VlmRequest, response: VlmResponse) -> None:
+        super().record(request, response)
+        if len(self.kept) < self.keep and request.prompt_name != "canary":
+            self.kept.append(request)
+        self.records.append(
+            Record(
+                figure=request.id.split("|", 1)[0] if "|" in request.id else "?",
+                prompt=request.prompt_name or "other",
+                prompt_tokens=response.prompt_tokens,
+                completion_tokens=response.completion_tokens,
+                seconds=response.seconds,
+                image_sizes=[image.size for image in request.images],
+                frames=list(response.image_sizes),
+                text=request.prompt,
+                system=request.system,
             )
-        return responses
+        )
 
 
 def summary(values: Sequence[float], digits: int = 2) -> dict:
@@ -332,11 +323,11 @@ def unfiltered_requests(lake: Lake, shards: Sequence[str], settings: MiningSetti
     """Requests of the pre-filtered prompts with no pre-filter: SoM views for every figure image;
     one region request per panel (the figure itself when it has fewer than two) of every figure
     whose concept passes the gate and that has a caption."""
-    from pipelines.mining.stages import _items
+    from pipelines.mining.mine import figure_items
 
     som = regions = 0
     for shard in shards:
-        for item in _items(lake, RELEASE, shard):
+        for item in figure_items(lake, RELEASE, shard):
             som += settings.som_views
             if item["caption"] and gate(item["concept"], settings.region_concepts):
                 panels = len(item["panels"])

@@ -207,6 +207,7 @@ def multilevel(args, data: dict[str, str], model: str, run: Path, workers: int) 
         "figure_data": [data["figure"]], "region_data": [data["region"]], "batch_size": args.batch_size,
         "steps": 2 * args.steps + args.warmup_steps + 2, "warmup": 1, "curriculum": [], "resume": False,
         "region_features": args.region_features, "precision": args.precision, "workers": workers,
+        "pretrained": "", "allow_random_init": True,  # throughput only: random weights, said so
     })  # fmt: skip
     config.validate()
     trainer = Trainer(config)

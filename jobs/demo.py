@@ -1,8 +1,9 @@
 """``make demo``: run every asset on the bundled sample release, offline.
 
 Packages ``sample/`` into the PMC Cloud layout, serves it from a loopback S3-compatible
-server (started and stopped here), materializes the inventory of release ``2026`` and the
-raw articles of every shard into ``PANELFORGE_HOME`` (``./data``), then prints what it made.
+server (started and stopped here), materializes every asset of release ``2026`` into
+``PANELFORGE_HOME`` (``./data``): acquisition to the WebDataset release, then the launched
+training and evaluation jobs on the tiny local models (marked synthetic), and prints what it made.
 Runs are recorded in ``.demo/dagster_home`` so ``make ui`` shows them.
 """
 
@@ -20,6 +21,7 @@ from dagster import BetaWarning
 DEMO_RELEASE = "2026"
 # 157 sample images: a handful of clusters a person can review (production: k = 2000)
 DEMO_CONCEPT_MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}
+DEMO_HELDOUT_SHARE = 0.2  # of the 38 articles, held out for clip_evaluation
 
 
 def main() -> int:
@@ -148,6 +150,20 @@ def main() -> int:
                     return 1
             print(f"  materialized {asset_def.key.path[-1]} (every shard)")
         upload = {"ops": {"hf_upload": {"config": {"dry_run": True}}}, **quiet}
+        from assets.evaluation import clip_evaluation
+        from assets.panels import panel_detector, panel_training_set
+        from assets.training import clip_continual_pretraining, multilevel_training
+
+        # the launched jobs, on the tiny local models at demo sizes (the synthetic profile's,
+        # assets/synthetic.py); the evaluation records the release's held-out split first
+        TRAINING_ASSETS = (  # noqa: N806
+            panel_training_set,
+            panel_detector,
+            clip_continual_pretraining,
+            multilevel_training,
+            clip_evaluation,
+        )
+        evaluation = {"ops": {"clip_evaluation": {"config": {"share": DEMO_HELDOUT_SHARE}}}, **quiet}
         for asset_def in (*RELEASE_ASSETS, hf_upload):
             result = materialize(
                 [asset_def],
@@ -160,6 +176,19 @@ def main() -> int:
                 f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]"
                 + (" (dry run)" if asset_def is hf_upload else "")
             )
+            if not result.success:
+                return 1
+        for asset_def in TRAINING_ASSETS:
+            step = time.time()
+            result = materialize(
+                [asset_def],
+                partition_key=DEMO_RELEASE,
+                instance=instance,
+                resources=resources,
+                run_config=evaluation if asset_def is clip_evaluation else quiet,
+            )
+            print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}] (tiny local model, synthetic; "
+                  f"{time.time() - step:.0f}s)")  # fmt: skip
             if not result.success:
                 return 1
     print_summary(resources["lake"].lake(), time.time() - started)

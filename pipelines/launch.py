@@ -53,12 +53,14 @@ from dagster_pipes import (
 )
 from fsspec.implementations.local import LocalFileSystem
 
+from pipelines.lake import hold_lock, sweep_temporaries
 from pipelines.stage import PROGRESS_INTERVAL_S, Progress
 
 FSSPEC_URL_KEY = "fsspec_url"  # message params key: write numbered chunks under this fsspec URL
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d{8})\.[A-Za-z0-9]+$")
 REPORT_FILE = "report.json"
 CONFIG_FILE = "config.json"
+_job: dict[str, str | None] = {"tmp_dir": None}  # this launched process's staging folder (load_config)
 
 
 # ----------------------------------------------------------------------------------- the run dir
@@ -76,15 +78,30 @@ def run_dir(workdir_url: str, run_id: str) -> str:
     return f"{workdir_url.rstrip('/')}/{run_id}"
 
 
-def atomic_write(url: str, data: bytes) -> None:
+def atomic_write(url: str, data: bytes, tmp_dir: str | None = None) -> None:
     """Write ``data`` to ``url`` so that a reader sees the whole file or none: a local file is
-    written beside its target and renamed (``os.replace``, same folder so same file system); an
-    object store gets one PUT of the complete bytes, which appears whole."""
+    written in ``tmp_dir`` (default: the job's, from its config's ``launch.tmp_dir``: the lake's
+    ``_tmp/``, never among the checkpoints) and renamed into place (``os.replace``; beside the
+    target when no folder is known or it is on another file system); what killed writers of the
+    same file left there is removed first. An object store gets one PUT of the complete bytes,
+    which appears whole."""
     fs, path = fsspec.core.url_to_fs(url)
-    if isinstance(fs, LocalFileSystem):
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    os.makedirs(folder, exist_ok=True)
+    staging = tmp_dir or _job["tmp_dir"]
+    if staging:
+        staging = fsspec.core.url_to_fs(staging)[1]
+        os.makedirs(staging, exist_ok=True)
+        sweep_temporaries(staging, name)
+        if os.stat(staging).st_dev != os.stat(folder).st_dev:
+            staging = None
+    tmp = os.path.join(
+        staging or folder, f"{name}.{uuid.uuid4().hex}.tmp" if staging else f".{name}.{uuid.uuid4().hex}.tmp"
+    )
+    with hold_lock(f"{tmp}.lock") if staging else contextlib.nullcontext():
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -94,8 +111,6 @@ def atomic_write(url: str, data: bytes) -> None:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-    else:
-        fs.pipe_file(path, data)
 
 
 def read_bytes(url: str) -> bytes:
@@ -103,12 +118,13 @@ def read_bytes(url: str) -> bytes:
         return f.read()
 
 
-def save_checkpoint(directory: str, step: int, data: bytes, suffix: str = "pt") -> str:
-    """Write the checkpoint of ``step`` (after the step finished) atomically; returns its URL."""
+def save_checkpoint(directory: str, step: int, data: bytes, suffix: str = "pt", tmp_dir: str | None = None) -> str:
+    """Write the checkpoint of ``step`` (after the step finished) atomically, staged in ``tmp_dir``
+    (default: the job's, see :func:`atomic_write`); returns its URL."""
     if step < 0:
         raise ValueError(f"step must be at least 0, got {step}")
     url = f"{directory.rstrip('/')}/ckpt-{step:08d}.{suffix}"
-    atomic_write(url, data)
+    atomic_write(url, data, tmp_dir)
     return url
 
 
@@ -137,8 +153,11 @@ def latest_checkpoint(directory: str) -> str | None:
 
 
 def load_config(url: str) -> dict:
-    """The job's JSON config (a path or fsspec URL), as the launcher wrote it."""
-    return json.loads(read_bytes(url))
+    """The job's JSON config (a path or fsspec URL), as the launcher wrote it. Its ``launch``
+    section's ``tmp_dir`` becomes where this process's atomic writes stage their bytes."""
+    config = json.loads(read_bytes(url))
+    _job["tmp_dir"] = (config.get("launch") or {}).get("tmp_dir")
+    return config
 
 
 def prune_checkpoints(directory: str, keep: int, upto: int | None = None) -> list[str]:
@@ -175,6 +194,7 @@ class LaunchInfo:
     run_id: str = "manual"
     run_dir: str | None = None
     checkpoint_dir: str | None = None
+    tmp_dir: str | None = None  # where this job stages the files it writes (the lake's _tmp/; see atomic_write)
     gpus: int = 0
     backend: str | None = None
     dagster_run_id: str | None = None

@@ -214,6 +214,7 @@ EMBEDDINGS = pa.schema(
         pa.field("dim", pa.int32()),
         pa.field("vector", pa.binary()),  # float16, little-endian, dim values; null on error
         pa.field("error", pa.string()),
+        pa.field("fingerprint", pa.string()),  # image + embedder (model identity, pooling, padding): reused when equal
     ]
 )
 
@@ -430,6 +431,20 @@ PAIR_NEGATIVES = pa.schema(
     ]
 )
 
+# Per region pair with text: what the negatives stage did for it (rules, the VLM's answer), so a
+# rerun or the next release reuses the pair's negatives when its text and settings are unchanged.
+NEGATIVE_ITEMS = pa.schema(
+    [
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("pmcid", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # rules, rules+vlm
+        pa.field("negatives", pa.int32(), nullable=False),  # rows in pair_negatives
+        pa.field("vlm_requests", pa.int32()),
+        pa.field("reasons", _strings),  # why VLM negatives were dropped (unreadable answer, restates the positive)
+        pa.field("fingerprint", pa.string()),  # text + settings + engine + version: reused only when equal
+    ]
+)
+
 CLUSTER_LABELS = pa.schema(
     [
         pa.field("model_version", pa.string(), nullable=False),
@@ -562,6 +577,7 @@ class Table(StrEnum):
     MINING_FIGURES = "mining_figures"
     LONG_CAPTIONS = "long_captions"
     PAIR_NEGATIVES = "pair_negatives"
+    NEGATIVE_ITEMS = "negative_items"
     PAIR_SAMPLES = "pair_samples"
 
 
@@ -589,6 +605,7 @@ TABLES: dict[str, pa.Schema] = {
     Table.MINING_FIGURES: MINING_FIGURES,
     Table.LONG_CAPTIONS: LONG_CAPTIONS,
     Table.PAIR_NEGATIVES: PAIR_NEGATIVES,
+    Table.NEGATIVE_ITEMS: NEGATIVE_ITEMS,
     Table.PAIR_SAMPLES: PAIR_SAMPLES,
 }
 

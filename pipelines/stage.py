@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 
 RELEASE, SHARD = "release", "shard"
@@ -62,6 +63,23 @@ def fingerprint_unless_error(row: dict) -> str | None:
     return row["fingerprint"] if row["status"] != "error" else None
 
 
+IMAGE_LINK = ("pmcid", "image_file")  # how a child row names its parent: the figure image
+
+
+def _by_key(
+    rows: list[dict], child_rows: list[dict] | None, key: Callable[[dict], str | None], link: tuple[str, ...]
+) -> dict[str, tuple[dict, list[dict]]]:
+    by_parent: dict[tuple, list[dict]] = {}
+    for row in child_rows or []:
+        by_parent.setdefault(tuple(row[c] for c in link), []).append(row)
+    found = {}
+    for row in rows:
+        k = key(row)
+        if k:
+            found[k] = (row, by_parent.get(tuple(row[c] for c in link), []))
+    return found
+
+
 def reusable_results(
     lake: Lake,
     table: str,
@@ -69,13 +87,18 @@ def reusable_results(
     key: Callable[[dict], str | None],
     children: str | None = None,
     this_release: bool = True,
+    link: tuple[str, ...] = IMAGE_LINK,
 ) -> dict[str, tuple[dict, list[dict]]]:
-    """Per-image results an earlier run left that a stage may carry instead of computing again,
+    """Per-item results an earlier run left that a stage may carry instead of computing again,
     by ``key`` (a fingerprint of the inputs and settings; None: not reusable, e.g. an error).
 
-    Read from the previous release with ``table`` and then, with ``this_release``, from this
-    partition itself (a rerun), so a rerun's own rows win. Each row comes with its rows in the
-    ``children`` table under the same (pmcid, image_file): a figure with its panels or pairs."""
+    The one reuse rule of every stage: read from the previous release with ``table`` and then,
+    with ``this_release``, from this partition itself (a rerun), so a rerun's own rows win. Each
+    row comes with its rows in the ``children`` table with the same ``link`` columns (pmcid and
+    image_file: a figure with its panels or pairs; pair_id: a region pair with its negatives).
+    Rows are used only when both tables were published by the same commit (:meth:`Lake.commit`),
+    so a parent is never reused with another run's children; a killed run's finished items are
+    in :class:`Checkpoints`."""
     found: dict[str, tuple[dict, list[dict]]] = {}
     previous = lake.previous_release(table, partition.release)
     releases = [previous] + ([partition.release] if this_release else [])
@@ -84,14 +107,63 @@ def reusable_results(
         child_rows = lake.read_table(children, release, partition.shard) if children else None
         if rows is None or (children and child_rows is None):
             continue
-        by_image: dict[tuple[str, str], list[dict]] = {}
-        for row in child_rows.to_pylist() if child_rows is not None else []:
-            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
-        for row in rows.to_pylist():
-            k = key(row)
-            if k:
-                found[k] = (row, by_image.get((row["pmcid"], row["image_file"]), []))
+        if children and not same_commit(lake, (table, children), release, partition.shard):
+            continue
+        child_list = child_rows.to_pylist() if child_rows is not None else None
+        found.update(_by_key(rows.to_pylist(), child_list, key, link))
     return found
+
+
+def same_commit(lake: Lake, tables: Iterable[str], release: str, shard: str) -> bool:
+    """The partitions of ``tables`` were published together (files from before commit ids were
+    stamped carry none and are trusted)."""
+    commits = {lake.commit_of(t, release, shard) for t in tables} - {None}
+    return len(commits) <= 1
+
+
+class Checkpoints:
+    """The finished items of a run that has not finished yet, so a killed run resumes where it
+    stopped instead of sending every request again.
+
+    A model stage saves its finished items every few batches as one part (a folder of its tables'
+    rows under ``checkpoints/<stage>/release=R/shard=S/``), published as a commit, so a part is
+    whole or absent. The run's final commit removes them with the same step that publishes the
+    tables, so checkpoints never outlive the output they were for."""
+
+    def __init__(self, lake: Lake, stage: str, partition: Partition, tables: tuple[str, ...]):
+        self.lake, self.stage, self.partition, self.tables = lake, stage, partition, tables
+        self.folder = lake.path("checkpoints", stage, f"release={partition.release}", f"shard={partition.shard}")
+        self.saved = 0  # parts saved by this run
+
+    def save(self, rows: dict[str, list[dict]]) -> None:
+        """One part: the rows of each table for some finished items, published together."""
+        part = f"{self.folder}/part-{time.time_ns():020d}"
+        with self.lake.commit(self.stage, self.partition.release, self.partition.shard) as commit:
+            for table in self.tables:
+                commit.write_table(table, rows.get(table, []), dest=f"{part}/{table}.parquet")
+        self.saved += 1
+
+    def results(
+        self, key: Callable[[dict], str | None], link: tuple[str, ...] = IMAGE_LINK
+    ) -> dict[str, tuple[dict, list[dict]]]:
+        """The items the checkpoints hold, by ``key``, each with its rows in the second table."""
+        self.lake.recover(self.partition.release)
+        found: dict[str, tuple[dict, list[dict]]] = {}
+        try:
+            parts = sorted(self.lake.fs.ls(self.folder, detail=False))
+        except FileNotFoundError:
+            return found
+        for part in parts:
+            tables = [self.lake.read_file(table, f"{part}/{table}.parquet") for table in self.tables]
+            if any(t is None for t in tables):
+                continue
+            rows, *children = (t.to_pylist() for t in tables)
+            found.update(_by_key(rows, children[0] if children else None, key, link))
+        return found
+
+    def clear(self, commit) -> None:
+        """Remove every part when ``commit`` (the run's output) is published."""
+        commit.remove(self.folder)
 
 
 @dataclass(frozen=True)
@@ -281,6 +353,7 @@ class Stage:
         if (partition.shard is None) != (self.level == RELEASE):
             raise ValueError(f"stage {self.name} runs per {self.level}, not on partition {partition}")
         started = time.perf_counter()
+        lake.recover(partition.release)  # a commit a killed run left half-published is finished first
         token = _progress_sink.set(progress)
         try:
             result = self.process(lake, partition)
@@ -290,11 +363,27 @@ class Stage:
             lake.refresh_catalog()
         if not result.bytes:
             result.bytes = written_bytes(lake, self.writes, partition)
+        if result.version is None:
+            result.version = self.data_version(lake, partition)
         result.seconds = time.perf_counter() - started
         return result
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         raise NotImplementedError
+
+    def data_version(self, lake: Lake, partition: Partition) -> str | None:
+        """Dagster's data version of what the run left: a hash of the rows of every table the stage
+        writes in the partition (the release's shards for a release-level stage), so downstream
+        assets go stale only when a row changed. Stages whose output is not tables (or whose
+        inputs say more cheaply what changed) set ``StageResult.version`` themselves."""
+        shards = [partition.shard] if partition.shard is not None else [*lake.shards(), "all"]
+        digests = {
+            f"{table}/{shard}": digest
+            for table in self.writes
+            for shard in shards
+            if (digest := lake.data_digest(table, partition.release, shard)) is not None
+        }
+        return fingerprint(digests) if digests else None
 
     def result(self, partition: Partition, **fields) -> StageResult:
         return StageResult(stage=self.name, partition=partition, **fields)

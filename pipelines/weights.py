@@ -37,10 +37,12 @@ def is_offline() -> bool:
     return huggingface_hub.constants.is_offline_mode()
 
 
-def fetch_command(repo_id: str, local_dir: str, revision: str | None = None) -> str:
-    """The command that puts a hub repository's files in ``local_dir`` (huggingface-hub 1.x/2.x CLI)."""
+def fetch_command(repo_id: str, local_dir: str, revision: str | None = None, files: tuple[str, ...] = ()) -> str:
+    """The command that puts a hub repository's files (all, or ``files``) in ``local_dir``
+    (huggingface-hub 1.x/2.x CLI)."""
     rev = f" --revision {revision}" if revision else ""
-    return f"hf download {repo_id}{rev} --local-dir {local_dir}"
+    names = "".join(f" {name}" for name in files)
+    return f"hf download {repo_id}{names}{rev} --local-dir {local_dir}"
 
 
 def looks_like_path(model: str) -> bool:

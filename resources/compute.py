@@ -7,6 +7,7 @@ import os
 from dagster import ConfigurableResource, Failure, InitResourceContext
 
 from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
+from pipelines.concepts.dinov2 import check_weights as check_dinov2
 from pipelines.panels.detector import DEFAULT_MODEL as DEFAULT_DETECTOR
 from pipelines.panels.detector import DetectorConfig, check_weights
 from pipelines.weights import ModelUnavailableError
@@ -56,10 +57,19 @@ class ModelsResource(ConfigurableResource):
     text_tokenizer: str = "openclip"
     text_context: int = 512
 
-    def dinov2_config(self) -> EmbedderConfig:
-        return EmbedderConfig(
+    def dinov2_config(self, check: bool = False) -> EmbedderConfig:
+        """The embedder's config; with ``check`` (what the embedding asset does as it builds its
+        stage) weights that are missing or a config that is not DINOv2's fail here in one line
+        naming ``PANELFORGE_DINOV2_MODEL`` and the ``hf download`` command, before Ray starts."""
+        config = EmbedderConfig(
             model=self.dinov2, synthetic=self.synthetic, pooling=self.dinov2_pooling, pad=self.dinov2_pad
         )
+        if check:
+            try:
+                check_dinov2(config)
+            except (ModelUnavailableError, ValueError) as exc:
+                raise Failure(str(exc), allow_retries=False) from None
+        return config
 
     def detector_config(self, check: bool = True) -> DetectorConfig | None:
         """The panel detector, or None when no weights are configured (layout splitter only).

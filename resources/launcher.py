@@ -329,9 +329,12 @@ class JobLauncherResource(ConfigurableResource):
         config: Mapping[str, Any],
         workdir_url: str,
         run_id: str | None = None,
+        tmp_url: str | None = None,
     ) -> LaunchResult:
         """Write ``config`` (plus a ``launch`` section) to ``<workdir_url>/<run id>/config.json``,
         run ``python -m <module> --config <that url>`` on the backend, and return what it reported.
+        ``tmp_url`` (the lake's ``_tmp/``) is where the job stages the files it writes, so a
+        killed job's partial checkpoints never sit among the checkpoints.
         Raises ``DagsterPipesExecutionError`` when the job fails (its checkpoints stay for the
         next launch)."""
         self.check_available()
@@ -341,6 +344,7 @@ class JobLauncherResource(ConfigurableResource):
             "run_id": run_id,
             "run_dir": folder,
             "checkpoint_dir": checkpoint_dir(workdir_url, run_id),
+            "tmp_dir": f"{tmp_url.rstrip('/')}/{run_id}" if tmp_url else None,
             "gpus": self.gpus,
             "backend": self.backend,
             "dagster_run_id": context.run_id,

@@ -107,6 +107,14 @@ class VlmEngineResource(ConfigurableResource):
             synthetic=self.synthetic,
         )
 
+    def check_weights(self) -> None:
+        """The weights are where ``model`` says, found without the network (online, the hub has
+        the id): checked before an engine starts, so a wrong path fails here in one line naming
+        ``PANELFORGE_VLM_MODEL`` and the ``hf download`` command, not minutes later inside Ray."""
+        from pipelines.vlm.hf import vlm_weights
+
+        vlm_weights(self.model, self.revision).config_file()
+
     def engine(self, cache_dir: str | None = None) -> VlmEngine:
         """A started engine (close it, or use it as a context manager). ``cache_dir``: where the
         tiny synthetic model is built once (a local directory)."""
@@ -122,6 +130,8 @@ class VlmEngineResource(ConfigurableResource):
             config = self.engine_config(str(tiny_model_dir(cache_dir)))
         else:
             config = self.engine_config()
+            if self.backend != "openai":  # a served model is the server's business
+                self.check_weights()
         if self.backend == "transformers":
             from pipelines.vlm.hf import TransformersEngine
 

@@ -4,6 +4,7 @@ figures, on CPU, with a tiny local-dir: model; resumed on a fresh machine from t
 import io
 import json
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import fsspec
@@ -106,6 +107,9 @@ def tiny_config(model: Path, data: Path, run_dir: str, **kw) -> ClipTrainConfig:
 
 
 def test_biomedica_recipe_becomes_these_trainer_arguments():
+    """The values of table 11 of the paper, the base model and the three memory flags of
+    BIOMEDICA's launch scripts (``submit_and_manage_jobs_wds.py``: ``--local-loss
+    --gather-with-grad --grad-checkpointing --pretrained "commonpool_xl_clip_s13b_b90k"``)."""
     config = ClipTrainConfig(train_data=["/lake/dataset/r1/commercial"], run_dir="/lake/runs/x")
     data = TrainData(["/lake/dataset/r1/commercial/panelforge-{000000..000011}.tar"], 24_000)
     assert trainer_args(config, data, "/lake/runs/x/openclip") == [
@@ -130,7 +134,10 @@ def test_biomedica_recipe_becomes_these_trainer_arguments():
         "--save-frequency", "1",
         "--logs", "/lake/runs/x/openclip",
         "--name", "train",
-        "--pretrained", "commonpool_xl_s13b_b90k",
+        "--pretrained", "commonpool_xl_clip_s13b_b90k",
+        "--grad-checkpointing",
+        "--local-loss",
+        "--gather-with-grad",
         "--delete-previous-checkpoint",
         "--resume", "latest",
     ]  # fmt: skip
@@ -159,6 +166,9 @@ def test_a_mixture_is_joined_with_its_upsampling_factors_and_local_dir_skips_pre
     assert "--dataset-resampled" in args
     assert "--pretrained" not in args and "--resume" not in args and "--delete-previous-checkpoint" not in args
     assert args[-1] == "--lock-image"
+    plain = trainer_args(replace(config, grad_checkpointing=False, local_loss=False, gather_with_grad=False),
+                         TrainData(["a"], 1), "logs")  # fmt: skip
+    assert not {"--grad-checkpointing", "--local-loss", "--gather-with-grad"} & set(plain)
     with pytest.raises(ValueError, match="dataset_resampled"):
         ClipTrainConfig(train_data=["a", "b"], run_dir="r", upsampling_factors=[1.0, 3.0]).validate()
     with pytest.raises(ValueError, match="one factor per"):
@@ -285,6 +295,7 @@ def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
 
     from assets.training import clip_continual_pretraining
     from pipelines.lake import Lake
+    from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource
 
@@ -299,7 +310,7 @@ def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
         [clip_continual_pretraining],
         partition_key="r1",
         instance=instance,
-        resources={"lake": LakeResource(home=str(home)), "launcher": launcher},
+        resources={"lake": LakeResource(home=str(home)), "launcher": launcher, "models": ModelsResource()},
         run_config={"ops": {"clip_continual_pretraining": {"config": settings}}},
     )
     assert result.success

@@ -117,6 +117,12 @@ def test_two_releases_of_concepts(concept_lake):
     # the next release: nothing re-embedded, the same model and annotations label it
     again = [run(figure_embeddings, key) for key in _shards("2026")]
     assert sum(m["embedded"].value for m in again) == 0 and sum(m["carried"].value for m in again) == 128
+    # a rerun of a partition reuses its own rows (the one reuse rule: previous release, then the partition)
+    key = _shards("2026")[0]
+    before = lake.read_table("embeddings", "2026", SHARDS[0]).to_pylist()
+    rerun = run(figure_embeddings, key)
+    assert rerun["embedded"].value == 0 and rerun["carried"].value == len(before)
+    assert lake.read_table("embeddings", "2026", SHARDS[0]).to_pylist() == before
     second = run(concept_model, "2026", {**MODEL, "reuse_previous": True})
     assert second["version"].value == version and second["reused_previous_model"].value is True
     run(cluster_labels, "2026")

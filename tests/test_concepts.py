@@ -141,6 +141,7 @@ def _embedding_row(sha: str, vector: np.ndarray) -> dict:
         "dim": len(vector),
         "vector": vector.astype("<f2").tobytes(),
         "error": None,
+        "fingerprint": None,  # written by hand: no embedder made it
     }
 
 

@@ -75,9 +75,11 @@ def test_synthetic_embedder_is_deterministic_and_marked():
 
 
 def test_offline_without_weights_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    with pytest.raises(ModelUnavailableError, match="'facebook/dinov2-large' are not available"):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    with pytest.raises(ModelUnavailableError, match="PANELFORGE_DINOV2_MODEL='facebook/dinov2-large' .* not in the"):
         load_model(EmbedderConfig(model="facebook/dinov2-large"))
 
 

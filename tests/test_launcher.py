@@ -210,6 +210,39 @@ def test_latest_checkpoint_ignores_partial_files(tmp_path):
     assert last == f"{folder}/ckpt-00000010.pt" and checkpoint_step(last) == 10
 
 
+def test_a_killed_jobs_partial_checkpoint_is_in_the_lakes_tmp_and_swept_by_the_next_save(tmp_path):
+    """A job whose config names the lake's _tmp/ (the launcher's ``launch.tmp_dir``) stages every
+    file there: killed while saving, it leaves nothing among its checkpoints, and its next save
+    removes what it left."""
+    import os
+    import subprocess
+    import textwrap
+
+    folder, tmp_dir = tmp_path / "lake" / "models" / "runs" / "r1" / "checkpoints", tmp_path / "lake" / "_tmp" / "jobs"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"launch": {"tmp_dir": str(tmp_dir / "r1")}}))
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pipelines import launch
+        launch.load_config({str(config)!r})
+        launch.save_checkpoint({str(folder)!r}, 1, b"whole")
+        os.replace = lambda src, dst: os._exit(9)  # killed after writing, before the rename
+        launch.save_checkpoint({str(folder)!r}, 2, b"partial")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    assert subprocess.run([sys.executable, "-c", script], env=env, timeout=120).returncode == 9
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-00000001.pt"]
+    left = sorted(p.name for p in (tmp_dir / "r1").iterdir())
+    assert len(left) == 2 and left[0].startswith("ckpt-00000002.pt.") and left[1].endswith(".tmp.lock")
+    assert latest_checkpoint(str(folder)) == f"{folder}/ckpt-00000001.pt"
+    # the resumed job saves step 2 again: its partial file goes, the checkpoint appears
+    save_checkpoint(str(folder), 2, b"whole", tmp_dir=str(tmp_dir / "r1"))
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-00000001.pt", "ckpt-00000002.pt"]
+    assert list((tmp_dir / "r1").iterdir()) == []
+
+
 def test_prune_keeps_the_newest_whole_checkpoints(tmp_path):
     folder = str(tmp_path / "ckpt")
     assert prune_checkpoints(folder, 2) == []  # no folder yet: nothing to do

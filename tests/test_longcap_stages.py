@@ -204,7 +204,7 @@ def test_progress_counts_each_figure_as_its_answer_returns(parsed_lake, monkeypa
     """The run log said "0/15 figures (0%)" for minutes: progress advanced only when a whole batch
     of figures (``figures_per_batch``) was back from the model. Now each answer counts as it
     returns: when the model is asked about the k-th figure of the batch, k-1 are counted done."""
-    import pipelines.longcap.stages as longcap_stages
+    import pipelines.model_stage as model_stage  # the loop of every model stage keeps the progress
     from pipelines.longcap.prompts import LONGCAP
     from pipelines.longcap.stages import LongCapSettings, LongCapStage
     from pipelines.mining.prompts import CANARY_TOKEN
@@ -219,7 +219,7 @@ def test_progress_counts_each_figure_as_its_answer_returns(parsed_lake, monkeypa
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(longcap_stages, "Progress", Watched)
+    monkeypatch.setattr(model_stage, "Progress", Watched)
     seen: list[tuple[int, int]] = []  # (figures counted done, figures asked) when a figure is asked
 
     def answer(request):

@@ -5,25 +5,25 @@ of a figure-level and a long-caption subset of real sample figures."""
 
 import io
 import json
+import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import open_clip
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from pipelines.training import hf_text
-from pipelines.training.clip import ClipTrainConfig, longclip_config, train
+from pipelines.training.clip import EXPORT_WEIGHTS as WEIGHTS
+from pipelines.training.clip import ClipTrainConfig, assemble_model, longclip_config, train
+from pipelines.training.tiny import write_tiny_modernbert
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = sorted((REPO / "sample" / "images").glob("*/*.jpg"))
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
-WORDS = (
-    "the panel shows fluorescence microscopy of stained cells with nuclei in blue and actin in green "
-    "bar chart western blot line plot survival expression levels protein lysates over time group scale"
-).split()
 # 10 words repeated 12 times: 120 words, each one token, so 122 tokens with [CLS] and [SEP] (> 77)
 LONG = " ".join(["fluorescence microscopy of stained cells with nuclei in blue and"] * 12)
 SHORT = "western blot of protein lysates"  # 5 tokens, 7 with [CLS] and [SEP]
@@ -35,48 +35,6 @@ TINY_VISION = {
     },
     "preprocess_cfg": {},
 }
-
-
-def write_tiny_modernbert(folder: Path) -> Path:
-    """A 2-layer ModernBERT with a WordPiece tokenizer over :data:`WORDS`, saved as a Hub folder."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import ModernBertConfig, ModernBertModel, PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        unk_token="[UNK]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=512,
-    )
-    config = ModernBertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        max_position_embeddings=512,
-        local_attention=16,
-        global_attn_every_n_layers=2,
-        pad_token_id=0,
-        cls_token_id=2,
-        sep_token_id=3,
-        bos_token_id=2,
-        eos_token_id=3,
-    )
-    torch.manual_seed(0)
-    fast.save_pretrained(str(folder))
-    ModernBertModel(config).save_pretrained(str(folder))
-    return folder
 
 
 def write_tiny_vision(folder: Path) -> Path:
@@ -187,6 +145,42 @@ def test_the_tiny_long_context_model_builds_offline_tokenizes_to_512_and_encodes
     assert torch.equal(state[f"text.transformer.{key}"], bert_state[key])
 
 
+def test_the_evaluation_harness_loads_a_longclip_export(towers, tmp_path):
+    """A BMC-LongCLIP export (what ``train`` writes to ``<run>/model``: WiSE-FT weights, config,
+    tokenizer files) loads through ``load_clip``. Stock OpenCLIP 3.3, run in a fresh process,
+    cannot build it: ModernBERT rejects OpenCLIP's ``add_pooling_layer``."""
+    import subprocess
+    import sys
+
+    from pipelines.evaluation.harness import embed_images, embed_texts, load_clip
+    from pipelines.training.clip import export_wise_ft
+
+    vision, bert = towers
+    config = longclip_config(["-"], str(tmp_path / "run"), 512, model=f"local-dir:{vision}", pretrained="",
+                             text_model=str(bert))  # fmt: skip
+    assembled = assemble_model(config, tmp_path / "base")
+    base = load_file(str(tmp_path / "base" / WEIGHTS))
+    trained = {k: v + 0.01 if v.is_floating_point() else v for k, v in base.items()}
+    torch.save({"state_dict": {f"module.{k}": v for k, v in trained.items()}}, tmp_path / "epoch_1.pt")
+    export = export_wise_ft(assembled, tmp_path / "epoch_1.pt", str(tmp_path / "model"))
+
+    stock = subprocess.run(
+        [sys.executable, "-c", f"import open_clip; open_clip.create_model_and_transforms('local-dir:{export}')"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert stock.returncode != 0 and "add_pooling_layer" in stock.stderr
+
+    clip = load_clip(f"local-dir:{export}", name="bmc-longclip")
+    texts = embed_texts(clip, [LONG, SHORT])
+    assert texts.shape == (2, 32) and np.allclose(np.linalg.norm(texts, axis=1), 1.0, atol=1e-5)
+    assert clip.tokenizer([LONG]).shape == (1, 512)  # the export's own tokenizer, 512 tokens
+    images, ok = embed_images(clip, [IMAGES[0].read_bytes(), b"not an image"])
+    assert images.shape == (1, 32) and ok.tolist() == [True, False]
+    # the weights are the export's (alpha 1: the trained ones), not a fresh init
+    key = "text.transformer.embeddings.tok_embeddings.weight"
+    assert torch.equal(clip.model.state_dict()[key], trained[key])
+
+
 # ------------------------------------------------------------------------------- real training
 
 
@@ -272,11 +266,13 @@ def test_the_clip_asset_selects_bmc_longclip_as_a_recipe():
         "precision": "fp32",
         "workers": 8,
         "device": "cuda",
+        "grad_checkpointing": True,
         "wise_ft_alpha": 1.0,
         "text_model": "thomas-sounack/BioClinical-ModernBERT-base",
         "context_length": 154,
         "log_every_n_steps": 50,
         "seed": 0,
+        "gpu_memory_gb": 80.0,
     }
     ClipTrainConfig.from_dict({**job, "run_dir": "/lake/runs/x"}).validate()  # the launched module accepts it
     # a setting changed from its default is kept; the BIOMEDICA recipe has no text tower

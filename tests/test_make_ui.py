@@ -33,7 +33,8 @@ def test_make_ui_takes_a_port():
 
     def ui(*args: str) -> str:
         done = subprocess.run(["make", "-n", "ui", *args], cwd=REPO, capture_output=True, text=True, check=True)
-        return done.stdout.strip().splitlines()[-1]
+        # on a fresh clone ``make -n`` also lists the install recipe (and make's directory lines)
+        return next(line for line in done.stdout.splitlines() if "-m jobs.ui" in line)
 
     assert ui().endswith("-m jobs.ui --port 3000")
     assert ui("PORT=3001").endswith("-m jobs.ui --port 3001")

@@ -71,8 +71,17 @@ def test_pairs_asset_mines_a_partition_with_the_synthetic_engine(tmp_path):
     assert {c.check_name for c in longcap.get_asset_check_evaluations()} >= {LONGCAP_CANARY, GUARD_REJECTIONS}
 
 
-def test_code_version_is_the_prompt_version_and_profiles_choose_the_backend():
-    assert pairs.code_versions_by_key[pairs.key] == PROMPT_VERSION
+def test_code_version_is_the_logic_and_prompt_versions_and_profiles_choose_the_backend():
+    from assets.longcap import long_captions, pair_negatives
+    from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION
+    from pipelines.longcap.prompts import PROMPT_VERSION as LONGCAP_PROMPT_VERSION
+    from pipelines.longcap.stages import LONGCAP_VERSION
+    from pipelines.mining.stages import MINING_VERSION
+
+    assert pairs.code_versions_by_key[pairs.key] == f"{MINING_VERSION}-{PROMPT_VERSION}"
+    assert long_captions.code_versions_by_key[long_captions.key] == f"{LONGCAP_VERSION}-{LONGCAP_PROMPT_VERSION}"
+    # explicit constants, not a hash of a module's source text: a comment or a refactor changes nothing
+    assert pair_negatives.code_versions_by_key[pair_negatives.key] == f"{RULES_VERSION}-{NEGATIVES_PROMPT_VERSION}"
     demo = build_resources(Settings.from_env({"PANELFORGE_PROFILE": "demo"}))["vlm"]
     cluster = build_resources(Settings.from_env({"PANELFORGE_PROFILE": "cluster"}))["vlm"]
     assert (demo.backend, demo.synthetic, demo.max_tokens) == ("transformers", True, SYNTHETIC_VLM["max_tokens"])

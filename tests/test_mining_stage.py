@@ -150,7 +150,8 @@ def test_region_pairs_from_a_drawn_arrow():
     """
     from PIL import Image, ImageDraw
 
-    from pipelines.mining.stages import MeteredEngine, _Figure
+    from pipelines.mining.mine import MinedFigure, mine
+    from pipelines.vlm.metering import MeteredEngine
     from testing.markers import draw_arrow
 
     image = Image.new("RGB", (600, 400), (128, 128, 128))
@@ -170,9 +171,8 @@ def test_region_pairs_from_a_drawn_arrow():
         "panel_captions": {},
     }
     engine = scripted({"locate_region": '{"regions": [{"bbox_2d": [131, 200, 209, 279]}]}'})
-    stage = MiningStage(engine, MiningSettings(som_views=0))
-    figure = _Figure(item, image)
-    stage._mine([figure], MeteredEngine(engine))
+    figure = MinedFigure(item, image)
+    mine([figure], MeteredEngine(engine), MiningSettings(som_views=0))
 
     (region,) = [p for p in figure.pairs if p["level"] == "region"]
     assert (region["x1"], region["y1"], region["x2"], region["y2"]) == (400, 150, 460, 210)

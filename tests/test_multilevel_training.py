@@ -318,6 +318,7 @@ def test_the_asset_launches_the_trainer_on_a_release(data, tiny, tmp_path):
 
     from assets.training import multilevel_training
     from pipelines.lake import Lake
+    from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource
 
@@ -333,7 +334,7 @@ def test_the_asset_launches_the_trainer_on_a_release(data, tiny, tmp_path):
         [multilevel_training],
         partition_key="r1",
         instance=instance,
-        resources={"lake": LakeResource(home=str(home)), "launcher": launcher},
+        resources={"lake": LakeResource(home=str(home)), "launcher": launcher, "models": ModelsResource()},
         run_config={"ops": {"multilevel_training": {"config": settings}}},
     )
     assert result.success
@@ -345,3 +346,52 @@ def test_the_asset_launches_the_trainer_on_a_release(data, tiny, tmp_path):
     assert run_dir.parent == home / "models" / "multilevel" / "runs"
     assert json.loads((run_dir / "config.json").read_text())["negative_loss"] == "softmax"
     assert (run_dir / "model" / "open_clip_model.safetensors").exists()
+
+
+def test_the_recipes_start_from_trained_weights_and_random_init_is_asked_for(tiny, tmp_path):
+    """Zoom-in starts from BMC-CLIP (Panel2Patch: "a ViT-L/14 encoder initialized from
+    BMC-CLIP"), region-aware from BIOMEDICA's CommonPool base; no weights is refused unless
+    ``allow_random_init``, and even then a random text tower is never frozen."""
+    from pipelines.training import clip
+
+    data = {"figure_data": ["f"], "panel_data": ["p"], "region_data": ["r"]}
+    zoom = MultilevelConfig.from_dict({"run_dir": "-", "preset": "zoom-in", **data})
+    assert (zoom.model, zoom.pretrained) == ("ViT-L-14", "hf-hub:BIOMEDICA/BMC_CLIP_CF/BMC_CLIP_CF.pt")
+    zoom.validate()
+    region = MultilevelConfig.from_dict({"run_dir": "-", "preset": "region-aware", **data})
+    assert region.pretrained == "commonpool_xl_clip_s13b_b90k"
+    assert clip.hub_file(zoom.pretrained) == ("BIOMEDICA/BMC_CLIP_CF", "BMC_CLIP_CF.pt")
+
+    with pytest.raises(ValueError, match="starts from random weights; set pretrained"):
+        MultilevelConfig.from_dict({"run_dir": "-", "preset": "zoom-in", "pretrained": "", **data}).validate()
+    bare = tmp_path / "bare"  # a local-dir: model without weights is a random initialisation too
+    bare.mkdir()
+    (bare / "open_clip_config.json").write_text(json.dumps(TINY))
+    asked = {"run_dir": "-", "preset": "zoom-in", "model": f"local-dir:{bare}", **data}
+    with pytest.raises(ValueError, match="without open_clip_model.safetensors"):
+        MultilevelConfig.from_dict(asked).validate()
+    asked["allow_random_init"] = True
+    with pytest.raises(ValueError, match="set freeze_text: false"):
+        MultilevelConfig.from_dict(asked).validate()
+    MultilevelConfig.from_dict({**asked, "freeze_text": False}).validate()
+    MultilevelConfig.from_dict({"run_dir": "-", "preset": "zoom-in", "model": f"local-dir:{tiny}", **data}).validate()
+
+
+def test_the_bmc_clip_start_offline_and_not_cached_fails_in_one_line(tmp_path, monkeypatch, no_network):
+    """The trainer checks its weights before building anything: offline without BMC-CLIP in the
+    cache, one line naming the setting, the ``hf download`` command and offline mode."""
+    import huggingface_hub
+
+    from pipelines.training.multilevel import Trainer
+    from pipelines.weights import ModelUnavailableError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config = MultilevelConfig.from_dict({"run_dir": str(tmp_path), "preset": "zoom-in", "device": "cpu",
+                                         "figure_data": ["f"], "panel_data": ["p"], "region_data": ["r"]})  # fmt: skip
+    with pytest.raises(ModelUnavailableError) as failed:
+        Trainer(config)
+    text = str(failed.value)
+    assert "\n" not in text and text.startswith("pretrained='hf-hub:BIOMEDICA/BMC_CLIP_CF/BMC_CLIP_CF.pt'")
+    assert "`hf download BIOMEDICA/BMC_CLIP_CF BMC_CLIP_CF.pt --local-dir <folder>`" in text
+    assert "offline mode is on" in text and no_network == []

@@ -123,6 +123,9 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
     old = sorted(tuple(p[k] for k in key) for p in _rows(lake, "panels"))
     new = sorted(tuple(p[k] for k in key) for p in _rows(lake, "panels", "2027"))
     assert new == old
+    # a rerun of a partition carries its own rows too (the one reuse rule)
+    again = PanelStage(PanelSettings()).run(lake, Partition("2027", SHARDS[1]))
+    assert again.skipped == again.items and again.ok == 0
     # other settings (a detector now) are not carried: every image is looked at again
     changed = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition("2027", SHARDS[0]))
     assert changed.skipped == 0
@@ -168,6 +171,39 @@ def test_crops_are_the_panels_pixels(lake):
     sheet = result.counts["crops_sheet"]
     shown = min(12, len(crops))
     assert sheet.startswith(f"![panel crops of {RELEASE}|{shard}: {shown} of {len(crops)}, with the gate's verdict]")
+
+
+def test_a_crops_tar_and_its_index_are_published_together(lake, tmp_path, monkeypatch):
+    """Issue 23 §2: the tar was replaced, then the index written; killed in between, every index
+    row pointed at other bytes. Now a kill before the index leaves the old tar and the old index,
+    whose sha256 still match the bytes they point at."""
+    import hashlib
+    import shutil
+
+    from pipelines import lake as lake_module
+    from pipelines.lake import Lake
+
+    copy = Lake(shutil.copytree(lake.root, tmp_path / "lake"))
+    shard = SHARDS[2]
+    PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    before = copy.read_table("panel_crops", RELEASE, shard).to_pylist()
+    # the panels change (one fewer per figure), then panel_crops dies after its tar, before its index
+    panels = copy.read_table("panels", RELEASE, shard).to_pylist()
+    copy.write_table("panels", RELEASE, shard, [p for p in panels if p["panel_index"] > 0])
+    real = lake_module.Commit.write_table
+
+    def killed(self, table, data, *args, **kwargs):
+        raise KeyboardInterrupt("killed after the tar, before the index")
+
+    monkeypatch.setattr(lake_module.Commit, "write_table", killed)
+    with pytest.raises(KeyboardInterrupt):
+        PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    monkeypatch.setattr(lake_module.Commit, "write_table", real)
+    after = copy.read_table("panel_crops", RELEASE, shard).to_pylist()
+    assert after == before
+    for crop in after:
+        assert hashlib.sha256(read_raw_file(copy, crop)).hexdigest() == crop["sha256"]
 
 
 def test_the_panel_assets_through_dagster(lake, tmp_path):

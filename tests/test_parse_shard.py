@@ -203,7 +203,9 @@ def test_a_failure_mid_shard_publishes_nothing(sample_lake, monkeypatch):
     with pytest.raises(RuntimeError, match="disk on fire"):
         parse_shard(sample_lake, "2026", "002", None)  # never written before: still no file
     for table in PARSE_TABLES:
-        assert os.listdir(os.path.dirname(sample_lake.table_path(table, "2026", "002"))) == []
+        assert not os.path.exists(os.path.dirname(sample_lake.table_path(table, "2026", "002")))
+    # nothing of either attempt is left in the lake's _tmp/ either
+    assert [f for _, _, files in os.walk(sample_lake.path("_tmp", "commits")) for f in files] == []
 
 
 def _figure(pmcid, name, data):

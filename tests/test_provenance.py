@@ -45,3 +45,23 @@ def test_engine_provenance_never_holds_the_model_directory(tmp_path):
     engine = ScriptedEngine(lambda request: "", EngineConfig(model=str(directory), synthetic=True))
     assert provenance(engine, "p1")["model"] == "local:tiny-qwen2_5_vl-seed0"
     assert engine.info()["model"] == str(directory)  # the engine itself still loads from where it is
+
+
+def test_the_revision_of_a_local_model_is_what_identifies_its_weights(tmp_path):
+    from pipelines.fingerprints import model_identity
+    from pipelines.provenance import public_model
+
+    snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-VL-3B-Instruct/snapshots/66285546d2b8"
+    assert public_model(snapshot, None) == ("Qwen/Qwen2.5-VL-3B-Instruct", "66285546d2b8")  # the snapshot's commit
+    assert public_model("Qwen/Qwen2.5-VL-3B-Instruct", "main") == ("Qwen/Qwen2.5-VL-3B-Instruct", "main")
+    assert public_model("Qwen/Qwen2.5-VL-3B-Instruct", None) == ("Qwen/Qwen2.5-VL-3B-Instruct", None)
+    assert public_model("/gone/models/qwen", None) == ("local:qwen", None)  # no folder to hash: no revision
+    one, two = tmp_path / "a" / "tiny", tmp_path / "b" / "tiny"
+    for folder, size in ((one, 64), (two, 65)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+        (folder / "model.safetensors").write_bytes(b"\0" * size)
+    name, revision = public_model(str(one), None)
+    assert name == "local:tiny" and revision == model_identity(str(one)) and revision.startswith("local:")
+    assert public_model(str(two), None)[1] != revision  # same folder name, other weights: told apart
+    assert str(tmp_path) not in revision

@@ -357,7 +357,7 @@ def test_temporary_files_never_sit_among_the_shards_and_old_orphans_are_swept(pa
     real_add, seen = wds_writer.add_member, []
 
     def watching_add(tar, name, fileobj, size):  # runs while a shard's temporary file is open
-        seen.append((sorted(n for n in os.listdir(folder) if n.startswith(".")), os.listdir(lake.path("_tmp"))))
+        seen.append((sorted(n for n in os.listdir(folder) if n.startswith(".")), _tmp_files(lake)))
         return real_add(tar, name, fileobj, size)
 
     monkeypatch.setattr(wds_writer, "add_member", watching_add)
@@ -365,9 +365,19 @@ def test_temporary_files_never_sit_among_the_shards_and_old_orphans_are_swept(pa
     assert len(result.shards) > 1 and seen
     # mid-write the folder held only the old orphan; the open temporary file was in _tmp/
     assert all(dot == [".panelforge-000000.tar.0123456789abcdef.tmp"] for dot, _ in seen)
-    assert all(len(tmp) == 1 and tmp[0].startswith("panelforge-") and tmp[0].endswith(".tmp") for _, tmp in seen)
+    # (under the shard's own path in _tmp/files/, with the lock that tells a sweeper its writer lives)
+    shard_tmp = "files/dataset/" + os.path.relpath(folder, dataset_dir(lake)) + "/panelforge-"
+    assert all(
+        len(tmp) == 2 and tmp[0].startswith(shard_tmp) and tmp[0].endswith(".tmp") and tmp[1] == tmp[0] + ".lock"
+        for _, tmp in seen
+    )
     assert not [n for n in os.listdir(folder) if n.startswith(".") or ".tmp" in n]
-    assert os.listdir(lake.path("_tmp")) == []
+    assert _tmp_files(lake) == []
+
+
+def _tmp_files(lake: Lake) -> list[str]:
+    root = lake.path("_tmp")
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names)
 
 
 def test_statistics_are_exact_in_count_mean_and_range():

@@ -233,7 +233,10 @@ def test_vlm_texts_ship_when_asked_for(built, tmp_path):
     from pipelines.release.pairs import plan_pair_shard
 
     lake, a = built["lake"], built["key"][A]
-    plan = plan_pair_shard(lake, RELEASE, built["shard"], lake.path("vlm_crops.tar"), (*CAPTION_MATCHES, VLM))
+    with lake.commit("pair_samples", RELEASE, built["shard"]) as commit:  # the crops it cuts go with its commit
+        plan = plan_pair_shard(
+            lake, RELEASE, built["shard"], lake.path("vlm_crops.tar"), (*CAPTION_MATCHES, VLM), commit=commit
+        )
     rows = {r["key"]: r for r in plan.rows}
     assert rows[f"{a}_p001"]["status"] == "included" and rows[f"{a}_p001"]["crop_source"] == "cut"
     meta = json.loads(rows[f"{a}_p001"]["meta_json"])
@@ -472,6 +475,28 @@ def test_pair_assets_through_dagster(built, tmp_path):
     # nothing changed: the four non-empty subsets (panel, region, longcap commercial; longcap noncommercial) keep
     # their one shard each
     assert meta["shards_reused_from_earlier_run"] == 4
+
+
+def test_a_reused_crop_whose_bytes_are_not_the_indexed_ones_is_cut_again(built, tmp_path):
+    """What the old panel_crops left after a kill between its tar and its index (issue 23 §2):
+    index rows whose sha256 does not match the bytes they point at. The plan reads a crop before
+    it reuses one, so such a panel is cut again from the raw image instead of shipping other bytes."""
+    import shutil
+
+    lake = Lake(shutil.copytree(built["lake"].root, tmp_path / "lake"))
+    shard, a = built["shard"], built["key"][A]
+    crop = next(c for c in built["crops"] if (c["pmcid"], c["image_file"], c["panel_index"]) == (*A, 0))
+    with open(lake.path(crop["tar_path"]), "r+b") as fh:  # other bytes where the index points
+        fh.seek(crop["offset"] + 100)
+        fh.write(b"\xff" * 8)
+    PairPlanStage().run(lake, Partition(RELEASE, shard))
+    row = next(r for r in lake.read_table("pair_samples", RELEASE, shard).to_pylist() if r["key"] == f"{a}_p000")
+    # cut again: the same JPEG panel_crops once made (the encoder is deterministic), in the plan's own tar
+    assert row["status"] == "included" and row["crop_source"] == "cut" and row["image_sha256"] == crop["sha256"]
+    assert row["image_tar"] != crop["tar_path"]
+    with open(lake.path(row["image_tar"]), "rb") as fh:
+        fh.seek(row["image_offset"])
+        assert hashlib.sha256(fh.read(row["image_size"])).hexdigest() == row["image_sha256"]
 
 
 # --- what the release says about itself -------------------------------------------------------

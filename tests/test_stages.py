@@ -101,6 +101,41 @@ def test_run_checks_the_level_times_and_refreshes_the_catalog(tmp_path):
     assert result.summary()["items_error"] == 1
 
 
+class _Writing(Stage):
+    """Writes the manifest rows it is given (a stage that sets no version of its own)."""
+
+    name = "writing"
+    level = SHARD
+    writes = ("raw_manifest",)
+
+    def __init__(self, pmcids: list[str]):
+        self.pmcids = pmcids
+
+    def process(self, lake: Lake, partition: Partition) -> StageResult:
+        rows = [_manifest_row(p) for p in self.pmcids]
+        lake.write_table("raw_manifest", partition.release, partition.shard, rows)
+        return self.result(partition, ok=len(rows))
+
+
+def _manifest_row(pmcid: str) -> dict:
+    row = dict.fromkeys(TABLES["raw_manifest"].names)
+    row.update(pmcid=pmcid, version=1, source="ftp", status="ok", n_files=0, bytes=0)
+    return row | {"files": [], "md5": [], "dropped": []}
+
+
+def test_every_stage_has_a_data_version_that_follows_its_rows(tmp_path):
+    """A stage that sets no version gets one from the rows it wrote: the same rows, the same
+    version (downstream assets stay fresh); other rows, another version."""
+    lake = Lake(tmp_path / "lake")
+    first = _Writing(["PMC1", "PMC2"]).run(lake, Partition("2026", "000"))
+    again = _Writing(["PMC1", "PMC2"]).run(lake, Partition("2026", "000"))
+    other = _Writing(["PMC1", "PMC3"]).run(lake, Partition("2026", "000"))
+    assert first.version and again.version == first.version and other.version != first.version
+    # an empty table is an output too, distinct from a full one
+    empty = _Writing([]).run(lake, Partition("2026", "000"))
+    assert empty.version and empty.version not in (first.version, other.version)
+
+
 def test_the_shard_count_is_fixed_for_the_life_of_a_lake(tmp_path):
     lake = Lake(tmp_path / "lake")
     assert lake.shards() == []

@@ -12,6 +12,7 @@ recorded as failed.
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -200,11 +201,14 @@ def test_dead_ray_engine_actors_are_retried_and_fail_no_figure(lake, instance):
             def ping(self) -> int:
                 return 1
 
+            def die(self) -> None:
+                os._exit(1)  # the worker process gone mid-call, as an OOM kill leaves it
+
         actor = Engine.remote()
         ray.get(actor.ping.remote())
-        ray.kill(actor, no_restart=True)
+        # (ray.kill is asynchronous: a call made right after it may still be answered)
         with pytest.raises(ray.exceptions.RayActorError) as died:
-            ray.get(actor.ping.remote(), timeout=60)
+            ray.get(actor.die.remote(), timeout=60)
     finally:
         if started:
             ray.shutdown()

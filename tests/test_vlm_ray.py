@@ -138,13 +138,16 @@ def test_defaults_pin_vllm_through_pip_and_leave_vllm_defaults_alone():
     assert image.backend_version() == f"vllm (version set by the worker image) (ray data llm {ray.__version__})"
 
 
-def test_the_vllm_env_setting_becomes_the_llm_stages_runtime_env():
+def test_the_vllm_env_setting_becomes_the_llm_stages_runtime_env(tmp_path):
     assert runtime_env_for("pip") == {"pip": {"packages": ["vllm==0.29.0"], "pip_check": False}}
     assert runtime_env_for("image") is None
     assert runtime_env_for("/opt/vllm-venv/bin/python") == {"py_executable": "/opt/vllm-venv/bin/python"}
     with pytest.raises(ValueError, match="absolute path"):
         runtime_env_for("vllm")
-    resource = VlmEngineResource(backend="ray", vllm_env="/opt/vllm-venv/bin/python")
+    # the weights as a user's downloaded folder (the engine checks them before it starts)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    resource = VlmEngineResource(backend="ray", model=str(tmp_path), vllm_env="/opt/vllm-venv/bin/python")
     engine = resource.engine()
     assert engine.settings.runtime_env == {"py_executable": "/opt/vllm-venv/bin/python"}
     assert engine.backend_version().startswith("vllm (version set by the worker image)")

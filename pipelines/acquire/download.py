@@ -208,8 +208,9 @@ def acquire_shard(
 
     result.manifest = [manifest[p] for p in sorted(manifest)]
     result.files = sorted((f for p in sorted(files) for f in files[p]), key=lambda f: (f["pmcid"], f["name"]))
-    lake.write_table("raw_files", release, shard, result.files)
-    lake.write_table("raw_manifest", release, shard, result.manifest)
+    with lake.commit("pmc_raw_articles", release, shard) as commit:  # the manifest and its files' index together
+        commit.write_table("raw_files", result.files)
+        commit.write_table("raw_manifest", result.manifest)
     for _, staged in fetched:
         shutil.rmtree(staged.directory, ignore_errors=True)
     result.requests = source.requests - requests_before

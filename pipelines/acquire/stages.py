@@ -37,10 +37,11 @@ class InventoryStage(Stage):
         previous_rows = lake.read_release(Table.INVENTORY, previous).to_pylist() if previous else []
         requests_before = self.source.requests
         inventory = build_inventory(self.source, previous_rows, previous, self.n_shards)
-        for shard in shards:
-            lake.write_table(Table.INVENTORY, release, shard, inventory.rows_by_shard.get(shard, []))
-            lake.write_table(Table.RELEASE_CHANGES, release, shard, inventory.changes_by_shard.get(shard, []))
-        lake.write_table(Table.INVENTORY_ERRORS, release, "all", inventory.problems)
+        with lake.commit(self.name, release) as commit:  # every shard's inventory at once
+            for shard in shards:
+                commit.write_table(Table.INVENTORY, inventory.rows_by_shard.get(shard, []), shard=shard)
+                commit.write_table(Table.RELEASE_CHANGES, inventory.changes_by_shard.get(shard, []), shard=shard)
+            commit.write_table(Table.INVENTORY_ERRORS, inventory.problems, shard="all")
         rows = [r for shard in sorted(inventory.rows_by_shard) for r in inventory.rows_by_shard[shard]]
         changes = [c for shard in sorted(inventory.changes_by_shard) for c in inventory.changes_by_shard[shard]]
         errors = [r for r in rows if r["error"]]

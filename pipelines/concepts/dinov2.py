@@ -1,7 +1,13 @@
 """DINOv2 image embeddings with the model's own preprocessing, loaded once per worker.
 
-Production loads real weights by model id (Hugging Face cache or hub) or a local directory;
-offline without them is a clear error naming the model. Tests and the demo pass
+Production loads real weights by model id (Hugging Face cache or hub) or a local directory
+(``PANELFORGE_DINOV2_MODEL``; torch hub names such as ``dinov2_vitl14_reg`` are read as their
+Hugging Face ids). The class is the one the checkpoint's config names: ``Dinov2Model`` for
+``dinov2``, ``Dinov2WithRegistersModel`` for ``dinov2_with_registers`` (the registers model
+BIOMEDICA's labeler used: its 4 register tokens sit between the CLS token and the patches, so
+mean pooling skips them); any other config is refused, never loaded as a plain DINOv2. Missing
+weights fail in one line naming the setting and the ``hf download`` command
+(:func:`check_weights`, run when the stage is built, before any Ray worker). Tests and the demo pass
 ``synthetic=True``: a tiny randomly initialised DINOv2 built from a config in code, and every
 vector made that way carries ``synthetic = True`` — it is never used silently in place of the
 real model. Its weights come from a fixed seed (without touching the global RNG) and it runs on
@@ -10,8 +16,11 @@ same on every run and machine, GPU or not (bf16 autocast on a GPU would give oth
 
 Preprocessing is DINOv2's (``BitImageProcessor``): resize so the shortest edge is 256 px
 (bicubic, aspect ratio kept), centre crop 224 x 224, scale to [0, 1], normalise with the
-ImageNet mean and std. The crop drops the margins of very wide or tall figures; ``pad=True``
-letterboxes onto white instead so nothing is cut.
+ImageNet mean and std. The crop drops the margins of very wide or tall figures (a 4:1 strip
+keeps 22% of its width); ``pad=True`` letterboxes onto white instead so nothing is cut. The
+default is the crop: measured on the sample's figures (``benchmarks/dinov2_pad.py``), padding
+changes most clustering assignments of the wide and tall figures, but with no trained weights
+here that measurement cannot say which of the two groups figures better (docs/dinov2-padding.md).
 """
 
 from __future__ import annotations
@@ -23,10 +32,19 @@ import huggingface_hub.constants
 import numpy as np
 from PIL import Image
 
-from pipelines.weights import ModelUnavailableError
+from pipelines.weights import ModelUnavailableError, Weights  # noqa: F401 - ModelUnavailableError: re-exported
 
 DEFAULT_MODEL = "facebook/dinov2-large"
+SETTING = "PANELFORGE_DINOV2_MODEL"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# the config's model_type -> the transformers class that has its weights
+MODEL_CLASSES = {"dinov2": "Dinov2Model", "dinov2_with_registers": "Dinov2WithRegistersModel"}
+# facebookresearch/dinov2's torch hub names -> their Hugging Face ids
+TORCH_HUB_NAMES = {
+    f"dinov2_vit{size}14{reg}": f"facebook/dinov2{'-with-registers' if reg else ''}-{name}"
+    for size, name in (("s", "small"), ("b", "base"), ("l", "large"), ("g", "giant"))
+    for reg in ("", "_reg")
+}
 
 
 @dataclass(frozen=True)
@@ -51,12 +69,42 @@ def tiny_dinov2_config():
     )
 
 
-def _unavailable(config: EmbedderConfig, exc: Exception) -> ModelUnavailableError:
-    return ModelUnavailableError(
-        f"DINOv2 weights {config.model!r} are not available (offline and not in the Hugging Face cache, "
-        f"nor a local directory). Download them once (huggingface-cli download {config.model}) "
-        "or set PANELFORGE_DINOV2_MODEL to a local directory."
-    )
+def model_id(model: str) -> str:
+    """A torch hub name (``dinov2_vitl14_reg``) as its Hugging Face id; anything else as it is."""
+    return TORCH_HUB_NAMES.get(model, model)
+
+
+def weights_of(config: EmbedderConfig) -> Weights:
+    return Weights(SETTING, model_id(config.model), DEFAULT_MODEL, "DINOv2 image embeddings")
+
+
+def model_class(config_dict: dict, where: str = SETTING):
+    """The transformers class of a DINOv2 checkpoint, from its config's ``model_type`` (and its
+    ``architectures`` agreeing with it); a config of anything else is a ValueError, so that a
+    registers model is never loaded as a plain ``Dinov2Model`` without its register tokens."""
+    import transformers
+
+    model_type = config_dict.get("model_type")
+    named = config_dict.get("architectures") or []
+    expected = MODEL_CLASSES.get(model_type)
+    if expected is None or any(name != expected for name in named):
+        raise ValueError(
+            f"{where}: the checkpoint's config is model_type={model_type!r} with architectures {named}; PanelForge "
+            f"embeds with {' or '.join(MODEL_CLASSES.values())} (model_type {' or '.join(MODEL_CLASSES)})"
+        )
+    return getattr(transformers, expected)
+
+
+def check_weights(config: EmbedderConfig) -> None:
+    """The set-up check, before any Ray worker starts: the weights are where the setting says
+    (or, online, the hub has the id) and their config names a DINOv2 class this loader reads.
+    Downloads at most the config.json of a hub id that is not cached; one line per failure."""
+    import json
+
+    if config.synthetic:
+        return
+    weights = weights_of(config)
+    model_class(json.loads(weights.config_file().read_text()), f"{SETTING}={config.model!r}")
 
 
 def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | None = None):
@@ -78,10 +126,6 @@ def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | 
         raise unavailable(exc) from exc
 
 
-def _from_pretrained(cls, config: EmbedderConfig):
-    return from_pretrained_offline_first(cls, config.model, lambda exc: _unavailable(config, exc))
-
-
 def load_processor(config: EmbedderConfig):
     """DINOv2's own image processor (from the weights' directory; built in code when synthetic)."""
     from transformers import BitImageProcessor
@@ -94,11 +138,13 @@ def load_processor(config: EmbedderConfig):
             image_mean=list(IMAGENET_MEAN),
             image_std=list(IMAGENET_STD),
         )
-    return _from_pretrained(BitImageProcessor, config)
+    return BitImageProcessor.from_pretrained(str(weights_of(config).folder()), local_files_only=True)
 
 
 def load_model(config: EmbedderConfig):
-    """Return the model on the chosen device, in eval mode."""
+    """Return the model on the chosen device, in eval mode: the class its config names."""
+    import json
+
     import torch
     from transformers import Dinov2Model
 
@@ -107,7 +153,9 @@ def load_model(config: EmbedderConfig):
             torch.manual_seed(0)
             model = Dinov2Model(tiny_dinov2_config())
     else:
-        model = _from_pretrained(Dinov2Model, config)
+        folder = weights_of(config).folder()
+        cls = model_class(json.loads((folder / "config.json").read_text()), f"{SETTING}={config.model!r}")
+        model = cls.from_pretrained(str(folder), local_files_only=True)
     default = "cpu" if config.synthetic or not torch.cuda.is_available() else "cuda"
     device = config.device or default
     return model.to(device).eval()
@@ -157,6 +205,7 @@ class Embedder:
         self.processor = load_processor(config)
         self.device = next(self.model.parameters()).device
         self.dim = self.model.config.hidden_size
+        self.registers = int(getattr(self.model.config, "num_register_tokens", 0) or 0)  # after CLS, before patches
         self._torch = torch
 
     def embed(self, pixels: np.ndarray) -> np.ndarray:
@@ -174,7 +223,7 @@ class Embedder:
                     hidden = self.model(pixel_values=tensor).last_hidden_state
             else:
                 hidden = self.model(pixel_values=tensor).last_hidden_state
-        pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)
+        pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1 + self.registers :].mean(dim=1)
         return pooled.float().cpu().numpy().astype(np.float16)
 
     def embed_images(self, images: list[Image.Image]) -> np.ndarray:

@@ -7,12 +7,17 @@ not embedded again; its vector is carried over.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.embed import embed_images
+from pipelines.fingerprints import fingerprint, model_identity
 from pipelines.lake import Lake
+from pipelines.stage import Partition, reusable_results
+
+# Bump when a change to how images are decoded or embedded changes the vectors of the same image.
+EMBED_VERSION = "1"
 
 
 @dataclass
@@ -56,11 +61,32 @@ def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None 
     return refs
 
 
+def embedder_identity(config: EmbedderConfig) -> dict:
+    """What makes a vector, besides its image: the model (by its identity, not its path), the
+    pooling and the padding, under EMBED_VERSION."""
+    model = config.model_label if config.synthetic else model_identity(config.model)
+    return {"version": EMBED_VERSION, "model": model, "pooling": config.pooling, "pad": config.pad}
+
+
+def _reusable_key(config: EmbedderConfig, identity: dict) -> Callable[[dict], str | None]:
+    """An embeddings row's reuse key: its fingerprint; a row written before fingerprints were
+    stored counts when its model label and pooling are the configuration's (as they were checked then)."""
+
+    def key(row: dict) -> str | None:
+        if not row["vector"]:
+            return None
+        if row["fingerprint"]:
+            return row["fingerprint"]
+        same = row["model"] == config.model_label and row["pooling"] == config.pooling
+        return fingerprint({**identity, "sha256": row["sha256"]}) if same else None
+
+    return key
+
+
 def embed_shard(
     lake: Lake,
     release: str,
     shard: str,
-    previous_release: str | None,
     config: EmbedderConfig,
     batch_size: int = 32,
     actors: int = 1,
@@ -68,14 +94,14 @@ def embed_shard(
     address: str | None = None,
     actor_resources: Mapping[str, float] | None = None,
 ) -> EmbeddedShard:
+    """Embed the partition's figure images, reusing every vector an earlier run made from the same
+    image with the same embedder (the previous release, then this partition's own rows)."""
     refs = image_refs(lake, release, shard)
-    known: dict[str, dict] = {}
-    if previous_release:
-        old = lake.read_table("embeddings", previous_release, shard)
-        for row in old.to_pylist() if old is not None else []:
-            if row["vector"] and row["model"] == config.model_label and row["pooling"] == config.pooling:
-                known.setdefault(row["sha256"], row)
-    todo = [r for r in refs if r["sha256"] not in known]
+    identity = embedder_identity(config)
+    reused = reusable_results(lake, "embeddings", Partition(release, shard), _reusable_key(config, identity))
+    known = {fp: row for fp, (row, _) in reused.items()}
+    fps = {r["sha256"]: fingerprint({**identity, "sha256": r["sha256"]}) for r in refs}
+    todo = [r for r in refs if fps[r["sha256"]] not in known]
     fresh = embed_images(lake, todo, config, batch_size, actors, gpus_per_actor, address, actor_resources)
     by_key: dict[tuple, list[dict]] = defaultdict(list)
     for row in fresh:
@@ -83,7 +109,7 @@ def embed_shard(
     rows = []
     for ref in refs:
         key = (ref["pmcid"], ref["fig_id"], ref["image_file"])
-        source = known.get(ref["sha256"]) or by_key[key][0]
+        source = known.get(fps[ref["sha256"]]) or by_key[key][0]
         rows.append(
             {
                 "pmcid": ref["pmcid"],
@@ -96,6 +122,7 @@ def embed_shard(
                 "dim": source["dim"],
                 "vector": source["vector"],
                 "error": source["error"],
+                "fingerprint": fps[ref["sha256"]] if source["vector"] else None,
             }
         )
     errors = sum(1 for r in rows if r["error"])

@@ -34,6 +34,7 @@ from pipelines.concepts.review import (
     seeded_sample,
 )
 from pipelines.concepts.shard import embed_shard, raw_locations
+from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.previews import sheet_preview
 from pipelines.schemas import Table
@@ -105,7 +106,6 @@ class EmbedStage(Stage):
             lake,
             release,
             shard,
-            lake.previous_release(Table.EMBEDDINGS, release),
             self.config,
             self.batch_size,
             self.actors,
@@ -164,7 +164,7 @@ class ConceptModelStage(Stage):
             Path(tmp).write_text(json.dumps({"version": version}))
         info = model.info
         scree = base64.b64encode(scree_png(model)).decode()
-        return self.result(
+        result = self.result(
             partition,
             ok=info["samples"],
             counts={
@@ -181,6 +181,9 @@ class ConceptModelStage(Stage):
             },
             paths={"path": model_dir(lake, version)},
         )
+        # the version names the settings; the clusters (their members' fingerprints) say what was fitted
+        result.version = fingerprint({"version": version, "clusters": model.fingerprints(), "inertia": info["inertia"]})
+        return result
 
 
 @dataclass
@@ -217,7 +220,7 @@ class ConceptReviewStage(Stage):
         for name, text in outputs.items():
             with lake.atomic_local_file(f"{directory}/{name}") as tmp:
                 Path(tmp).write_text(text)
-        return self.result(
+        result = self.result(
             partition,
             ok=len(samples),
             bytes=written,
@@ -233,6 +236,8 @@ class ConceptReviewStage(Stage):
             },
             paths={"index": f"{directory}/index.html", "annotations_folder": lake.path("annotations", version)},
         )
+        result.version = fingerprint(outputs)  # the sheets' index and templates people annotate from
+        return result
 
 
 @dataclass

@@ -36,9 +36,18 @@ class ClipModel:
 
 def load_clip(spec: str, pretrained: str | None = None, name: str | None = None, device: str = "cpu") -> ClipModel:
     """``spec`` is an OpenCLIP model name (``ViT-L-14`` with ``pretrained``), ``hf-hub:...``, or
-    ``local-dir:DIR`` (``open_clip_config.json`` + optional weights, works offline)."""
+    ``local-dir:DIR`` (``open_clip_config.json`` + weights, as a training run exports ``model/``).
+
+    A BMC-LongCLIP export has a Hugging Face text tower (BioClinical ModernBERT) that stock
+    OpenCLIP 3.3 cannot build (``ModernBertModel`` rejects OpenCLIP's ``add_pooling_layer``), so
+    the towers :mod:`pipelines.training.hf_text` teaches OpenCLIP are enabled first; its
+    tokenizer is read from the export's own folder, its text tower's config from
+    ``hf_model_name`` (the Hugging Face cache, or the Hub when not offline)."""
     import open_clip
 
+    from pipelines.training.hf_text import enable_hf_text_towers
+
+    enable_hf_text_towers()
     model, _, preprocess = open_clip.create_model_and_transforms(spec, pretrained=pretrained, device=device)
     model.eval()
     return ClipModel(model, preprocess, open_clip.get_tokenizer(spec), name or spec, device)

@@ -50,8 +50,12 @@ def run(config: EvalJobConfig, run_id: str, run_dir: str | None = None) -> dict:
     """Evaluate, report, return the metadata."""
     lake = Lake(config.lake)
     launch.log(f"evaluating {config.model} on release {config.release}" + (" (synthetic)" if config.synthetic else ""))
-    model = load_clip(config.model, config.pretrained, device=config.device)
-    baseline = load_clip(config.baseline, config.baseline_pretrained, device=config.device) if config.baseline else None
+    label = " (synthetic)" if config.synthetic else ""  # the demo's tiny random model: no quality claim
+    model = load_clip(config.model, config.pretrained or None, name=config.model + label, device=config.device)
+    baseline = None
+    if config.baseline:
+        pretrained = config.baseline_pretrained or None
+        baseline = load_clip(config.baseline, pretrained, config.baseline + label, config.device)
     report, paths = evaluate_release(
         lake,
         config.release,

@@ -32,10 +32,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.mining.prompts import Prompt
+from pipelines.fingerprints import fingerprint
 from pipelines.panels.captions import normalize_caption
-from pipelines.vlm.engine import VlmEngine, VlmRequest, fingerprint
+from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
+from pipelines.vlm.metering import MeteredEngine
+from pipelines.vlm.prompt import Prompt
 
 LATERALITY, LOCATION, COUNT, COLOUR, STAIN, MODALITY, SIZE = (
     "laterality",
@@ -607,6 +609,7 @@ def rule_negatives(text: str, max_per_type: int = 1, seed: int = 0) -> list[Nega
 
 # --- the VLM ----------------------------------------------------------------------------------
 
+SYSTEM = "You write hard negative captions for training biomedical image-text models. You answer with JSON only."
 NEGATIVES = Prompt(
     "negatives",
     "Here is a description of a region of a biomedical figure:\n\n{text}\n\nWrite up to {n} false versions "
@@ -638,10 +641,13 @@ NEGATIVES = Prompt(
         "additionalProperties": False,
     },
     768,
+    system=SYSTEM,
 )
-SYSTEM = "You write hard negative captions for training biomedical image-text models. You answer with JSON only."
 # kept apart from the mining prompts: their hash is the mining stage's version, which this must not change
 NEGATIVES_PROMPT_VERSION = fingerprint({"system": SYSTEM, "template": NEGATIVES.template, "schema": NEGATIVES.schema})
+# The rules' version (lexicon, count grammar, gate): bump it when a change here changes the
+# negatives made from the same text; with the prompt's version it is the asset's code version.
+RULES_VERSION = "1"
 
 
 @dataclass
@@ -656,16 +662,7 @@ class VlmNegatives:
 def vlm_negatives(engine: VlmEngine, items: list[tuple[str, str]], n: int) -> VlmNegatives:
     """Up to ``n`` VLM negatives per (id, text), each gated by :func:`is_contradiction`. A bad
     answer costs that item its negatives and leaves a reason; :class:`VlmOutage` propagates."""
-    requests = [
-        VlmRequest(
-            id=item_id,
-            prompt=NEGATIVES.render(text=normalize_caption(text), n=str(n)),
-            system=SYSTEM,
-            schema=NEGATIVES.schema,
-            max_tokens=NEGATIVES.max_tokens,
-        )
-        for item_id, text in items
-    ]
+    requests = [NEGATIVES.request(item_id, text=normalize_caption(text), n=str(n)) for item_id, text in items]
     out = VlmNegatives()
     responses = engine.generate(requests) if requests else []
     for (item_id, text), response in zip(items, responses, strict=True):
@@ -754,3 +751,27 @@ def negative_rows(
                 }
             )
     return rows
+
+
+def pair_negatives(
+    pairs: list[dict], engine: MeteredEngine | None, max_per_type: int, seed: int, vlm_per_pair: int
+) -> list[tuple[dict, list[dict]]]:
+    """For each region pair: its ``negative_items`` row (less the fingerprint) and its
+    ``pair_negatives`` rows, from the rules and, with an engine, the VLM (one batched call)."""
+    vlm, reasons = {}, {}
+    if engine is not None:
+        answer = vlm_negatives(engine, [(p["pair_id"], p["text"]) for p in pairs], vlm_per_pair)
+        vlm, reasons = answer.negatives, answer.reasons
+    out = []
+    for pair in pairs:
+        rows = negative_rows([pair], max_per_type, seed, vlm)
+        item = {
+            "pair_id": pair["pair_id"],
+            "pmcid": pair["pmcid"],
+            "status": "rules+vlm" if engine is not None else "rules",
+            "negatives": len(rows),
+            "vlm_requests": engine.meter.requests[pair["pair_id"]] if engine is not None else 0,
+            "reasons": reasons.get(pair["pair_id"], []),
+        }
+        out.append((item, rows))
+    return out

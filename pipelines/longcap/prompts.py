@@ -15,9 +15,10 @@ more than a 512-token text encoder reads of the long caption anyway.
 
 from __future__ import annotations
 
-from pipelines.mining.prompts import SYSTEM, Prompt
+from pipelines.fingerprints import fingerprint
+from pipelines.mining.prompts import SYSTEM
 from pipelines.vlm.budget import answer_budget
-from pipelines.vlm.engine import fingerprint
+from pipelines.vlm.prompt import Prompt
 
 SUPPORTED, NOT_VISIBLE, UNVERIFIABLE = "SUPPORTED", "NOT_VISIBLE", "UNVERIFIABLE"
 FEASIBLE, NOT_FEASIBLE = "FEASIBLE", "NOT_FEASIBLE"
@@ -77,6 +78,7 @@ LONGCAP = Prompt(
     '[{{"short": "...", "long": "..."}}]}}.',
     LONGCAP_SCHEMA,
     max_tokens=answer_budget(LONGCAP_SCHEMA),
+    system=SYSTEM,
 )
 
 PROMPT_VERSION = fingerprint({"system": SYSTEM, "longcap": [LONGCAP.template, LONGCAP.schema, LONGCAP.max_tokens]})

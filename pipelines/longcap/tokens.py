@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipelines.panels.captions import normalize_caption
 from pipelines.provenance import public_model_name
@@ -178,6 +179,10 @@ class BackendTokenizer(TextTokenizer):
         return self._tokenizer.encode(text, add_special_tokens=True).ids
 
 
+TOKENIZER_SETTING = "PANELFORGE_TEXT_TOKENIZER"
+DEFAULT_HF_TOKENIZER = "thomas-sounack/BioClinical-ModernBERT-base"  # BMC-LongCLIP's text tower
+
+
 class TokenizerUnavailableError(RuntimeError):
     """The tokenizer is neither local nor downloadable: a person must provide it."""
 
@@ -189,9 +194,16 @@ class HfTokenizer(TextTokenizer):
         from transformers import AutoTokenizer
 
         from pipelines.concepts.dinov2 import from_pretrained_offline_first
+        from pipelines.weights import Weights
+
+        what = "the text encoder's tokenizer"
+        weights = Weights(TOKENIZER_SETTING, name_or_path, DEFAULT_HF_TOKENIZER, what, revision)
 
         def unavailable(exc: Exception) -> TokenizerUnavailableError:
-            return TokenizerUnavailableError(f"tokenizer {name_or_path!r} not available offline or from the hub: {exc}")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            where = "no such folder" if weights.is_folder and not Path(name_or_path).is_dir() else "not available"
+            return TokenizerUnavailableError(str(weights.error(f"{where} ({first})")).replace(
+                f"{TOKENIZER_SETTING}={name_or_path!r}", f"{TOKENIZER_SETTING}='hf:{name_or_path}'"))  # fmt: skip
 
         self._tokenizer = from_pretrained_offline_first(AutoTokenizer, name_or_path, unavailable, revision)
         self.context_length = context_length

@@ -12,9 +12,8 @@ family and is resolved by ``pipelines.vlm.grounding``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pipelines.vlm.engine import fingerprint
+from pipelines.fingerprints import fingerprint
+from pipelines.vlm.prompt import Prompt
 
 SYSTEM = (
     "You are an expert reader of biomedical figures. You answer with JSON only, copy text from the "
@@ -24,19 +23,6 @@ SYSTEM = (
 # Bounded so that constrained decoding cannot run on with endless digits (a model frame side
 # is at most a few thousand pixels; the 0–1000 grid is below that)
 _BOX = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9999}, "minItems": 4, "maxItems": 4}
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt template (``str.format`` fields) and the JSON schema of its answer."""
-
-    name: str
-    template: str
-    schema: dict
-    max_tokens: int
-
-    def render(self, **fields: str) -> str:
-        return self.template.format(**fields)
 
 
 PANELS = Prompt(
@@ -63,6 +49,7 @@ PANELS = Prompt(
         "additionalProperties": False,
     },
     max_tokens=512,
+    system=SYSTEM,
 )
 
 ASSOCIATE = Prompt(
@@ -90,6 +77,7 @@ ASSOCIATE = Prompt(
         "additionalProperties": False,
     },
     max_tokens=1024,
+    system=SYSTEM,
 )
 
 DESCRIBE_PANEL = Prompt(
@@ -103,6 +91,7 @@ DESCRIBE_PANEL = Prompt(
         "additionalProperties": False,
     },
     max_tokens=96,
+    system=SYSTEM,
 )
 
 LOCATE_REGION = Prompt(
@@ -128,6 +117,7 @@ LOCATE_REGION = Prompt(
         "additionalProperties": False,
     },
     max_tokens=256,
+    system=SYSTEM,
 )
 
 DESCRIBE_REGION = Prompt(
@@ -136,6 +126,7 @@ DESCRIBE_REGION = Prompt(
     'shows. Answer as JSON: {{"description": "..."}}.',
     DESCRIBE_PANEL.schema,
     max_tokens=64,
+    system=SYSTEM,
 )
 
 # The canary: its answer must be this exact JSON. Unconstrained, a model asked to greet does not
@@ -151,6 +142,7 @@ CANARY = Prompt(
         "additionalProperties": False,
     },
     max_tokens=32,
+    system=SYSTEM,
 )
 
 

@@ -176,17 +176,7 @@ class _Vote:
 
 
 def panel_requests(views: Sequence[View], key: str = "figure") -> list[VlmRequest]:
-    return [
-        VlmRequest(
-            id=f"{key}/view{i}",
-            prompt=prompts.PANELS.render(),
-            images=[view.image],
-            system=prompts.SYSTEM,
-            schema=prompts.PANELS.schema,
-            max_tokens=prompts.PANELS.max_tokens,
-        )
-        for i, view in enumerate(views)
-    ]
+    return [prompts.PANELS.request(f"{key}/view{i}", [view.image]) for i, view in enumerate(views)]
 
 
 def propose_panels(engine: VlmEngine, image: Image.Image, views: Sequence[View], key: str = "figure") -> Proposals:

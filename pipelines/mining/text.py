@@ -21,7 +21,7 @@ from pipelines.mining import prompts
 from pipelines.panels.captions import normalize_caption, split_caption
 from pipelines.panels.pairing import NONE, VLM, assign_captions
 from pipelines.panels.types import CaptionSplit, Panel
-from pipelines.vlm.engine import VlmEngine, VlmRequest
+from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
 
 CAPTION_SPLIT = "caption_split"
@@ -82,13 +82,7 @@ def panel_texts(
 def _associate(engine: VlmEngine, caption: str, residual: list[tuple[int, str]]) -> dict[int, PanelText]:
     """One ASSOCIATE request for the residual panels; each answer kept only if extractive."""
     labels = ", ".join(label for _, label in residual)
-    request = VlmRequest(
-        id="associate",
-        prompt=prompts.ASSOCIATE.render(caption=caption, labels=labels),
-        system=prompts.SYSTEM,
-        schema=prompts.ASSOCIATE.schema,
-        max_tokens=prompts.ASSOCIATE.max_tokens,
-    )
+    request = prompts.ASSOCIATE.request("associate", caption=caption, labels=labels)
     (response,) = engine.generate([request])
 
     def failed(why: str) -> dict[int, PanelText]:
@@ -150,14 +144,7 @@ def describe_panels(
     if not crops:
         return []
     requests = [
-        VlmRequest(
-            id=f"describe/{i}",
-            prompt=prompts.DESCRIBE_PANEL.render(text=text or ""),
-            images=[crop],
-            system=prompts.SYSTEM,
-            schema=prompts.DESCRIBE_PANEL.schema,
-            max_tokens=prompts.DESCRIBE_PANEL.max_tokens,
-        )
+        prompts.DESCRIBE_PANEL.request(f"describe/{i}", [crop], text=text or "")
         for i, (crop, text) in enumerate(zip(crops, texts, strict=True))
     ]
     by_id = {r.id: r for r in engine.generate(requests)}

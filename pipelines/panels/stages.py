@@ -12,7 +12,6 @@ Images unchanged since the previous release (same sha256, same settings) keep th
 from __future__ import annotations
 
 import io
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from PIL import Image
 from pipelines.acquire.rawstore import RawReader, add_member
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.shard import image_refs
+from pipelines.fingerprints import fingerprint, model_identity
 from pipelines.lake import Lake
 from pipelines.panels.captions import split_caption
 from pipelines.panels.detector import DetectorConfig, detect_images
@@ -40,6 +40,9 @@ from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage,
 GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
 CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge into consensus panels
+# The panel logic's version: bump it when a change to how figures are split (layout, detector use,
+# post-processing) changes the panels of the same image, so reruns and new releases split it again.
+PANELS_VERSION = "1"
 
 
 @dataclass(frozen=True)
@@ -59,17 +62,22 @@ class PanelSettings:
 
     @property
     def fingerprint(self) -> str:
-        """What a carried-over result must have been made with."""
+        """What a carried-over result must have been made with: the panel logic's version, the
+        detector (by its identity: a local directory by its content, never its path) and how the
+        two methods are combined."""
         detector = self.detector
-        return json.dumps(
+        model = None
+        if detector is not None:
+            model = detector.model_label if detector.synthetic else model_identity(detector.model, detector.revision)
+        return fingerprint(
             {
-                "detector": detector.model_label if detector else None,
+                "version": PANELS_VERSION,
+                "detector": model,
                 "threshold": detector.threshold if detector else None,
                 "input_size": detector.input_size if detector else None,
                 "prefer": self.prefer,
                 "consensus_min": self.consensus_min,
-            },
-            sort_keys=True,
+            }
         )
 
 
@@ -138,15 +146,11 @@ class PanelStage(Stage):
         return Compute(ray_actors=self.settings.actors, gpus_per_actor=self.settings.gpus_per_actor, pool=GPU_POOL)
 
     def _previous(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
-        """Results of the previous release made with the same settings, by image sha256."""
+        """Results made with the same settings, by image sha256: the previous release's, then
+        this partition's own (a rerun)."""
         fp = self.settings.fingerprint
         return reusable_results(
-            lake,
-            Table.PANEL_FIGURES,
-            partition,
-            lambda f: f["sha256"] if f["settings"] == fp else None,
-            Table.PANELS,
-            this_release=False,
+            lake, Table.PANEL_FIGURES, partition, lambda f: f["sha256"] if f["settings"] == fp else None, Table.PANELS
         )
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
@@ -204,12 +208,10 @@ class PanelStage(Stage):
             panel_rows.extend(panels)
             kept = [Panel(box=(p["x1"], p["y1"], p["x2"], p["y2"]), label=p["label"]) for p in panels]
             caption_rows.extend(_caption_rows(item, kept, splits[key]))
-        for table, rows in (
-            (Table.PANEL_FIGURES, figure_rows),
-            (Table.PANELS, panel_rows),
-            (Table.PANEL_CAPTIONS, caption_rows),
-        ):
-            lake.write_table(table, release, shard, rows)
+        with lake.commit(self.name, release, shard) as commit:  # the three tables together, or none
+            commit.write_table(Table.PANEL_FIGURES, figure_rows)
+            commit.write_table(Table.PANELS, panel_rows)
+            commit.write_table(Table.PANEL_CAPTIONS, caption_rows)
         return self._result(partition, figure_rows, panel_rows, caption_rows, len(carried), len(todo))
 
     def _figure(self, item: dict, layout, detection: dict | None, split) -> tuple[dict, list[dict]]:
@@ -431,14 +433,16 @@ class PanelCropsStage(Stage):
         for row in panels.to_pylist():
             by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
         dest = crops_tar(lake, release, shard)
-        relative = dest[len(lake.root) + 1 :]
+        relative = lake.relative(dest)
         rows, errors, written = [], [], 0
         sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
-        with (
-            lake.atomic_local_file(dest, suffix=".tar") as tmp,
-            tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-            with RawReader(lake) as reader:
+        # the tar and its index are published together: an index row never points at other bytes
+        with lake.commit(self.name, release, shard) as commit:
+            with (
+                commit.file(dest, suffix=".tar") as tmp,
+                tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar,
+                RawReader(lake) as reader,
+            ):
                 for (pmcid, image_file), image_panels in sorted(by_image.items()):
                     raw = where[(pmcid, image_file)]
                     image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
@@ -473,7 +477,7 @@ class PanelCropsStage(Stage):
                                 "text_run": round(measures.text_run, 3),
                             }
                         )
-        lake.write_table(Table.PANEL_CROPS, release, shard, rows)
+            commit.write_table(Table.PANEL_CROPS, rows)
         result = self.result(
             partition,
             ok=len(rows),

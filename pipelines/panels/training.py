@@ -3,7 +3,6 @@ single-panel figures, written once per release and settings as a COCO dataset in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -11,6 +10,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.fingerprints import fingerprint
 from pipelines.lake import TMP_DIR, Lake
 from pipelines.panels.layout import split_panels
 from pipelines.panels.synthetic import source_panels, write_coco_dataset
@@ -40,8 +40,8 @@ class SyntheticSetStage(Stage):
 
     @property
     def version(self) -> str:
-        settings = json.dumps(asdict(self), sort_keys=True)
-        return hashlib.sha1(settings.encode()).hexdigest()[:8]
+        """The set's version: its settings hashed (the generator is seeded: same settings, same set)."""
+        return fingerprint(asdict(self))[:8]
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
@@ -65,7 +65,7 @@ class SyntheticSetStage(Stage):
 
     def _result(self, partition: Partition, summary: dict, dest: str, reused: bool) -> StageResult:
         images = {name: split["images"] for name, split in summary["splits"].items()}
-        return self.result(
+        result = self.result(
             partition,
             ok=sum(images.values()),
             counts={
@@ -78,6 +78,8 @@ class SyntheticSetStage(Stage):
             },
             paths={"train": f"{dest}/train", "val": f"{dest}/val"},
         )
+        result.version = fingerprint({"release": partition.release, "set": self.version})
+        return result
 
 
 def training_set_dir(lake: Lake, release: str, version: str) -> str:

@@ -262,23 +262,28 @@ def _carry(
                 result.count(table, rows)
 
 
+PARSE_STAGE = "parsed_articles"
+
+
 def parse_shard(
     lake: Lake, release: str, shard: str, previous_release: str | None, limits: ParseLimits = ParseLimits()
 ) -> ParsedShard:
     """Parse the partition and write its four tables; return the counters.
 
     Newly parsed articles come first, in manifest order, then the carried articles' rows in the
-    previous partition's order. If anything raises, no table of the partition is replaced.
+    previous partition's order. The four tables are published together (one commit of
+    ``parsed_articles``): if anything raises, or the process dies, no table of the partition is
+    replaced.
     """
     manifest = _manifest(lake, release, shard)
     index = _FileIndex(lake, release, shard)
     previous_ok = _previous_ok(lake, previous_release, shard)
     result, carried = ParsedShard(), set()
-    with contextlib.ExitStack() as stack:
+    with lake.commit(PARSE_STAGE, release, shard) as commit, contextlib.ExitStack() as stack:
         raw = _RawFiles(lake)
         stack.callback(raw.close)
         writers = {
-            table: stack.enter_context(lake.table_writer(table, release, shard, limits.batch_rows))
+            table: stack.enter_context(commit.table_writer(table, batch_rows=limits.batch_rows))
             for table in PARSE_TABLES
         }
         for pmcid, status in manifest:

@@ -22,6 +22,7 @@ only copies bytes, exactly as for the figure level.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from PIL import Image
 
 from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.decode import decode_image
-from pipelines.lake import Lake
+from pipelines.lake import Commit, Lake
 from pipelines.panels.gate import GateSettings, crop_gate
 from pipelines.panels.pairing import CAPTION_MATCHES, VLM
 from pipelines.panels.stages import crop_panel, jpeg_bytes
@@ -160,9 +161,12 @@ def plan_pair_shard(
     crops_tar: str,
     panel_matches: tuple[str, ...] = CAPTION_MATCHES,
     gate: GateSettings | None = None,
+    *,
+    commit: Commit,
 ) -> PairPlan:
     """Plan every panel pair, region pair and long caption of one partition; crops that must be
-    cut go into ``crops_tar`` (a lake path, written only when there is something to cut).
+    cut go into ``crops_tar`` (a lake path, written into ``commit`` only when there is something
+    to cut, so it is published with the plan that points into it).
 
     A panel sample ships when its text was matched in one of ``panel_matches`` (by default the
     caption-matched ones, ``label`` and ``order``; add ``vlm`` for the texts the VLM associated)
@@ -207,7 +211,7 @@ def plan_pair_shard(
     finally:
         planner.reader.close()
     if planner.cuts:
-        write_images(lake, crops_tar, planner.cuts)
+        write_images(commit, crops_tar, planner.cuts)
     rows = sorted((_finish(row) for row in rows), key=lambda r: r["shuffle_key"])
     excluded = Counter(r["reason"] for r in rows if r["status"] == "excluded")
     sources = Counter(r["crop_source"] for r in rows if r["status"] == "included")
@@ -299,6 +303,8 @@ class _Planner:
         box = (pair["x1"], pair["y1"], pair["x2"], pair["y2"])
         where = (pair["pmcid"], pair["image_file"], pair["panel_index"])
         crop = self.crops.get(where) if pair["level"] == PANEL and self.panel_boxes.get(where) == box else None
+        if crop is not None and not self._intact(crop):
+            crop = None  # its bytes are not the ones indexed (a lake written before commits): cut it again
         row.update(caption=pair["text"].strip(), width=box[2] - box[0], height=box[3] - box[1])
         if crop is not None:
             if crop["gate"]:
@@ -325,6 +331,15 @@ class _Planner:
             # one per line, in negative_index order ("" when none: every region sample has the member)
             row["neg_txt"] = "\n".join(" ".join(n["text"].split()) for n in row["meta"]["negatives"])
         return row
+
+    def _intact(self, crop: dict) -> bool:
+        """A reused crop's bytes are the ones its index row names (their sha256): a reader checks
+        what it was given before a sample points at it."""
+        try:
+            data = self.reader.read(crop["tar_path"], crop["offset"], crop["size"])
+        except (OSError, ValueError):
+            return False
+        return hashlib.sha256(data).hexdigest() == crop["sha256"]
 
     def _decode(self, pair: dict) -> tuple[Image.Image | None, str | None]:
         source = self.raw.get((pair["pmcid"], pair["image_file"]))

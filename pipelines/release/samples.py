@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pipelines.acquire.rawstore import RawReader, add_member
 from pipelines.concepts.decode import decode_image
-from pipelines.lake import Lake
+from pipelines.lake import Commit, Lake
 from pipelines.schemas import SAMPLES
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -148,9 +148,10 @@ def _by(rows, *fields) -> dict:
     return {tuple(r[f] for f in fields): r for r in rows}
 
 
-def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: str) -> SamplePlan:
+def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: str, commit: Commit) -> SamplePlan:
     """Plan every figure image of one partition; non-JPEG images are converted into
-    ``converted_tar`` (a lake path, written atomically only when there is something to write)."""
+    ``converted_tar`` (a lake path, written into ``commit`` only when there is something to write,
+    so it is published with the plan that points into it)."""
 
     def table(name: str) -> list[dict]:
         found = lake.read_table(name, release, shard)
@@ -201,7 +202,7 @@ def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: s
             rows.append(row)
     reader.close()
     if conversions:
-        write_images(lake, converted_tar, conversions)
+        write_images(commit, converted_tar, conversions)
     rows = sorted(_finish_rows(rows), key=lambda r: r["shuffle_key"])
     excluded: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -300,11 +301,12 @@ def _extension(name: str) -> str:
     return name.rsplit(".", 1)[1].lower() if "." in name else "unknown"
 
 
-def write_images(lake: Lake, dest: str, conversions: list[tuple[dict, bytes]]) -> None:
+def write_images(commit: Commit, dest: str, conversions: list[tuple[dict, bytes]]) -> None:
     """JPEG bytes derived once (conversions, crops) into one tar at ``dest``, in key order so the
-    tar is reproducible; each row learns where its bytes are and their sha256."""
-    relative = dest[len(lake.root) + 1 :]
-    with lake.atomic_local_file(dest) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
+    tar is reproducible; each row learns where its bytes are and their sha256. The tar is part of
+    ``commit``: it appears with the table whose rows point into it."""
+    relative = commit.lake.relative(dest)
+    with commit.file(dest) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
         for row, data in sorted(conversions, key=lambda item: item[0]["key"]):
             offset = add_member(tar, f"{row['key']}.jpg", io.BytesIO(data), len(data))
             row.update(image_tar=relative, image_offset=offset, image_size=len(data))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.annotations import load_taxonomy
+from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.panels.gate import REASONS as GATE_REASONS
 from pipelines.panels.gate import GateSettings
@@ -79,8 +80,9 @@ class SamplePlanStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
         converted = lake.path("converted", f"release={release}", f"shard={shard}", "images.tar")
-        plan = plan_shard(lake, release, shard, self.shuffle_seed, converted)
-        lake.write_table(Table.SAMPLES, release, shard, plan.rows)
+        with lake.commit(self.name, release, shard) as commit:
+            plan = plan_shard(lake, release, shard, self.shuffle_seed, converted, commit)
+            commit.write_table(Table.SAMPLES, plan.rows)
         excluded = [r for r in plan.rows if r["status"] == "excluded"]
         return self.result(
             partition,
@@ -169,13 +171,16 @@ def _subsets_result(stage: Stage, partition: Partition, lake: Lake, results: dic
     counts["subsets_skipped"] = {subset: r.skipped for subset, r in results.items() if r.skipped}
     seed = next((r.seed for r in results.values() if r.seed is not None), None)
     counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
-    return stage.result(
+    result = stage.result(
         partition,
         ok=sum(r.samples for r in results.values()),
         bytes=sum(r.bytes for r in results.values()),
         counts=counts,
         paths={"path": dataset_dir(lake, partition.release)},
     )
+    # the shards' bytes decide what a downstream asset sees: their sha256, per subset
+    result.version = fingerprint({name: [s["sha256"] for s in r.shards] for name, r in sorted(results.items())})
+    return result
 
 
 @dataclass
@@ -204,16 +209,17 @@ class PairPlanStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
         crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
-        try:
-            matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
-            plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate)
-        except FileNotFoundError as exc:
-            raise StageInputError(str(exc)) from exc
-        if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
-            raise StageInputError(
-                f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
-            )
-        lake.write_table(Table.PAIR_SAMPLES, release, shard, plan.rows)
+        with lake.commit(self.name, release, shard) as commit:
+            try:
+                matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
+                plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
+            except FileNotFoundError as exc:
+                raise StageInputError(str(exc)) from exc
+            if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
+                raise StageInputError(
+                    f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
+                )
+            commit.write_table(Table.PAIR_SAMPLES, plan.rows)
         counts: dict[str, object] = {f"{level}_samples": plan.included(level) for level in PAIR_LEVELS}
         counts |= {f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in PAIR_REASONS}
         counts |= {f"crops_{source}": n for source, n in sorted(plan.crop_sources.items())}
@@ -404,12 +410,14 @@ class ReleaseTablesStage(Stage):
             if name in pngs:
                 encoded = base64.b64encode(pngs[name]).decode()
                 counts[name.replace(".png", "_histogram")] = Markdown(f"![{name}](data:image/png;base64,{encoded})")
-        return self.result(
+        result = self.result(
             partition,
             ok=sum(f["rows"] for f in tables.values()),
             counts=counts,
             paths={"path": dataset_dir(lake, release, "parquet")},
         )
+        result.version = fingerprint({"tables": tables, "stats": summary})
+        return result
 
 
 def release_info(lake: Lake, release: str) -> dict:
@@ -513,7 +521,7 @@ class DatasetCardStage(Stage):
         with local_dataset_folder(lake) as folder:
             roots = (lake.root,) if lake.is_local else ()
             leaks = find_machine_paths(folder, False, self.audit_tars_per_folder, roots)
-        return self.result(
+        result = self.result(
             partition,
             ok=1,
             bytes=len(text.encode()),
@@ -525,6 +533,8 @@ class DatasetCardStage(Stage):
             paths={"path": path},
             checks=[no_machine_paths(leaks)],
         )
+        result.version = fingerprint(text)
+        return result
 
 
 NO_MACHINE_PATHS = "no_machine_paths"
@@ -584,4 +594,6 @@ class HubUploadStage(Stage):
                     raise StageInputError("HF_TOKEN is not set: export a Hugging Face write token in the environment")
                 counts["method"] = upload_release(self.api, self.repo_id, folder, release, self.private)
                 counts["url"] = f"https://huggingface.co/datasets/{self.repo_id}"
-        return self.result(partition, ok=len(plan.files), bytes=plan.bytes, counts=counts)
+        result = self.result(partition, ok=len(plan.files), bytes=plan.bytes, counts=counts)
+        result.version = fingerprint({"files": plan.files, "bytes": plan.bytes, "repo": self.repo_id})
+        return result

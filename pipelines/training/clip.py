@@ -5,9 +5,16 @@
 The JSON config holds :class:`ClipTrainConfig`'s fields; the launcher adds a ``launch`` section
 (``run_dir``, ``checkpoint_dir``, ``gpus``). The defaults are BIOMEDICA's recipe
 (``shared/papers/004_3487d638bbd8f5c4.txt``, section 15 and table 11): ViT-L-14 from CommonPool
-(``commonpool_xl_s13b_b90k``), 1024 per GPU x 4 GPUs x 2 accumulation steps = 8192, lr 1e-6 with
-1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clipping 1.0, fp32; 9 epochs
-on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`).
+XL filtered by CLIP score (``commonpool_xl_clip_s13b_b90k``, the tag of every BIOMEDICA launch
+script and of ``experiments.csv``), 1024 per GPU x 4 GPUs x 2 accumulation steps = 8192, lr 1e-6
+with 1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clipping 1.0, fp32; 9
+epochs on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`). Like
+BIOMEDICA's launch scripts (``scripts/submit_and_manage_jobs_wds.py`` in
+``Ale9806/open_clip_with_biomedica``) the trainer runs with ``--grad-checkpointing --local-loss
+--gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 455 MB of fp32
+activations and 1,024 of them cannot fit an 80 GB GPU. Before the trainer starts, the job
+estimates the step's memory (:mod:`pipelines.training.memory`) and refuses a batch that cannot
+fit its GPU, naming the setting to change.
 
 The training itself is ``open_clip_train.main`` (it ships inside open-clip-torch), run as a child
 process so that its global logging setup, its process group and a crash stay out of this one:
@@ -45,10 +52,17 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines import launch
-from pipelines.training import hf_text
+from pipelines import launch, weights
+from pipelines.training import hf_text, memory
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
+# BIOMEDICA's base model: CommonPool XL filtered by CLIP score (76.4% ImageNet zero-shot, against
+# 72.3% for the unfiltered commonpool_xl_s13b_b90k), the --pretrained of all their launch scripts
+COMMONPOOL = "commonpool_xl_clip_s13b_b90k"
+# BMC-CLIP (concept-filtered), where Panel2Patch starts: a ViT-L-14 OpenCLIP trainer checkpoint
+# (``state_dict`` with DDP's ``module.`` prefixes, which OpenCLIP's loader strips) on the Hub
+BMC_CLIP = "hf-hub:BIOMEDICA/BMC_CLIP_CF/BMC_CLIP_CF.pt"
+HF_HUB = "hf-hub:"
 # BMC-LongCLIP (shared/papers/003_9645439f2590c986.txt, section 2 and appendix F, table 4)
 LONGCLIP_VISION = ("ViT-L-14-quickgelu", "dfn2b")  # ViT-L/14 pretrained on DFN-2B (trained with QuickGELU)
 LONGCLIP_TEXT = "thomas-sounack/BioClinical-ModernBERT-base"  # BioClinical ModernBERT, 150M
@@ -84,7 +98,7 @@ class ClipTrainConfig(launch.JobConfig):
     dataset_resampled: bool = False
     train_num_samples: int | None = None  # samples per epoch; None: the sum of the subsets' sizes.json
     model: str = "ViT-L-14"  # an OpenCLIP name, hf-hub:org/repo or local-dir:/path
-    pretrained: str = "commonpool_xl_s13b_b90k"  # a tag or a weights file; ignored for local-dir:
+    pretrained: str = COMMONPOOL  # a tag or a weights file; ignored for local-dir:
     batch_size: int = 1024  # per GPU
     accum_freq: int = 2
     gpus: int = 4
@@ -96,6 +110,10 @@ class ClipTrainConfig(launch.JobConfig):
     wd: float = 0.2
     grad_clip_norm: float = 1.0
     precision: str = "fp32"
+    grad_checkpointing: bool = True  # recompute each block in the backward pass (BIOMEDICA's scripts)
+    local_loss: bool = True  # logits of this GPU's samples against the global batch only
+    gather_with_grad: bool = True  # the gathered features carry gradients (needed with local_loss)
+    gpu_memory_gb: float | None = None  # for the memory check; None: the job's GPU's own (no check on CPU); 0: none
     workers: int = 8
     seed: int = 0
     device: str = "cuda"
@@ -131,6 +149,8 @@ class ClipTrainConfig(launch.JobConfig):
             raise ValueError(f"wise_ft_alpha must be in [0, 1], got {self.wise_ft_alpha}")
         if self.gpus < 0 or self.epochs < 1 or self.batch_size < 1 or self.accum_freq < 1:
             raise ValueError("gpus >= 0, epochs >= 1, batch_size >= 1 and accum_freq >= 1")
+        if self.precision not in memory.PRECISIONS:
+            raise ValueError(f"precision must be one of {memory.PRECISIONS}, got {self.precision!r}")
         if self.text_model is not None and self.context_length < 2:
             raise ValueError(f"context_length must hold at least the two special tokens, got {self.context_length}")
 
@@ -227,6 +247,8 @@ def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> lis
     ]  # fmt: skip
     if config.pretrained and not config.model.startswith(LOCAL_DIR):
         args += ["--pretrained", config.pretrained]
+    args += [flag for flag, on in (("--grad-checkpointing", config.grad_checkpointing),
+             ("--local-loss", config.local_loss), ("--gather-with-grad", config.gather_with_grad)) if on]  # fmt: skip
     if config.dataset_resampled:
         args.append("--dataset-resampled")
     if config.upsampling_factors is not None:
@@ -247,6 +269,198 @@ def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                 "-m", TRAINER_MODULE, *args]  # fmt: skip
     return [python, "-m", TRAINER_MODULE, *args]
+
+
+# ----------------------------------------------------------------------------------- the weights
+
+
+def hub_file(pretrained: str) -> tuple[str, str] | None:
+    """``hf-hub:<org>/<repo>/<file>`` (one file of a Hub repository, e.g. :data:`BMC_CLIP`) as
+    (repo id, file name); None for anything else."""
+    if not pretrained.startswith(HF_HUB):
+        return None
+    repo, _, name = pretrained.removeprefix(HF_HUB).rpartition("/")
+    if repo.count("/") != 1 or not name:
+        raise ValueError(f"pretrained={pretrained!r}: a Hub file is hf-hub:<org>/<repo>/<file>")
+    return repo, name
+
+
+def _is_path(value: str) -> bool:
+    return value.startswith(("/", "~", ".")) or value.endswith((".pt", ".pth", ".bin", ".safetensors"))
+
+
+def has_own_weights(model: str) -> bool:
+    """A ``local-dir:`` folder that holds weights beside its config (OpenCLIP loads them)."""
+    folder = Path(model.removeprefix(LOCAL_DIR))
+    return any((folder / name).is_file() for name in (EXPORT_WEIGHTS, "open_clip_pytorch_model.bin"))
+
+
+def starts_from_weights(model: str, pretrained: str) -> bool:
+    """Whether a run of ``model`` with ``pretrained`` starts from trained weights rather than a
+    random initialisation: a ``local-dir:`` with weights, an ``hf-hub:`` model, or a tag or file."""
+    if model.startswith(LOCAL_DIR):
+        return has_own_weights(model)
+    return model.startswith(HF_HUB) or bool(pretrained)
+
+
+def _tag_files(model: str, tag: str) -> tuple[str, tuple[str, ...]] | None:
+    """The Hub repository and weight files OpenCLIP fetches for a pretrained tag (None: a URL tag)."""
+    import open_clip
+
+    cfg = open_clip.get_pretrained_cfg(model, tag)
+    if not cfg:
+        known = ", ".join(open_clip.list_pretrained_tags_by_model(model)) or "none"
+        raise ValueError(f"pretrained={tag!r} is not an OpenCLIP weight tag of {model} (its tags: {known})")
+    hub = cfg.get("hf_hub", "")
+    if not hub:
+        return None
+    repo, name = os.path.split(hub)  # OpenCLIP's own reading: "org/repo/" or "org/repo/file"
+    return repo, (name,) if name else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _cached(repo: str, names: tuple[str, ...]) -> str | None:
+    import huggingface_hub
+
+    for name in names:
+        found = huggingface_hub.try_to_load_from_cache(repo, name)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def check_weights(model: str, pretrained: str, setting: str = "model") -> None:
+    """The set-up check of a CLIP run's weights, without the network: the ``local-dir:`` folder,
+    the weights file, the tag or the Hub file is there (a Hub file or tag that is not cached is
+    fine while online: OpenCLIP fetches it). Fails in one line that names the setting and, for
+    Hub weights, the ``hf download`` command; "offline" when offline mode is on."""
+    import open_clip
+
+    offline = "; offline mode is on (HF_HUB_OFFLINE), so nothing is downloaded" if weights.is_offline() else ""
+    if model.startswith(LOCAL_DIR):
+        folder = Path(model.removeprefix(LOCAL_DIR)).expanduser()
+        if not (folder / EXPORT_CONFIG).is_file():
+            raise weights.ModelUnavailableError(
+                f"{setting}={model!r}: no {EXPORT_CONFIG} in {folder} (an OpenCLIP model folder, e.g. a training "
+                "run's exported model/)"
+            )
+        return
+    if model.startswith(HF_HUB):
+        repo = model.removeprefix(HF_HUB).strip("/")
+        if weights.is_offline() and _cached(repo, (EXPORT_CONFIG,)) is None:
+            raise weights.ModelUnavailableError(
+                f"{setting}={model!r}: not in the Hugging Face cache; fetch it with "
+                f"`{weights.fetch_command(repo, '<folder>')}` and set {setting}=local-dir:<folder>{offline}"
+            )
+        return
+    if open_clip.get_model_config(model) is None:
+        raise ValueError(f"{setting}={model!r} is not an OpenCLIP model name (nor local-dir:<folder> or hf-hub:<id>)")
+    if not pretrained:
+        return
+    if (found := hub_file(pretrained)) is not None:
+        repo, names = found[0], (found[1],)
+        fetch = weights.fetch_command(repo, "<folder>", files=names)
+    elif _is_path(pretrained):
+        if not Path(pretrained).expanduser().is_file():
+            raise weights.ModelUnavailableError(f"pretrained={pretrained!r} ({model} weights): no such file")
+        return
+    elif (files := _tag_files(model, pretrained)) is not None:
+        repo, names = files
+        fetch = weights.fetch_command(repo, "<folder>")
+    else:
+        return
+    if weights.is_offline() and _cached(repo, names) is None:
+        raise weights.ModelUnavailableError(
+            f"pretrained={pretrained!r} ({model} weights): not in the Hugging Face cache; fetch them with "
+            f"`{fetch}` and set pretrained=<folder>/{names[-1]}{offline}"
+        )
+
+
+def resolve_pretrained(model: str, pretrained: str) -> str | None:
+    """What OpenCLIP's ``pretrained`` gets: None (a ``local-dir:`` model, or no weights), a tag,
+    or a file path (a Hub file is fetched into the Hugging Face cache first, unless offline)."""
+    if model.startswith(LOCAL_DIR) or not pretrained:
+        return None
+    found = hub_file(pretrained)
+    if found is None:
+        return pretrained
+    check_weights(model, pretrained, "model")
+    import huggingface_hub
+
+    return huggingface_hub.hf_hub_download(*found)
+
+
+# ----------------------------------------------------------------------------------- memory
+
+
+def model_cfg_of(model: str) -> dict | None:
+    """An OpenCLIP ``model_cfg`` without the network: a named model's or a ``local-dir:``'s own
+    (None for an ``hf-hub:`` model, whose config is on the Hub)."""
+    import open_clip
+
+    if model.startswith(LOCAL_DIR):
+        path = Path(model.removeprefix(LOCAL_DIR)) / EXPORT_CONFIG
+        return json.loads(path.read_text())["model_cfg"] if path.is_file() else None
+    return open_clip.get_model_config(model)
+
+
+def hf_text_size(text_model: str) -> tuple[dict, int]:
+    """A Hugging Face text tower's ``config.json`` and parameter count, counted on the meta device
+    (no weights are read or allocated). Offline-first: the local folder or the cache."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(text_model)
+    with torch.device("meta"):
+        tower = AutoModel.from_config(config)
+    return config.to_dict(), sum(p.numel() for p in tower.parameters())
+
+
+def architecture(config: ClipTrainConfig) -> memory.Architecture | None:
+    """What the memory estimate needs of the run's model, or None when its config is not at hand."""
+    model_cfg = model_cfg_of(config.model)
+    if model_cfg is None:
+        return None
+    if config.text_model is not None:
+        model_cfg = hf_text.hf_text_model_cfg(
+            model_cfg, config.text_model, config.context_length, config.text_pooler, config.text_proj
+        )
+    text_cfg = model_cfg["text_cfg"]
+    if "hf_model_name" in text_cfg:
+        hf_config, params = hf_text_size(text_cfg["hf_model_name"])
+        return memory.open_clip_architecture(config.model, model_cfg, hf_config, params)
+    return memory.open_clip_architecture(config.model, model_cfg)
+
+
+def check_memory(config: ClipTrainConfig, gpu_bytes: float) -> memory.MemoryEstimate | None:
+    """The step's memory estimate on a GPU of ``gpu_bytes``; a batch that cannot fit is a
+    ValueError naming the setting to change (``batch_size``, ``accum_freq``, ``grad_checkpointing``)."""
+    arch = architecture(config)
+    if arch is None:
+        return None
+    return memory.check_batch(
+        arch,
+        config.batch_size,
+        gpu_bytes,
+        config.precision,
+        config.grad_checkpointing,
+        max(config.gpus, 1),
+        config.accum_freq,
+        config.local_loss,
+    )
+
+
+def job_gpu_bytes(config: ClipTrainConfig) -> float | None:
+    """The memory of the GPU the job trains on: ``gpu_memory_gb`` when set, else the first visible
+    CUDA device's (None on CPU: nothing to check)."""
+    if config.gpu_memory_gb is not None:
+        return config.gpu_memory_gb * memory.GB or None
+    if not config.device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return float(torch.cuda.get_device_properties(0).total_memory)
 
 
 # ----------------------------------------------------------------------------------- the log
@@ -363,8 +577,7 @@ def base_state(model: str, pretrained: str) -> dict:
     import open_clip
 
     hf_text.enable_hf_text_towers()
-    tag = None if model.startswith(LOCAL_DIR) else (pretrained or None)
-    return open_clip.create_model(model, pretrained=tag, device="cpu").state_dict()
+    return open_clip.create_model(model, pretrained=resolve_pretrained(model, pretrained), device="cpu").state_dict()
 
 
 def export_config(model: str, pretrained: str) -> dict:
@@ -430,7 +643,7 @@ def assemble_model(config: ClipTrainConfig, folder: Path) -> ClipTrainConfig:
         import open_clip
 
         hf_text.enable_hf_text_towers()
-        tag = None if config.model.startswith(LOCAL_DIR) else (config.pretrained or None)
+        tag = resolve_pretrained(config.model, config.pretrained)
         vision = open_clip.create_model(config.model, pretrained=tag, device="cpu").state_dict()
         hf_text.assemble(model_cfg, source["preprocess_cfg"], vision, folder, seed=config.seed)
         launch.log(f"assembled {config.model} ({config.pretrained}) + {config.text_model} in {folder}")
@@ -459,7 +672,11 @@ def run_trainer(command: list[str], runlog: RunLog, on_epoch_start=None) -> int:
 def train(config: ClipTrainConfig) -> dict:
     """Train (or resume), copy checkpoints to the lake, export the WiSE-FT model; the report."""
     config.validate()
+    check_weights(config.model, config.pretrained)  # one line naming the setting, before anything starts
+    if config.text_model is not None:
+        weights.Weights("text_model", config.text_model, LONGCLIP_TEXT, "the Hugging Face text tower").config_file()
     asked = config
+    config = replace(config, pretrained=resolve_pretrained(config.model, config.pretrained) or config.pretrained)
     data = resolve_data(config)
     ckpt_lake = config.checkpoint_dir or f"{config.run_dir.rstrip('/')}/checkpoints"
     in_lake = is_local(config.run_dir)
@@ -470,6 +687,11 @@ def train(config: ClipTrainConfig) -> dict:
         scratch = config.scratch_dir or tempfile.mkdtemp(prefix="panelforge-clip-")
         logs = Path(scratch)
     ckpt_local = logs / RUN_NAME / "checkpoints"
+    gpu_bytes = job_gpu_bytes(config)
+    if gpu_bytes is not None:  # before any weights are fetched: a batch that cannot fit fails now
+        found = check_memory(config, gpu_bytes)
+        if found is not None:
+            launch.log(f"memory per GPU at batch_size {config.batch_size}: about {found.describe()}")
     config = assemble_model(config, logs / "base-model")
     fetched = None if in_lake or not config.resume else restore_checkpoint(ckpt_local, ckpt_lake)
     if fetched is not None:

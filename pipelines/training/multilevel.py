@@ -110,6 +110,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "zoom-in": {  # Panel2Patch, "Loss & Training"
         "schedule": [[FIGURE], [PANEL], [REGION]],
         "loss_weights": {FIGURE: 1.0, PANEL: 1.0, REGION: 1.0, FIGURE_PANEL: 1.0, PANEL_REGION: 1.0, NEGATIVE: 0.0},
+        "model": "ViT-L-14",  # "The model uses a ViT-L/14 encoder initialized from BMC-CLIP"
+        "pretrained": clip.BMC_CLIP,
         "unfreeze_last_blocks": 5,
         "freeze_text": True,
         "lr": 1e-5,
@@ -156,7 +158,10 @@ class MultilevelConfig(launch.JobConfig):
     panel_data: list[str] = field(default_factory=list)
     region_data: list[str] = field(default_factory=list)
     model: str = "ViT-L-14"  # an OpenCLIP name, hf-hub:org/repo or local-dir:/path
-    pretrained: str = ""  # a tag or weights file (Panel2Patch starts from BMC-CLIP); ignored for local-dir:
+    # a tag, a weights file or hf-hub:<org>/<repo>/<file>; ignored for local-dir:. BIOMEDICA's base
+    # by default; zoom-in starts from BMC-CLIP (clip.BMC_CLIP) as Panel2Patch does
+    pretrained: str = clip.COMMONPOOL
+    allow_random_init: bool = False  # a run without trained weights is refused unless this says so
     steps: int = 10000
     batch_size: int = 256
     schedule: list[list[str]] = field(default_factory=lambda: [[FIGURE], [PANEL], [REGION]])
@@ -252,6 +257,27 @@ class MultilevelConfig(launch.JobConfig):
             raise ValueError("epoch_steps must be at least 1 (or unset: stage epochs as shares of steps)")
         if self.steps < 1 or self.batch_size < 1 or self.schedule_every < 1 or self.checkpoint_every < 1:
             raise ValueError("steps, batch_size, schedule_every and checkpoint_every must be at least 1")
+        self._validate_start()
+
+    def _validate_start(self) -> None:
+        """Both recipes fine-tune trained weights (the zoom-in one trains 5 vision blocks and
+        nothing else): from a random initialisation they learn nothing worth exporting, so that
+        needs ``allow_random_init``, and a random text tower is never frozen."""
+        if clip.starts_from_weights(self.model, self.pretrained):
+            return
+        where = f"{self.model} with pretrained={self.pretrained!r}"
+        if self.model.startswith(clip.LOCAL_DIR):
+            where = f"{self.model} (a folder without {clip.EXPORT_WEIGHTS})"
+        if not self.allow_random_init:
+            raise ValueError(
+                f"{where} starts from random weights; set pretrained (e.g. {clip.COMMONPOOL}, or {clip.BMC_CLIP} "
+                "as Panel2Patch), a local-dir: model with weights, or allow_random_init: true"
+            )
+        if self.freeze_text:
+            raise ValueError(
+                f"{where} starts from random weights and freeze_text would keep its random text tower fixed: "
+                "set freeze_text: false (or start from trained weights)"
+            )
 
     @property
     def roi_mode(self) -> bool:
@@ -775,7 +801,9 @@ class Trainer:
         self.config, self.info = config, info or DistInfo()
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         self.device = torch.device(rank_device(config.device, self.info))  # no silent CPU fallback on a GPU job
-        tag = None if config.model.startswith(clip.LOCAL_DIR) else (config.pretrained or None)
+        clip.hf_text.enable_hf_text_towers()  # a BMC-LongCLIP export starts a run too
+        clip.check_weights(config.model, config.pretrained)
+        tag = clip.resolve_pretrained(config.model, config.pretrained)
         model, self.preprocess, _ = open_clip.create_model_and_transforms(config.model, pretrained=tag)
         if config.temperature_init is not None:
             with torch.no_grad():

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipelines.mining.prompts import CANARY, CANARY_TOKEN, SYSTEM
-from pipelines.vlm.engine import VlmEngine, VlmOutage, VlmRequest
+from pipelines.mining.prompts import CANARY, CANARY_TOKEN
+from pipelines.vlm.engine import VlmEngine, VlmOutage
 
 
 @dataclass
@@ -31,7 +31,7 @@ def run_canary(engine: VlmEngine) -> CanaryResult:
     failed canary with the reason."""
     from pipelines.stage import StageInputError
 
-    request = VlmRequest("canary", CANARY.render(), system=SYSTEM, schema=CANARY.schema, max_tokens=CANARY.max_tokens)
+    request = CANARY.request("canary")
     try:
         [response] = engine.generate([request])
     except (VlmOutage, StageInputError):

@@ -14,14 +14,14 @@ that Dagster retries it, and marks no item failed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
-from pipelines.provenance import public_model_name
+from pipelines.fingerprints import fingerprint, model_identity
+from pipelines.provenance import public_model
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
@@ -121,6 +121,7 @@ class VlmRequest:
     system: str | None = None
     schema: dict | None = None
     max_tokens: int | None = None  # the prompt's budget; the engine's sampling.max_tokens caps it
+    prompt_name: str | None = None  # which prompt it asks (``Prompt.request`` sets it): costs per prompt
 
 
 @dataclass
@@ -199,12 +200,14 @@ def in_order(responses: Iterable[tuple[int, VlmResponse]], n: int) -> list[VlmRe
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
-    """The provenance columns every table written with a model's answers carries (the model by
-    its id: a local directory is never written, see ``pipelines.provenance``)."""
+    """The provenance columns every table written with a model's answers carries: the model by its
+    id, a local directory by its folder's name and its revision by the content hash of its files
+    (``pipelines.provenance.public_model``): released data never holds a machine's path."""
     info = engine.info()
+    model, revision = public_model(info["model"], info["revision"])
     return {
-        "model": public_model_name(info["model"]),
-        "model_revision": info["revision"],
+        "model": model,
+        "model_revision": revision,
         "prompt_version": prompt_version,
         "sampling": json.dumps(info["sampling"], sort_keys=True),
         "backend": info["backend"],
@@ -215,11 +218,8 @@ def provenance(engine: VlmEngine, prompt_version: str) -> dict:
 
 def engine_fingerprint(engine: VlmEngine, **settings: object) -> str:
     """What a reused result must have been made with: the engine (not its backend's version: the
-    same model and prompts through another server give the same answers) and ``settings``."""
+    same model and prompts through another server give the same answers; and not where its weights
+    lie: a local directory counts by its content, see ``model_identity``) and ``settings``."""
     info = {k: v for k, v in engine.info().items() if k not in ("backend", "backend_version")}
+    info["model"] = model_identity(engine.config.model, engine.config.revision)
     return fingerprint({"engine": info, **settings})
-
-
-def fingerprint(value: object) -> str:
-    """A short stable hash of a JSON-able value (prompts, schemas, settings)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]

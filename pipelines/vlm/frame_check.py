@@ -24,8 +24,10 @@ from PIL import Image
 
 from pipelines.vlm.engine import EngineConfig, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame
+from pipelines.vlm.prompt import Prompt
 
 PROBE_PROMPT = "Reply with OK."
+PROBE = Prompt("frame_probe", PROBE_PROMPT, None, max_tokens=1)  # no schema: the answer is not read
 _GREY = (128, 128, 128)
 
 
@@ -70,10 +72,7 @@ def check_frame(config: EngineConfig, generate: Callable[[Sequence[VlmRequest]],
     """Send the probes through ``generate`` and judge the server's prompt tokens. Only
     :class:`VlmOutage` propagates (the server is down: retry later)."""
     sent = probes(config)
-    requests = [
-        VlmRequest(f"frame-probe-{p.side}", PROBE_PROMPT, [Image.new("RGB", (p.side, p.side), _GREY)], max_tokens=1)
-        for p in sent
-    ]
+    requests = [PROBE.request(f"frame-probe-{p.side}", [Image.new("RGB", (p.side, p.side), _GREY)]) for p in sent]
     responses = generate(requests)
     for probe, response in zip(sent, responses, strict=True):
         if response.error is not None:

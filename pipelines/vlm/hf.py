@@ -36,6 +36,16 @@ from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmRespons
 from pipelines.vlm.grounding import smart_resize
 from pipelines.vlm.structured import JsonSchemaLogitsProcessor, SchemaError, compile_schema, ll_tokenizer
 from pipelines.vlm.tiny import is_synthetic
+from pipelines.weights import Weights
+
+VLM_SETTING = "PANELFORGE_VLM_MODEL"
+
+
+def vlm_weights(model: str, revision: str | None = None) -> Weights:
+    """The VLM setting as :class:`pipelines.weights.Weights`: its one-line errors name the setting
+    and the ``hf download`` command."""
+    return Weights(VLM_SETTING, model, EngineConfig.model, "the vision-language model", revision)
+
 
 IM_END = "<|im_end|>"
 
@@ -126,11 +136,11 @@ class TransformersEngine(VlmEngine):
         self.batch_size = batch_size
         hf_logging.disable_progress_bar()  # per-shard bars would flood the run's logs
 
+        weights = vlm_weights(config.model, config.revision)
+
         def unavailable(exc: Exception) -> StageInputError:
-            return StageInputError(
-                f"VLM weights {config.model!r} are neither a local directory nor in the Hugging Face cache, and "
-                f"the hub cannot be reached: download them (huggingface-cli download) or set the model path ({exc})"
-            )
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            return StageInputError(str(weights.error(f"cannot be loaded ({first})")))
 
         self.processor = from_pretrained_offline_first(AutoProcessor, config.model, unavailable, config.revision)
         # The pixel band is set on the image processor itself: per-call min/max_pixels are deprecated.
