@@ -583,7 +583,7 @@ def test_synthetic_parts_are_counted_from_what_the_stages_stored(tmp_path):
     samples.append(row(SAMPLES, key="gone", status="excluded", reason="empty_caption"))
     lake.write_table("samples", "r1", shard, samples)
     lake.write_table("panel_figures", "r1", shard, [row(PANEL_FIGURES, synthetic=i < 2) for i in range(3)])
-    lake.write_table("panels", "r1", shard, [row(PANELS, method=m) for m in ("xycut", "xycut", "detr")])
+    lake.write_table("panels", "r1", shard, [row(PANELS, method=m) for m in ("decision", "xycut", "detr")])
     parts = synthetic_parts(lake, "r1")
     assert parts.short == ["concept labels", "panel boxes"]
     assert parts.parts[0].endswith(
@@ -591,7 +591,8 @@ def test_synthetic_parts_are_counted_from_what_the_stages_stored(tmp_path):
     )
     assert parts.parts[1] == (
         "**Panel detector**: 2 figures were also run through a tiny randomly initialised DAB-DETR; 1 of 3 panels kept "
-        "its boxes (`method` `detr` or `consensus`: noise), the others are the layout splitter's."
+        "its boxes (`method` `detr` or `consensus`: noise), the others are the weight-free split's (`decision` or "
+        "`xycut`)."
     )
     assert parts.footer() == "SYNTHETIC TEST BUILD (tiny random models):\nconcept labels, panel boxes"
     assert not synthetic_parts(lake, "r2")  # another release: nothing synthetic, no banner

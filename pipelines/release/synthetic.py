@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pipelines.lake import Lake
-from pipelines.panels.types import CONSENSUS, DETR
+from pipelines.panels.types import CONSENSUS, DECISION, DETR, XYCUT
 from pipelines.schemas import Table
 
 MARK = "SYNTHETIC TEST BUILD"
@@ -71,7 +71,7 @@ def synthetic_parts(lake: Lake, release: str) -> SyntheticParts:
         out.parts.append(
             f"**Panel detector**: {len(split):,} figures were also run through a tiny randomly initialised "
             f"DAB-DETR; {_of(kept, sum(methods.values()))} panels kept its boxes (`method` `{DETR}` or "
-            f"`{CONSENSUS}`: noise), the others are the layout splitter's."
+            f"`{CONSENSUS}`: noise), the others are the weight-free split's (`{DECISION}` or `{XYCUT}`)."
         )
         if kept:
             out.short.append("panel boxes")
