@@ -45,8 +45,9 @@ def test_negatives_for_region_pairs_only(tmp_path):
     assert [r["negative_index"] for r in rows] == list(range(len(rows)))
     assert result.ok == 1 and result.counts["region_pairs"] == 1
     assert {c.name: c.passed for c in result.checks} == {NEGATIVES_DIFFER: True}
-    # what it wrote, counted: the size of the negatives file of the partition
-    assert result.bytes == os.path.getsize(lake.table_path(Table.PAIR_NEGATIVES, RELEASE, SHARD)) > 0
+    # what it wrote, counted: the sizes of the partition's two files (the negatives and the per-pair items)
+    files = [lake.table_path(t, RELEASE, SHARD) for t in (Table.PAIR_NEGATIVES, Table.NEGATIVE_ITEMS)]
+    assert result.bytes == sum(os.path.getsize(f) for f in files) and all(os.path.getsize(f) > 0 for f in files)
 
 
 def test_negatives_need_pairs(tmp_path):
@@ -195,8 +196,9 @@ def test_long_captions_made_under_the_old_budget_rule_are_not_reused(monkeypatch
     from testing.vlm import ScriptedEngine
 
     engine = ScriptedEngine(lambda request: "")
+    assert stages.LongCapStage.version == stages.LONGCAP_VERSION == "2"
     now = stages.LongCapStage(engine).settings_fingerprint()
-    monkeypatch.setattr(stages, "LONGCAP_VERSION", "1")
+    monkeypatch.setattr(stages.LongCapStage, "version", "1")
     assert stages.LongCapStage(engine).settings_fingerprint() != now
 
 
