@@ -16,6 +16,7 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
@@ -31,7 +32,7 @@ from pipelines.panels.stages import (
     PanelStage,
 )
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
-from pipelines.panels.types import DETR, XYCUT
+from pipelines.panels.types import DECISION, DETR
 from pipelines.stage import StageInputError
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
@@ -43,18 +44,20 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
 class PanelRunSettings(Config):
-    """``prefer``: the method whose panels are kept when layout and detector disagree; empty
-    means the detector with real weights, the layout splitter with a random synthetic model."""
+    """``prefer``: the method whose panels are kept when the figure decision and the detector
+    disagree; empty means the detector with real weights, the decision with a random synthetic
+    model."""
 
     prefer: str = ""
     consensus_min: float = 0.7
     batch_size: int = 8
+    ocr: str = "tesseract"  # the engine reading printed panel labels: tesseract, or rapidocr (needs its wheel)
 
 
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles, figure_concepts],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet", "ray", "pytorch"},
     pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -91,14 +94,15 @@ def panels(
     quality: QualityResource,
 ) -> MaterializeResult:
     detector = models.detector_config()
-    prefer = config.prefer or (XYCUT if detector is None or detector.synthetic else DETR)
+    prefer = config.prefer or (DECISION if detector is None or detector.synthetic else DETR)
     if detector is not None and detector.synthetic:
-        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the layout splitter's panels are kept")
+        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the figure decision's panels are kept")
     settings = PanelSettings(
         detector=detector,
         prefer=prefer,
         consensus_min=config.consensus_min,
         batch_size=config.batch_size,
+        ocr=config.ocr,
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,
@@ -111,7 +115,7 @@ def panels(
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=PanelCropsStage.__doc__,
@@ -135,7 +139,7 @@ class TrainingSetSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"coco"},
     description=SyntheticSetStage.__doc__,
 )
@@ -163,7 +167,7 @@ class DetectorTrainingSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[panel_training_set],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="DAB-DETR trained on the release's synthetic compound figures, as a launched GPU job: "

@@ -5,7 +5,7 @@ and other settings look again. (The layout-only panel stage: tests/stages/test_p
 import pytest
 
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.panels.types import CONSENSUS, XYCUT
+from pipelines.panels.types import CONSENSUS, DECISION
 from pipelines.stage import Partition
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
@@ -14,7 +14,7 @@ from tests.stages.test_panel_stage import RELEASE, TINY, _rows
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
-    """The sample release split into panels by the layout alone, every shard (as
+    """The sample release split into panels without a detector (the figure decision), every shard (as
     test_layout_only_run_on_the_sample leaves the module's lake in tests/stages/test_panel_stage.py)."""
     lake = sample_lake(tmp_path_factory.mktemp("panels"), RELEASE)
     for shard in SHARDS:
@@ -44,14 +44,16 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
     again = PanelStage(PanelSettings()).run(lake, Partition("2027", SHARDS[1]))
     assert again.skipped == again.items and again.ok == 0
     # other settings (a detector now) are not carried: every image is looked at again
-    changed = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition("2027", SHARDS[0]))
+    changed = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(lake, Partition("2027", SHARDS[0]))
     assert changed.skipped == 0
 
 
 def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     shard = SHARDS[1]
     lines: list[str] = []
-    result = PanelStage(PanelSettings(detector=TINY, prefer=XYCUT)).run(lake, Partition(RELEASE, shard), lines.append)
+    result = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(
+        lake, Partition(RELEASE, shard), lines.append
+    )
     figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
     candidates = [f for f in figures if f["n_detr"] is not None]
     n = len(candidates)
@@ -62,4 +64,4 @@ def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     assert len(candidates) <= len(expected)
     for f in candidates:
         assert f["model"] == "synthetic-tiny-dab-detr" and f["synthetic"] and f["threshold"] == 0.0
-        assert f["agreement"] is not None and f["method"] in (XYCUT, CONSENSUS)
+        assert f["agreement"] is not None and f["method"] in (DECISION, CONSENSUS)
