@@ -36,7 +36,7 @@ from testing.loopback.faults import FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror, build_legacy_mirror, sample_rows
-from tests.helpers import FAST_RETRY, REPO, SAMPLE_IMAGES, source_for, write_subset  # noqa: F401 - FAST_RETRY re-exported
+from tests.helpers import REPO, SAMPLE_IMAGES, source_for, write_subset
 
 E2E = REPO / "tests" / "e2e"
 
