@@ -15,8 +15,9 @@ from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, a
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.lake import dataset_dir
 from pipelines.panels.stages import GPU_POOL
-from pipelines.release.webdataset import dataset_dir
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
     RECIPE_EPOCHS,
@@ -27,7 +28,6 @@ from pipelines.training.clip import (
 )
 from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
-from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource

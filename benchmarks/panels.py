@@ -52,11 +52,12 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.record import write_results
-from pipelines.panels.captions import caption_agreement
+from pipelines.images.boxes import Panel
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 from pipelines.panels.inputs import prepare_image, scale_boxes
 from pipelines.panels.layout import split_panels
-from pipelines.panels.types import XYCUT, Panel
+from pipelines.panels.types import XYCUT
+from pipelines.text.captions import caption_agreement
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
@@ -134,7 +135,7 @@ class DetrMethod:
         self.detector = detector
 
     def __call__(self, image: Image.Image) -> list[Panel]:
-        from pipelines.panels.postprocess import finalize
+        from pipelines.images.boxes import finalize
 
         found = self.detector.detect([image], 1)[0]
         labels = [(b.box, b.label) for b in found.label_boxes if b.label]

@@ -24,11 +24,10 @@ from typing import ClassVar
 
 from PIL import Image
 
-from pipelines.acquire.rawstore import RawReader
-from pipelines.concepts.decode import decode_image
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.stage import (
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import RawReader
+from pipelines.core.stage import (
     IMAGE_LINK,
     Checkpoints,
     Partition,
@@ -39,6 +38,7 @@ from pipelines.stage import (
     fingerprint_unless_error,
     reusable_results,
 )
+from pipelines.images.decode import decode_image
 from pipelines.vlm.canary import CanaryResult, require_structured_outputs
 from pipelines.vlm.engine import VlmEngine, engine_fingerprint
 from pipelines.vlm.metering import MeteredEngine

@@ -9,7 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.lake import Lake
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.lake import Lake
+from pipelines.images.boxes import Panel, finalize
 from pipelines.panels.detector import (
     Classes,
     Detector,
@@ -31,9 +33,6 @@ from pipelines.panels.detector import (
     to_tensors,
 )
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
-from pipelines.panels.postprocess import finalize
-from pipelines.panels.types import Panel
-from pipelines.weights import ModelUnavailableError
 from testing.loopback.sample_mirror import SAMPLE_DIR
 from tests.panel_fixtures import write_tar
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, ModelUnavailableError, load_model
+from pipelines.images.decode import decode_image
 from testing.loopback.sample_mirror import SAMPLE_DIR
 
 SYNTHETIC = EmbedderConfig(synthetic=True)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from pipelines.images.boxes import iou
 from pipelines.panels.inputs import (
     MAX_DECODE_PIXELS,
     PanelInputError,
@@ -15,7 +16,6 @@ from pipelines.panels.inputs import (
     prepare_image,
     split_figure,
 )
-from pipelines.panels.postprocess import iou
 from tests.panel_figures import draw_panel, encode, grid, huge_png, huge_uniform_jpeg
 
 TWO = [(10, 10, 110, 110), (130, 10, 230, 110)]  # two panels 20 px apart on 240 x 120

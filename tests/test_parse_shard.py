@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 import pipelines.parse.shard as shard_module
-from pipelines.parse.duplicates import find_duplicates
-from pipelines.parse.images import image_info
+from pipelines.images.duplicates import find_duplicates
+from pipelines.images.info import image_info
 from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
 from tests.conftest import source_for

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Partition
 from pipelines.release import webdataset as wds_writer
 from pipelines.release.samples import sample_key
 from pipelines.release.stages import SamplePlanStage
@@ -32,7 +33,6 @@ from pipelines.release.webdataset import (
     write_release_subsets,
     write_subset,
 )
-from pipelines.stage import Partition
 from testing.pipeline import parse_release
 from tests.conftest import source_for
 from tests.helpers import SHARDS, run_release

@@ -10,7 +10,7 @@ from PIL import Image
 
 from assets.report import _value
 from pipelines.concepts.review import sheet_preview
-from pipelines.stage import Markdown
+from pipelines.core.stage import Markdown
 
 
 def _png(width: int, height: int) -> bytes:

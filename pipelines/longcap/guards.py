@@ -19,7 +19,7 @@ import re
 import unicodedata
 
 from pipelines.longcap.tokens import TextTokenizer, split_sentences
-from pipelines.panels.captions import normalize_caption, split_caption
+from pipelines.text.captions import normalize_caption, split_caption
 
 UNITS = (
     "%",

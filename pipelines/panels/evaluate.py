@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.panels.postprocess import iou
-from pipelines.panels.types import Box
+from pipelines.images.boxes import Box, iou
 
 
 def match_at_iou(pred: Sequence[Box], truth: Sequence[Box], iou_min: float = 0.5) -> tuple[int, int, int]:

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 from PIL import Image, JpegImagePlugin
 
-from pipelines.concepts.decode import to_rgb
-from pipelines.panels.types import Box, Panel
+from pipelines.images.boxes import Box, Panel
+from pipelines.images.decode import normalize_mode
+from pipelines.panels.layout import split_panels, work_copy
 
 MIN_SIDE = 32
 MAX_DECODE_PIXELS = 50_000_000
@@ -55,15 +56,6 @@ class FigureSplit:
     width: int = 0
     height: int = 0
     reason: str | None = None  # None when the figure was split
-
-
-def normalize_mode(im: Image.Image) -> Image.Image:
-    """The image as ``L`` or ``RGB``: grey and colour images as they are, anything else by the
-    decoding rules every stage shares (:func:`pipelines.concepts.decode.to_rgb`: transparency on
-    white, 16-bit stretched, CMYK and palettes converted, first frame of animations)."""
-    if im.mode in ("L", "RGB") and "transparency" not in im.info:
-        return im
-    return to_rgb(im)
 
 
 def _open(data: bytes) -> Image.Image:
@@ -142,8 +134,6 @@ def scale_boxes(boxes: list[Box], image_size: tuple[int, int], width: int, heigh
 
 
 def is_uniform(image: Image.Image) -> bool:
-    from pipelines.panels.layout import work_copy
-
     lo, hi = work_copy(image, 256).getextrema()
     return hi - lo <= UNIFORM_TOL
 
@@ -151,8 +141,6 @@ def is_uniform(image: Image.Image) -> bool:
 def split_figure(data: bytes | Image.Image) -> FigureSplit:
     """``prepare_image`` then ``split_panels``; bad input is a ``reason``, never an exception."""
     from dataclasses import replace
-
-    from pipelines.panels.layout import split_panels
 
     try:
         image, width, height = prepare_image(data)

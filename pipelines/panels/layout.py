@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from pipelines.panels.postprocess import finalize
-from pipelines.panels.types import Panel
+from pipelines.images.boxes import Panel, finalize
+from pipelines.images.decode import normalize_mode
 
 WORK_SIDE = 1024
 INK_TOL = 16
@@ -67,8 +67,6 @@ class _Params:
 def work_copy(image: Image.Image, side: int = WORK_SIDE) -> Image.Image:
     """A grayscale copy whose longest side is at most ``side`` (box filter: thin gutters stay
     light)."""
-    from pipelines.panels.inputs import normalize_mode
-
     im = normalize_mode(image)
     gray = im.convert("L") if im.mode != "L" else im.copy()
     if max(gray.size) > side:

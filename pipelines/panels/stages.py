@@ -16,25 +16,23 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from PIL import Image
-
-from pipelines.acquire.rawstore import RawReader, add_member
-from pipelines.concepts.decode import decode_image
-from pipelines.concepts.shard import image_refs
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
-from pipelines.panels.captions import split_caption
+from pipelines.core.figures import image_refs
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import RawReader, add_member
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.images.boxes import Panel, consensus, crop_panel, finalize, iou
+from pipelines.images.decode import decode_image
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings, crop_gate
+from pipelines.images.jpeg import jpeg_bytes
 from pipelines.panels.detector import DetectorConfig, detect_images
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings, crop_gate
 from pipelines.panels.inputs import split_figure
-from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
-from pipelines.panels.pairing import count_agreement as figure_agreement
-from pipelines.panels.postprocess import consensus, finalize, iou
-from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
-from pipelines.release.samples import JPEG_QUALITY, caption_of
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.panels.types import CONSENSUS, DETR, XYCUT
+from pipelines.text.captions import caption_of, split_caption
+from pipelines.text.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
+from pipelines.text.pairing import count_agreement as figure_agreement
 
 GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
@@ -389,18 +387,6 @@ def zero_panel_share(figures: list[dict]) -> Check:
 # ---- crops --------------------------------------------------------------------------------
 
 
-def crop_panel(image: Image.Image, box: Box) -> Image.Image:
-    """The panel's pixels, cut from the original image (boxes are original pixels)."""
-    return image.crop(box)
-
-
-def jpeg_bytes(crop: Image.Image) -> bytes:
-    """A crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
-    out = io.BytesIO()
-    crop.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
-    return out.getvalue()
-
-
 def crops_tar(lake: Lake, release: str, shard: str) -> str:
     return lake.path("panels", f"release={release}", f"shard={shard}", "crops.tar")
 
@@ -409,7 +395,7 @@ def crops_tar(lake: Lake, release: str, shard: str) -> str:
 class PanelCropsStage(Stage):
     """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
     4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files.
-    Each crop goes through the release gate (``pipelines.panels.gate``): one that fails it is
+    Each crop goes through the release gate (``pipelines.images.gate``): one that fails it is
     still cut, for inspection, with its reason in ``gate``, and is never released as a panel."""
 
     gate: GateSettings = field(default_factory=GateSettings)

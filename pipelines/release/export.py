@@ -10,8 +10,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.lake import Lake
-from pipelines.release.webdataset import dataset_dir
+from pipelines.core.lake import Lake, dataset_dir
 
 EXPORTED = {
     "articles": "articles",

@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.concepts.annotations import load_taxonomy
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings
-from pipelines.panels.pairing import CAPTION_MATCHES, VLM
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import plan_upload, release_patterns, upload_release
@@ -37,8 +38,7 @@ from pipelines.release.webdataset import (
     dataset_dir,
     write_release_subsets,
 )
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.text.pairing import CAPTION_MATCHES, VLM
 
 BIOMEDICA_FILTERED_CONCEPTS = [
     "Clinical Imaging",

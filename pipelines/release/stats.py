@@ -12,12 +12,13 @@ their token sample is ``FULL_TEXT_TOKEN_SAMPLE``.
 
 from __future__ import annotations
 
-import io
 import json
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipelines.images.plots import figure_png
 
 TOKENIZER = "OpenCLIP SimpleTokenizer (CLIP BPE, 49,408 tokens, open_clip_torch)"
 CLIP_TEXT_TOKENS = 75
@@ -141,7 +142,7 @@ class ReleaseStats:
             ax.set_xlabel(f"{name.replace('_', ' ')} ({unit})")
             ax.set_ylabel("count" + ("" if res.count <= res.size else f" (sample of {res.size:,})"))
             ax.set_title(f"{name.replace('_', ' ')}: n = {res.count:,}")
-            pngs[f"{name}.png"] = _png(fig, plt)
+            pngs[f"{name}.png"] = figure_png(fig, plt)
         for name, counter in self.counts.items():
             if not counter:
                 continue
@@ -150,7 +151,7 @@ class ReleaseStats:
             ax.barh(labels, values, color="#55a868")
             ax.set_xlabel("samples")
             ax.set_title(f"samples per {name}")
-            pngs[f"per_{name}.png"] = _png(fig, plt)
+            pngs[f"per_{name}.png"] = figure_png(fig, plt)
         return pngs
 
 
@@ -161,14 +162,6 @@ def log_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
     if high < low * 1.1:
         low, high = low / 1.1, high * 1.1
     return np.geomspace(low, high, edges)
-
-
-def _png(fig, plt) -> bytes:
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    return out.getvalue()
 
 
 def release_stats(samples, articles, reservoir: int = 100_000, token_sample: int = 5_000, seed: int = 0):

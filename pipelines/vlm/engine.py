@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
-from pipelines.fingerprints import fingerprint, model_identity
+from pipelines.core.fingerprints import fingerprint, model_identity
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)

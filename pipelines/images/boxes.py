@@ -27,11 +27,35 @@ agreeing).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
+from PIL import Image
 
-from pipelines.panels.types import Box, Panel
+Box = tuple[int, int, int, int]  # x1, y1, x2, y2 in original pixels; x2 and y2 exclusive
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a figure. ``label`` is the printed panel label when known ("A", "b", "2",
+    "ii", without brackets or punctuation), else None."""
+
+    box: Box
+    score: float = 1.0
+    label: str | None = None
+
+    @property
+    def width(self) -> int:
+        return self.box[2] - self.box[0]
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+    @property
+    def area(self) -> int:
+        return max(0, self.width) * max(0, self.height)
+
 
 DUPLICATE_IOU = 0.5
 DUPLICATE_IOS = 0.8
@@ -288,3 +312,8 @@ def consensus(
         out.append(Panel(box=merged, score=overlap, label=d.label or a.label))
         total += overlap
     return reading_order(out), total / max(len(xycut), len(detr))
+
+
+def crop_panel(image: Image.Image, box: Box) -> Image.Image:
+    """The panel's pixels, cut from the original image (boxes are original pixels)."""
+    return image.crop(box)

@@ -15,6 +15,8 @@ from typing import BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
+# figure image files by extension, as PMC packages name them
+IMAGE_EXTENSIONS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".tif": "tiff", ".tiff": "tiff"}
 MAX_PIXELS = 180_000_000  # about 13,400 x 13,400, PIL's own refusal threshold; PMC figures are far smaller
 
 

@@ -14,7 +14,7 @@ import warnings
 
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from pipelines.parse.images import MAX_PIXELS
+from pipelines.images.info import MAX_PIXELS
 
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 
@@ -44,6 +44,15 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
         return _high_bit_depth_to_rgb(image.convert("I") if mode.startswith("I;16") else image)
     return image.convert("RGB")  # L, 1, P without transparency, CMYK, YCbCr, LAB, HSV
+
+
+def normalize_mode(im: Image.Image) -> Image.Image:
+    """The image as ``L`` or ``RGB``: grey and colour images as they are, anything else by the
+    decoding rules every stage shares (:func:`to_rgb`: transparency on
+    white, 16-bit stretched, CMYK and palettes converted, first frame of animations)."""
+    if im.mode in ("L", "RGB") and "transparency" not in im.info:
+        return im
+    return to_rgb(im)
 
 
 def decode_image(data: bytes) -> tuple[Image.Image | None, str | None]:
