@@ -408,13 +408,13 @@ def test_histogram_axes_span_the_data(monkeypatch):
     assert edges.tolist() == pytest.approx([300, 948.683, 3000])  # 300 * sqrt(10), then 300 * 10
     assert log_bins(np.array([500.0, 500.0]), edges=3).tolist() == pytest.approx([500 / 1.1, 500, 550])
     limits = {}
-    real_png = stats_module._png
+    real_png = stats_module.figure_png
 
     def recording_png(fig, plt):
         limits[fig.axes[0].get_title()] = fig.axes[0].get_xlim()
         return real_png(fig, plt)
 
-    monkeypatch.setattr(stats_module, "_png", recording_png)
+    monkeypatch.setattr(stats_module, "figure_png", recording_png)
     stats = ReleaseStats(reservoir=10, token_sample=0)
     for width in (320, 640, 2400):
         stats.add_value("image_width", width)
