@@ -54,7 +54,8 @@ from PIL import Image
 from benchmarks.record import write_results
 from pipelines.images.boxes import Panel
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
-from pipelines.panels.inputs import prepare_image, scale_boxes
+from pipelines.images.boxes import scale_boxes
+from pipelines.panels.inputs import prepare_image
 from pipelines.panels.layout import split_panels
 from pipelines.panels.types import XYCUT
 from pipelines.text.captions import caption_agreement

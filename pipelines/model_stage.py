@@ -223,7 +223,9 @@ class ModelStage(Stage):
                     item = run.items[index]
                     if item.ref is not None:
                         ref = item.ref
-                        image, reason = decode_image(reader.read(ref["tar_path"], ref["offset"], ref["size"]))
+                        image, reason = None, ref.get("image_error")  # refused when parsed: that reason
+                        if reason is None:
+                            image, reason = decode_image(reader.read(ref["tar_path"], ref["offset"], ref["size"]))
                         if image is None:
                             run.outcomes[index] = self.unreadable(item, reason)
                             unsaved.append(index)

@@ -265,7 +265,7 @@ def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path):
         ref.update(pmcid=ref["image_file"].split("/")[0], fig_id=None if i == 3 else f"F{i}", sha256=str(i))
     rows = detect_images(lake, refs, SYNTHETIC, batch_size=2, actors=1)
     assert [r["image_file"] for r in rows] == [m for m, _ in members]
-    assert rows[1]["error"].startswith("undecodable image") and rows[3]["error"].startswith("not an image")
+    assert rows[1]["error"].startswith("unreadable image") and rows[3]["error"].startswith("not an image")
     assert rows[1]["panels"] == [] and rows[3]["label_boxes"] == [] and rows[3]["fig_id"] is None
     local = decode_and_detect(Detector(SYNTHETIC), [d for _, d in members], batch_size=2)
     assert isinstance(local[1], str) and isinstance(local[3], str)

@@ -69,7 +69,10 @@ def embed_shard(
     reused = reusable_results(lake, "embeddings", Partition(release, shard), _reusable_key(config, identity))
     known = {fp: row for fp, (row, _) in reused.items()}
     fps = {r["sha256"]: fingerprint({**identity, "sha256": r["sha256"]}) for r in refs}
-    todo = [r for r in refs if fps[r["sha256"]] not in known]
+    refused = {(r["pmcid"], r["fig_id"], r["image_file"]): r["image_error"] for r in refs if r.get("image_error")}
+    todo = [
+        r for r in refs if fps[r["sha256"]] not in known and (r["pmcid"], r["fig_id"], r["image_file"]) not in refused
+    ]
     fresh = embed_images(lake, todo, config, batch_size, actors, gpus_per_actor, address, actor_resources)
     by_key: dict[tuple, list[dict]] = defaultdict(list)
     for row in fresh:
@@ -77,7 +80,10 @@ def embed_shard(
     rows = []
     for ref in refs:
         key = (ref["pmcid"], ref["fig_id"], ref["image_file"])
-        source = known.get(fps[ref["sha256"]]) or by_key[key][0]
+        if key in refused:  # decided when parsed: the same reason as every other stage
+            source = {"dim": None, "vector": None, "error": refused[key]}
+        else:
+            source = known.get(fps[ref["sha256"]]) or by_key[key][0]
         rows.append(
             {
                 "pmcid": ref["pmcid"],

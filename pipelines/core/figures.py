@@ -1,6 +1,9 @@
 """Figure items: one reference per resolved figure image of a partition, with where its bytes lie
 in the raw tars. Every stage that reads figure images (embeddings, panels, pairs, long captions)
-starts from these."""
+starts from these. Whether an image is usable is decided once, when the article is parsed (the one
+decoder's rule, :mod:`pipelines.images.decode`, recorded in ``figures.image_errors``): a refused
+image's reference carries that reason as ``image_error``, and every stage records it for the image
+instead of decoding it again."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None 
     by_name = raw_locations(lake, release, shard)
     refs = []
     for fig in figures:
-        for name in fig["image_files"] or []:
+        errors = fig.get("image_errors") or []
+        for index, name in enumerate(fig["image_files"] or []):
             raw = by_name[(fig["pmcid"], name)]
             refs.append(
                 {
@@ -36,5 +40,6 @@ def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None 
                     "offset": raw["offset"],
                     "size": raw["size"],
                 }
+                | ({"image_error": errors[index]} if index < len(errors) and errors[index] else {})
             )
     return refs

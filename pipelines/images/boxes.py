@@ -26,6 +26,7 @@ agreeing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -317,3 +318,19 @@ def consensus(
 def crop_panel(image: Image.Image, box: Box) -> Image.Image:
     """The panel's pixels, cut from the original image (boxes are original pixels)."""
     return image.crop(box)
+
+
+def scale_boxes(boxes: list[Box], image_size: tuple[int, int], width: int, height: int) -> list[Box]:
+    """Boxes found on a reduced decode (``image_size``) in the original ``width x height``."""
+    sx, sy = width / image_size[0], height / image_size[1]
+    if sx == 1 and sy == 1:
+        return list(boxes)
+    return [
+        (
+            math.floor(x1 * sx),
+            math.floor(y1 * sy),
+            min(width, math.ceil(x2 * sx)),
+            min(height, math.ceil(y2 * sy)),
+        )
+        for x1, y1, x2, y2 in boxes
+    ]

@@ -23,12 +23,12 @@ from pipelines.core.rawstore import RawReader, add_member
 from pipelines.core.schemas import Table
 from pipelines.core.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
 from pipelines.images.boxes import Panel, consensus, crop_panel, finalize, iou
-from pipelines.images.decode import decode_image
+from pipelines.images.decode import decode_image, reason_kind
 from pipelines.images.gate import REASONS as GATE_REASONS
 from pipelines.images.gate import GateSettings, crop_gate
 from pipelines.images.jpeg import jpeg_bytes
 from pipelines.panels.detector import DetectorConfig, detect_images
-from pipelines.panels.inputs import split_figure
+from pipelines.panels.inputs import FigureSplit, split_figure
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT
 from pipelines.text.captions import caption_of, split_caption
 from pipelines.text.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
@@ -163,6 +163,9 @@ class PanelStage(Stage):
                 if item["sha256"] in known:
                     carried[key] = known[item["sha256"]]
                     continue
+                if item.get("image_error"):  # refused when parsed: the same reason, not decoded again
+                    layouts[key] = FigureSplit(reason=item["image_error"])
+                    continue
                 layouts[key] = split_figure(reader.read(item["tar_path"], item["offset"], item["size"]))
         todo = [
             item
@@ -235,7 +238,7 @@ class PanelStage(Stage):
             "settings": self.settings.fingerprint,
         }
         if layout.reason is not None:
-            unreadable = layout.reason.startswith(("unreadable", "too large"))
+            unreadable = reason_kind(layout.reason) is not None  # the decoder refused it: an error, not a skip
             figure["status"] = "error" if unreadable else "skipped"
             return figure, []
         detr = None

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 
 from pipelines.core.lake import Lake, TableWriter
 from pipelines.core.schemas import ARTICLES
-from pipelines.images.info import MAX_PIXELS, image_info
+from pipelines.images.decode import MAX_PIXELS
+from pipelines.images.info import image_info
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
 
 PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
