@@ -114,7 +114,7 @@ def _chain(exc: BaseException | None):
 def actor_init_failed(exc: BaseException) -> bool:
     import ray.exceptions as rex
 
-    return any(isinstance(e, rex.RayActorError) and e.actoractor_init_failed for e in _chain(exc))
+    return any(isinstance(e, rex.RayActorError) and e.actor_init_failed for e in _chain(exc))
 
 
 def is_outage(exc: BaseException) -> bool:
