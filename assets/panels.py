@@ -32,7 +32,7 @@ from pipelines.panels.stages import (
     PanelStage,
 )
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
-from pipelines.panels.types import DETR, XYCUT
+from pipelines.panels.types import DECISION, DETR
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
@@ -43,12 +43,14 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
 class PanelRunSettings(Config):
-    """``prefer``: the method whose panels are kept when layout and detector disagree; empty
-    means the detector with real weights, the layout splitter with a random synthetic model."""
+    """``prefer``: the method whose panels are kept when the figure decision and the detector
+    disagree; empty means the detector with real weights, the decision with a random synthetic
+    model."""
 
     prefer: str = ""
     consensus_min: float = 0.7
     batch_size: int = 8
+    ocr: str = "tesseract"  # the engine reading printed panel labels: tesseract, or rapidocr (needs its wheel)
 
 
 @asset(
@@ -91,14 +93,15 @@ def panels(
     quality: QualityResource,
 ) -> MaterializeResult:
     detector = models.detector_config()
-    prefer = config.prefer or (XYCUT if detector is None or detector.synthetic else DETR)
+    prefer = config.prefer or (DECISION if detector is None or detector.synthetic else DETR)
     if detector is not None and detector.synthetic:
-        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the layout splitter's panels are kept")
+        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the figure decision's panels are kept")
     settings = PanelSettings(
         detector=detector,
         prefer=prefer,
         consensus_min=config.consensus_min,
         batch_size=config.batch_size,
+        ocr=config.ocr,
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,

@@ -28,6 +28,7 @@ from pipelines.longcap.stages import LongCapSettings, LongCapStage
 from pipelines.mining.stages import MiningSettings, MiningStage
 from pipelines.panels.inputs import PanelInputError, split_figure
 from pipelines.panels.layout import split_panels
+from pipelines.panels.split import panels_for_figure
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage
 from pipelines.release.stages import PairPlanStage, SamplePlanStage
 from pipelines.vlm import prompts
@@ -74,14 +75,15 @@ def test_every_decoder_entry_point_gives_the_same_reason(name):
     assert len(set(reasons.values())) == 1, reasons
 
 
+@pytest.mark.parametrize("split", [split_panels, panels_for_figure])
 @pytest.mark.parametrize("name", ["fig2.jpg", "fig3.jpg"])
-def test_split_panels_raises_the_reason_not_oserror_and_never_decodes_a_huge_png(name):
+def test_the_public_splitters_raise_the_reason_not_oserror_and_never_decode_a_huge_png(split, name):
     with warnings.catch_warnings():  # PIL's own warning at open: 144 Mpx is over its threshold too
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         image = Image.open(io.BytesIO(bad_figures()[name]))  # opened, not decoded: as the README does
     with image:
         with pytest.raises(PanelInputError) as raised:
-            split_panels(image)
+            split(image)
         assert expected(name, raised.value.reason)
         if name == "fig3.jpg":
             assert not is_loaded(image)  # refused from the header: no pixel of the 12k PNG was decoded

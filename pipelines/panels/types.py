@@ -2,5 +2,8 @@
 
 from __future__ import annotations
 
-XYCUT, DETR, CONSENSUS = "xycut", "detr", "consensus"
-METHODS = (XYCUT, DETR, CONSENSUS)
+# xycut: the layout splitter alone (layout.split_panels); decision: the figure-level decision
+# (split.panels_for_figure: layout, printed labels, caption, chart structure); detr: the detector;
+# consensus: the detector and the weight-free method agreeing
+XYCUT, DECISION, DETR, CONSENSUS = "xycut", "decision", "detr", "consensus"
+METHODS = (XYCUT, DECISION, DETR, CONSENSUS)
