@@ -11,7 +11,6 @@ JPEG: its 600 x 970 header is whole, its scan is not), ``fig3.jpg`` by a 12,000 
 from __future__ import annotations
 
 import io
-import json
 import warnings
 
 import pytest
@@ -31,7 +30,6 @@ from pipelines.panels.layout import split_panels
 from pipelines.panels.split import panels_for_figure
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage
 from pipelines.release.stages import PairPlanStage, SamplePlanStage
-from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, sample_rows
 from testing.pipeline import parse_release
@@ -39,6 +37,7 @@ from testing.vlm import ScriptedEngine
 from tests.conftest import source_for
 from tests.helpers import run_release
 from tests.panel_figures import huge_png, huge_uniform_jpeg
+from tests.test_model_stages import ANSWERS  # the scripted model's answers to every prompt
 
 PMCID, RELEASE = "PMC900000009", "2026"
 FIG2 = (SAMPLE_DIR / "articles" / "elife-46472" / "fig2.jpg").read_bytes()
@@ -87,17 +86,6 @@ def test_the_public_splitters_raise_the_reason_not_oserror_and_never_decode_a_hu
         assert expected(name, raised.value.reason)
         if name == "fig3.jpg":
             assert not is_loaded(image)  # refused from the header: no pixel of the 12k PNG was decoded
-
-
-ANSWERS = {
-    "canary": json.dumps({"canary": prompts.CANARY_TOKEN}),
-    "panels": '{"panels": []}',
-    "associate": '{"panels": []}',
-    "describe_panel": '{"description": "A panel."}',
-    "locate_region": '{"regions": []}',
-    "describe_region": '{"description": "A region."}',
-    "longcap": json.dumps({"features": [], "verdict": "NOT_FEASIBLE", "long_caption": "x", "acronyms": []}),
-}
 
 
 @pytest.fixture(scope="module")
