@@ -32,7 +32,6 @@ from pipelines.concepts.review import (
     group_members,
     index_html,
     seeded_sample,
-    sheet_preview,
 )
 from pipelines.concepts.shard import embed_shard
 from pipelines.core.figures import raw_locations
@@ -51,6 +50,7 @@ from pipelines.core.stage import (
     StageResult,
 )
 from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.previews import sheet_preview
 
 GPU_POOL = "gpu"
 ANNOTATIONS_MATCH = "annotations_match_model"

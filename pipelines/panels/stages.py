@@ -24,19 +24,20 @@ from dataclasses import dataclass, field
 from pipelines.core.figures import image_refs
 from pipelines.core.fingerprints import fingerprint, model_identity
 from pipelines.core.lake import Lake
+from pipelines.core.panel_methods import CONSENSUS, DECISION, DETR
 from pipelines.core.rawstore import RawReader, add_member
 from pipelines.core.schemas import Table
-from pipelines.core.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.core.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
 from pipelines.images.boxes import Panel, attach_labels, consensus, crop_panel, finalize, iou
 from pipelines.images.decode import decode_image, reason_kind
 from pipelines.images.gate import REASONS as GATE_REASONS
 from pipelines.images.gate import GateSettings, crop_gate
 from pipelines.images.jpeg import jpeg_bytes
+from pipelines.images.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.panels.detector import DetectorConfig, detect_images
 from pipelines.panels.inputs import FigureSplit
 from pipelines.panels.labels import get_reader
 from pipelines.panels.split import DECISION_VERSION, figure_decision
-from pipelines.panels.types import CONSENSUS, DECISION, DETR
 from pipelines.text.captions import caption_of, split_caption
 from pipelines.text.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
 from pipelines.text.pairing import count_agreement as figure_agreement
@@ -441,6 +442,7 @@ class PanelCropsStage(Stage):
         dest = crops_tar(lake, release, shard)
         relative = lake.relative(dest)
         rows, errors, written = [], [], 0
+        sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
             with (
@@ -462,6 +464,8 @@ class PanelCropsStage(Stage):
                         name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
                         offset = add_member(tar, name, io.BytesIO(data), len(data))
                         written += len(data)
+                        if len(sheet) < SHEET_ITEMS:
+                            sheet.append((data, f"{image_file} p{panel['panel_index']} {reason or 'passes the gate'}"))
                         rows.append(
                             {
                                 "pmcid": pmcid,
@@ -494,5 +498,8 @@ class PanelCropsStage(Stage):
             },
             paths={"tar": dest},
         )
+        if sheet:
+            title = f"panel crops of {partition}: {len(sheet)} of {len(rows)}, with the gate's verdict"
+            result.counts["crops_sheet"] = Markdown(sheet_preview(captioned_sheet(sheet, title), title=title))
         result.errors = errors
         return result

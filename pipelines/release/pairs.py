@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from pipelines.core.lake import Commit, Lake
+from pipelines.core.provenance import public_model_name
 from pipelines.core.rawstore import RawReader
 from pipelines.core.schemas import PAIR_SAMPLES, Table
 from pipelines.images.boxes import crop_panel
@@ -394,8 +395,12 @@ def _figure_ref(row: dict, figure: _Figure) -> dict:
 
 def _own_fields(source: dict, fields: dict) -> dict:
     """The JSON fields a pair or long-caption row gives itself; the figure's facts come from the
-    figure-level sample (one source for them, whatever the upstream row repeats)."""
-    return {k: source[k] for k in fields if k in source and k not in FIGURE_REF_FIELDS}
+    figure-level sample (one source for them, whatever the upstream row repeats). The model is
+    named by its id, also for rows written before provenance stopped holding local paths."""
+    own = {k: source[k] for k in fields if k in source and k not in FIGURE_REF_FIELDS}
+    if "model" in own:
+        own["model"] = public_model_name(own["model"])
+    return own
 
 
 def _negative(row: dict) -> dict:

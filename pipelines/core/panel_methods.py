@@ -1,4 +1,5 @@
-"""What the panel methods share besides boxes (``pipelines.images.boxes``): their names."""
+"""The names of the panel methods: the values of ``panel_figures.method`` and ``panels.method``,
+read by the panels stage, the release card and the synthetic-part notes."""
 
 from __future__ import annotations
 
