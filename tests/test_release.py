@@ -429,7 +429,7 @@ def test_histogram_units_scales_and_the_synthetic_mark(monkeypatch):
     from pipelines.release.stats import ReleaseStats
 
     drawn = {}
-    real_png = stats_module._png
+    real_png = stats_module.figure_png
 
     def recording_png(fig, plt, synthetic=None):
         ax, texts = fig.axes[0], fig.texts  # the list the footer is drawn into
@@ -437,7 +437,7 @@ def test_histogram_units_scales_and_the_synthetic_mark(monkeypatch):
         drawn[ax.get_title()] = (ax.get_xscale(), ax.get_xlabel(), ax.get_ylabel(), [t.get_text() for t in texts])
         return png
 
-    monkeypatch.setattr(stats_module, "_png", recording_png)
+    monkeypatch.setattr(stats_module, "figure_png", recording_png)
     stats = ReleaseStats(reservoir=10, token_sample=0)
     for n in (0, 0, 1, 2, 2):
         stats.add_value("panel_pairs_per_figure", n)
