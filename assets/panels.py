@@ -9,7 +9,6 @@ from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
     Config,
-    Failure,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
     asset,
@@ -18,7 +17,7 @@ from dagster import (
 from assets.concepts import figure_concepts
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.report import OutageRetry, error_rate_check, needs_person, run_stage
 from assets.synthetic import synthetic_settings
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
@@ -184,7 +183,7 @@ def panel_detector(
     try:
         dataset = latest_training_set(lk, release, config.training_set_version)
     except StageInputError as exc:
-        raise Failure(str(exc), allow_retries=False) from exc
+        raise needs_person(exc) from exc
     detector = models.detector_config() or DetectorConfig(synthetic=models.synthetic)
     real_eval = REPO / config.real_eval if config.real_eval else None
     job = {

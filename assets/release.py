@@ -17,7 +17,7 @@ from assets.mining import pairs
 from assets.panels import panel_crops
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import run_stage
+from assets.report import needs_person, run_stage
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     DatasetCardStage,
@@ -102,12 +102,10 @@ class ConceptFilterSettings(ShardSettings):
 def webdataset_concept_filtered(
     context: AssetExecutionContext, config: ConceptFilterSettings, lake: LakeResource, quality: QualityResource
 ) -> MaterializeResult:
-    from dagster import Failure
-
     try:
         subsets = concept_filtered_subsets(list(config.concepts), quality.taxonomy)
     except StageInputError as exc:
-        raise Failure(str(exc)) from exc
+        raise needs_person(exc) from exc
     return _write_subsets(context, lake, "webdataset_concept_filtered", subsets, config, "concept-filtered")
 
 

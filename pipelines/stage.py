@@ -23,8 +23,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from pipelines.errors import ServiceUnavailableError, StageInputError  # noqa: F401 (the two error bases, re-exported)
 from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
+from pipelines.lake import WRITERS, Lake
 
 RELEASE, SHARD = "release", "shard"
 PROGRESS_INTERVAL_S = 30.0
@@ -34,11 +35,6 @@ ProgressSink = Callable[[str], None]
 # variable, so a stage deep in its helpers reports without every signature passing a callback.
 _progress_sink: ContextVar[ProgressSink | None] = ContextVar("panelforge_progress_sink", default=None)
 _log = logging.getLogger("panelforge.progress")
-
-
-class StageInputError(RuntimeError):
-    """The stage cannot run on what the lake holds or on how it is configured (an upstream
-    stage has not run, a setting is missing); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -338,6 +334,15 @@ class Stage:
     writes: ClassVar[tuple[str, ...]] = ()
     compute: Compute = Compute()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A stage class that names itself declares the tables it writes: record it as their
+        writer, so ``Lake.require`` can name the asset to materialize."""
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str):
+            for table in cls.__dict__.get("writes", ()):
+                WRITERS.setdefault(str(table), name)
+
     def run(self, lake: Lake, partition: Partition, progress: ProgressSink | None = None) -> StageResult:
         """``progress`` receives the lines of the stage's :class:`Progress` reports (the asset
         passes the run log's ``info``)."""
@@ -376,3 +381,21 @@ class Stage:
 
     def result(self, partition: Partition, **fields) -> StageResult:
         return StageResult(stage=self.name, partition=partition, **fields)
+
+
+def import_stages() -> None:
+    """Import every stage module of ``pipelines`` (``<package>/stages.py`` or ``stage.py``), so
+    every stage class has declared what it writes."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import pipelines
+
+    for package in pkgutil.iter_modules(pipelines.__path__):
+        if not package.ispkg:
+            continue
+        for module in ("stages", "stage"):
+            name = f"pipelines.{package.name}.{module}"
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)

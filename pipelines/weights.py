@@ -18,6 +18,8 @@ import huggingface_hub
 import huggingface_hub.constants
 from huggingface_hub.errors import HFValidationError
 
+from pipelines.errors import StageInputError
+
 CONFIG = "config.json"
 WEIGHT_FILES = (
     "model.safetensors",
@@ -28,7 +30,7 @@ WEIGHT_FILES = (
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors"]  # config, image processor, weights (and their shard index)
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(StageInputError):
     """The weights are neither in a local directory nor in the Hugging Face cache (or cannot be
     fetched); the message is one line that names the setting."""
 

@@ -25,6 +25,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.errors import StageInputError
+
 TAXONOMY_FILE = Path(__file__).with_name("taxonomy.json")
 FIELDS = ("panel_type", "global_concept", "local_concepts")
 TEMPLATE_COLUMNS = [
@@ -68,7 +70,7 @@ def load_taxonomy(extra: str | None = None) -> Taxonomy:
     return Taxonomy(data["panel_types"], data["local_concepts"])
 
 
-class AnnotationError(ValueError):
+class AnnotationError(StageInputError, ValueError):
     """One or more annotation rows are invalid; the message names every file and line."""
 
 

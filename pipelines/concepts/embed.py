@@ -19,13 +19,14 @@ import numpy as np
 from pipelines.acquire.rawstore import read_raw_file
 from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
+from pipelines.errors import ServiceUnavailableError
 from pipelines.lake import Lake
 from pipelines.stage import Progress
 
 EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
 
 
-class ComputeUnavailableError(RuntimeError):
+class ComputeUnavailableError(ServiceUnavailableError):
     """The Ray cluster lost what a partition was running on (a node, an actor, an object).
 
     Nothing was written, since a stage writes its table only after the last batch, so the run is

@@ -83,10 +83,7 @@ class PanelSettings:
 def _figure_images(lake: Lake, release: str, shard: str) -> Iterator[dict]:
     """One item per resolved figure image: its raw location, its figure's caption and its
     concept label."""
-    figures = lake.read_table(Table.FIGURES, release, shard)
-    if figures is None:
-        raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-    figures = figures.to_pylist()
+    figures = lake.require(Table.FIGURES, release, shard).to_pylist()
     captions = {(f["pmcid"], f["fig_id"]): caption_of(f) for f in figures}
     concepts_table = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
     concepts = {
@@ -410,7 +407,9 @@ class PanelCropsStage(Stage):
     """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
     4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files.
     Each crop goes through the release gate (``pipelines.panels.gate``): one that fails it is
-    still cut, for inspection, with its reason in ``gate``, and is never released as a panel."""
+    still cut, for inspection, with its reason in ``gate``, and is never released as a panel.
+    Its items are panels: ``ok`` the crops cut, ``error`` the panels of images that could not be
+    decoded (the reason is recorded once per image)."""
 
     gate: GateSettings = field(default_factory=GateSettings)
 
@@ -423,17 +422,15 @@ class PanelCropsStage(Stage):
         import tarfile
 
         release, shard = partition.release, partition.shard
-        panels = lake.read_table(Table.PANELS, release, shard)
-        files = lake.read_table(Table.RAW_FILES, release, shard)
-        if panels is None or files is None:
-            raise FileNotFoundError(f"release {release} shard {shard} has no panels yet")
+        panels = lake.require(Table.PANELS, release, shard)
+        files = lake.require(Table.RAW_FILES, release, shard)
         where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
         by_image: dict[tuple[str, str], list[dict]] = {}
         for row in panels.to_pylist():
             by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
         dest = crops_tar(lake, release, shard)
         relative = lake.relative(dest)
-        rows, errors, written = [], [], 0
+        rows, errors, written, uncut = [], [], 0, 0
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
             with (
@@ -446,6 +443,7 @@ class PanelCropsStage(Stage):
                     image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
                     if image is None:
                         errors.append((f"{pmcid} {image_file}", reason))
+                        uncut += len(image_panels)  # the unit is the panel, like ``ok``
                         continue
                     for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
                         box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
@@ -477,10 +475,11 @@ class PanelCropsStage(Stage):
         result = self.result(
             partition,
             ok=len(rows),
-            error=len(errors),
+            error=uncut,
             bytes=written,
             counts={
                 "crops": len(rows),
+                "panels_uncut": uncut,
                 "images_unreadable": len(errors),
                 "gate_passed": sum(1 for r in rows if r["gate"] is None),
                 **{f"gate_{reason}": sum(1 for r in rows if r["gate"] == reason) for reason in GATE_REASONS},

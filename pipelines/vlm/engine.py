@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
+from pipelines.errors import ServiceUnavailableError
 from pipelines.fingerprints import fingerprint, model_identity
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
@@ -32,7 +33,7 @@ DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
 
-class VlmOutage(RuntimeError):  # noqa: N818 (an outage, not an error of the item)
+class VlmOutage(ServiceUnavailableError):  # noqa: N818 (an outage, not an error of the item)
     """The engine cannot be reached or died: the run fails and is retried; no item is failed."""
 
 
