@@ -15,9 +15,11 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.config import config_from
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, needs_person, run_stage
+from assets.stage_asset import stage_asset
 from assets.synthetic import synthetic_settings
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
@@ -41,23 +43,23 @@ from resources.settings import REPO
 _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
-class PanelRunSettings(Config):
+PanelRunSettings = config_from(
+    PanelSettings,
+    "PanelRunSettings",
     """``prefer``: the method whose panels are kept when layout and detector disagree; empty
-    means the detector with real weights, the layout splitter with a random synthetic model."""
+    means the detector with real weights, the layout splitter with a random synthetic model.""",
+    fields=("prefer", "consensus_min", "batch_size"),  # the detector and the Ray pool: resources
+    overrides={"prefer": (str, "")},
+    module=__name__,
+)
 
-    prefer: str = ""
-    consensus_min: float = 0.7
-    batch_size: int = 8
 
-
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PanelStage,
     deps=[parsed_articles, figure_concepts],
     group_name="panels",
     kinds={"parquet", "ray", "pytorch"},
-    pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PanelStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             BOXES_INSIDE,
@@ -93,11 +95,9 @@ def panels(
     prefer = config.prefer or (XYCUT if detector is None or detector.synthetic else DETR)
     if detector is not None and detector.synthetic:
         context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the layout splitter's panels are kept")
-    settings = PanelSettings(
+    settings = config.to_settings(
         detector=detector,
         prefer=prefer,
-        consensus_min=config.consensus_min,
-        batch_size=config.batch_size,
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,
@@ -107,13 +107,12 @@ def panels(
     return run_stage(context, PanelStage(settings), lake.lake(), quality.max_error_rate, retry)
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PanelCropsStage,
     deps=[panels],
     group_name="panels",
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PanelCropsStage.__doc__,
     check_specs=[error_rate_check("panel_crops", release_shard_partitions)],
 )
 def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: QualityResource) -> MaterializeResult:
@@ -131,12 +130,11 @@ class TrainingSetSettings(Config):
     commercial_only: bool = False
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    SyntheticSetStage,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
     group_name="panels",
     kinds={"coco"},
-    description=SyntheticSetStage.__doc__,
 )
 def panel_training_set(
     context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource, models: ModelsResource

@@ -16,8 +16,9 @@ from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
 from assets.panels import panel_crops
 from assets.parsing import parsed_articles, pubmed_metadata
-from assets.partitions import release_shard_partitions, releases_partitions
+from assets.partitions import releases_partitions
 from assets.report import needs_person, run_stage
+from assets.stage_asset import stage_asset
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     DatasetCardStage,
@@ -46,13 +47,12 @@ class SamplePlanSettings(Config):
     shuffle_seed: int = 0
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    SamplePlanStage,
     deps=[parsed_articles, pubmed_metadata, figure_concepts],
     group_name="release",
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=SamplePlanStage.__doc__,
 )
 def dataset_samples(
     context: AssetExecutionContext, config: SamplePlanSettings, lake: LakeResource
@@ -135,13 +135,12 @@ class PairPlanSettings(Config):
     include_vlm_text: bool = False
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PairPlanStage,
     deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
     group_name="release",
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PairPlanStage.__doc__,
 )
 def pair_samples(context: AssetExecutionContext, config: PairPlanSettings, lake: LakeResource) -> MaterializeResult:
     return run_stage(context, PairPlanStage(include_vlm_text=config.include_vlm_text), lake.lake())
@@ -153,12 +152,11 @@ class PairShardSettings(ShardSettings):
     token_sample: int = 5_000
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    PairWebDatasetStage,
     deps=[AssetDep(pair_samples, partition_mapping=_whole_release)],
     group_name="release",
     kinds={"webdataset"},
-    description=PairWebDatasetStage.__doc__,
 )
 def webdataset_pairs(
     context: AssetExecutionContext, config: PairShardSettings, lake: LakeResource
@@ -173,20 +171,19 @@ class StatsSettings(Config):
     seed: int = 0
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    ReleaseTablesStage,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
     group_name="release",
     kinds={"parquet"},
-    description=ReleaseTablesStage.__doc__,
 )
 def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake: LakeResource) -> MaterializeResult:
     stage = ReleaseTablesStage(config.reservoir, config.token_sample, config.seed)
     return run_stage(context, stage, lake.lake())
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    DatasetCardStage,
     deps=[
         webdataset_shards,
         webdataset_concept_filtered,
@@ -196,7 +193,6 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
     ],
     group_name="release",
     kinds={"markdown"},
-    description=DatasetCardStage.__doc__,
 )
 def dataset_card(context: AssetExecutionContext, lake: LakeResource, hub: HuggingFaceHubResource) -> MaterializeResult:
     return run_stage(context, DatasetCardStage(hub.repo_id), lake.lake())
@@ -208,8 +204,8 @@ class UploadSettings(Config):
     dry_run: bool = False
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    HubUploadStage,
     deps=[dataset_card],
     group_name="release",
     kinds={"huggingface"},

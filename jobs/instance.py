@@ -18,8 +18,8 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
 from pipelines.acquire.stages import POOL as PMC_POOL
-from pipelines.concepts.stages import GPU_POOL
 from pipelines.entrez.stage import POOL as EUTILS_POOL
+from pipelines.stage import GPU_POOL
 from resources.settings import REPO, Settings
 
 INSTANCE_FILE = REPO / "deploy" / "dagster.yaml"

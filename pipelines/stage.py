@@ -162,19 +162,19 @@ class Checkpoints:
         commit.remove(self.folder)
 
 
+GPU_POOL = "gpu"  # the Dagster pool of every step that holds GPUs (its limit: PANELFORGE_GPU_SLOTS)
+
+
 @dataclass(frozen=True)
 class Compute:
-    """What one run of a stage needs. ``ray_actors`` > 0: model replicas in a Ray Data actor
-    pool of ``gpus_per_actor`` GPUs each; ``pool``: the Dagster concurrency pool it holds."""
+    """What one run of a stage holds, declared on the class and read by its asset's decorator:
+    ``pool``, the Dagster concurrency pool a run waits for (``GPU_POOL`` for model stages: the
+    GPUs are shared by every such step); ``kinds``, what it runs on (``ray``, ``pytorch``,
+    ``vllm``), shown in the UI. How many Ray actors and GPUs per actor is a setting of the stage
+    instance (``actors``, ``gpus_per_actor``), not a declaration of its class."""
 
-    cpus: float = 1.0
-    ray_actors: int = 0
-    gpus_per_actor: float = 0.0
     pool: str | None = None
-
-    @property
-    def gpus(self) -> float:
-        return self.ray_actors * self.gpus_per_actor
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -332,7 +332,7 @@ class Stage:
     level: ClassVar[str] = SHARD
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
-    compute: Compute = Compute()
+    compute: ClassVar[Compute] = Compute()
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A stage class that names itself declares the tables it writes: record it as their

@@ -38,9 +38,19 @@ from pipelines.concepts.shard import embed_shard, raw_locations
 from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.stage import (
+    GPU_POOL,
+    RELEASE,
+    Check,
+    Compute,
+    Markdown,
+    Partition,
+    Preview,
+    Stage,
+    StageInputError,
+    StageResult,
+)
 
-GPU_POOL = "gpu"
 ANNOTATIONS_MATCH = "annotations_match_model"
 
 
@@ -96,9 +106,7 @@ class EmbedStage(Stage):
     reads = (Table.FIGURES, Table.RAW_FILES, Table.EMBEDDINGS)
     writes = (Table.EMBEDDINGS,)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "pytorch"))
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard

@@ -4,7 +4,7 @@ Both read what earlier stages wrote (the `pairs` table; the article's text and m
 keep every original: a negative is a new row next to its pair, a long caption is a new column
 next to the caption, which is always kept. Both run in the model-stage loop
 (``pipelines/model_stage.py``): reuse by fingerprint, the canary, batches, progress and
-checkpoints; the logic is in ``negatives.py`` and ``refine.py``.
+checkpoints; the logic is in ``negatives/`` and ``refine.py``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ from pipelines.longcap.tokens import load_tokenizer
 from pipelines.model_stage import Item, ModelRun, ModelStage, Outcome
 from pipelines.release.stats import _png
 from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
+from pipelines.stage import GPU_POOL, Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
 from pipelines.vlm.canary import canary_check
 from pipelines.vlm.engine import VlmEngine, provenance
 from pipelines.vlm.metering import MeteredEngine
 
-GPU_POOL = "gpu"
 # Bump when a change to the long-caption logic (context, guards, rows) changes what is written
 # for the same inputs, engine and prompt (the prompt has its own version, PROMPT_VERSION).
 LONGCAP_VERSION = "1"
@@ -63,9 +62,9 @@ class NegativesStage(ModelStage):
     reads = (Table.PAIRS, Table.NEGATIVE_ITEMS, Table.PAIR_NEGATIVES)
     writes = (Table.PAIR_NEGATIVES, Table.NEGATIVE_ITEMS)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(pool=GPU_POOL) if self.engine is not None else Compute()
+    # no pool: by default the rules alone run (use_vlm off); the VLM path shares the engine the
+    # ``vlm`` resource opened, as mining and long captions do
+    compute = Compute()
 
     def hashed_settings(self) -> dict:
         prompt = NEGATIVES_PROMPT_VERSION if self.engine is not None else None
@@ -158,9 +157,7 @@ class LongCapStage(ModelStage):
     reads = (Table.FIGURES, Table.ARTICLES, Table.MENTIONS, Table.RAW_FILES, Table.LONG_CAPTIONS)
     writes = (Table.LONG_CAPTIONS,)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("vllm",))
 
     def hashed_settings(self) -> dict:
         settings = self.settings.as_dict()

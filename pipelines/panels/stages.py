@@ -34,9 +34,8 @@ from pipelines.panels.postprocess import consensus, finalize, iou
 from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
 from pipelines.release.samples import JPEG_QUALITY, caption_of
 from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.stage import GPU_POOL, Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
 
-GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
 CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge into consensus panels
 # The panel logic's version: bump it when a change to how figures are split (layout, detector use,
@@ -135,11 +134,7 @@ class PanelStage(Stage):
     reads = (Table.FIGURES, Table.RAW_FILES, Table.FIGURE_CONCEPTS, Table.PANEL_FIGURES, Table.PANELS)
     writes = (Table.PANEL_FIGURES, Table.PANELS, Table.PANEL_CAPTIONS)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        if self.settings.detector is None:
-            return Compute()
-        return Compute(ray_actors=self.settings.actors, gpus_per_actor=self.settings.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "pytorch"))
 
     def _previous(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
         """Results made with the same settings, by image sha256: the previous release's, then
