@@ -9,6 +9,7 @@ from dagster import (
     MultiToSingleDimensionPartitionMapping,
 )
 
+from assets.groups import ACQUISITION
 from assets.partitions import open_release, release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, outage_of, run_stage
 from assets.stage_asset import stage_asset
@@ -20,7 +21,7 @@ from resources.quality import QualityResource
 
 @stage_asset(
     InventoryStage,
-    group_name="acquisition",
+    group_name=ACQUISITION,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=InventoryStage.__doc__ + " Opens the release's shards as partitions.",
@@ -41,7 +42,7 @@ def pmc_inventory(
 @stage_asset(
     AcquireStage,
     deps=[AssetDep(pmc_inventory, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
-    group_name="acquisition",
+    group_name=ACQUISITION,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     check_specs=[

@@ -11,6 +11,7 @@ from dagster import (
     MultiToSingleDimensionPartitionMapping,
 )
 
+from assets.groups import CONCEPTS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
@@ -34,7 +35,7 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
 @stage_asset(
     EmbedStage,
     deps=[parsed_articles],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet", "ray", "pytorch"},
     backfill_policy=BackfillPolicy.multi_run(1),
     check_specs=[error_rate_check("figure_embeddings", release_shard_partitions)],
@@ -70,7 +71,7 @@ class ConceptModelSettings(Config):
 @stage_asset(
     ConceptModelStage,
     deps=[AssetDep(figure_embeddings, partition_mapping=_whole_release)],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"numpy"},
 )
 def concept_model(
@@ -91,7 +92,7 @@ class ReviewSettings(Config):
 @stage_asset(
     ConceptReviewStage,
     deps=[concept_model],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"html"},
 )
 def concept_review(context: AssetExecutionContext, config: ReviewSettings, lake: LakeResource) -> MaterializeResult:
@@ -107,7 +108,7 @@ class AnnotationSettings(Config):
 @stage_asset(
     ClusterLabelsStage,
     deps=[concept_review],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet"},
     check_specs=[
         AssetCheckSpec(
@@ -128,7 +129,7 @@ def cluster_labels(
 @stage_asset(
     FigureConceptsStage,
     deps=[figure_embeddings, AssetDep(cluster_labels, partition_mapping=_whole_release)],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
 )

@@ -3,6 +3,7 @@
 from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult
 
 from assets.config import config_from
+from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
@@ -40,7 +41,7 @@ class NegativesSettings(Config):
 @stage_asset(
     NegativesStage,
     deps=[pairs],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet"},
     code_version=f"{RULES_VERSION}-{NEGATIVES_PROMPT_VERSION}",  # the rules' and the prompt's versions
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -78,7 +79,7 @@ LongCapRunSettings = config_from(
 @stage_asset(
     LongCapStage,
     deps=[parsed_articles],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet", "vllm"},
     code_version=f"{LONGCAP_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),

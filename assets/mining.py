@@ -10,6 +10,7 @@ of those fingerprints, so downstream assets go stale only when the pairs can hav
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult
 
 from assets.config import config_from
+from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage, shard_check
@@ -44,7 +45,7 @@ MiningRunSettings = config_from(
 @stage_asset(
     MiningStage,
     deps=[panels],
-    group_name="mining",
+    group_name=MINING,
     kinds={"parquet", "ray", "vllm"},
     code_version=f"{MINING_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),

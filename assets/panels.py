@@ -16,6 +16,7 @@ from dagster import (
 
 from assets.concepts import figure_concepts
 from assets.config import config_from
+from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, needs_person, run_stage
@@ -32,7 +33,7 @@ from pipelines.panels.stages import (
     PanelStage,
 )
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
-from pipelines.panels.types import DETR, XYCUT
+from pipelines.panels.types import DECISION, DETR
 from pipelines.stage import StageInputError
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
@@ -46,9 +47,10 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
 PanelRunSettings = config_from(
     PanelSettings,
     "PanelRunSettings",
-    """``prefer``: the method whose panels are kept when layout and detector disagree; empty
-    means the detector with real weights, the layout splitter with a random synthetic model.""",
-    fields=("prefer", "consensus_min", "batch_size"),  # the detector and the Ray pool: resources
+    """``prefer``: the method whose panels are kept when the figure decision and the detector
+    disagree; empty means the detector with real weights, the decision with a random synthetic
+    model. ``ocr``: the engine reading printed panel labels (tesseract, or rapidocr: needs its wheel).""",
+    fields=("prefer", "consensus_min", "batch_size", "ocr"),  # the detector and the Ray pool: resources
     overrides={"prefer": (str, "")},
     module=__name__,
 )
@@ -57,7 +59,7 @@ PanelRunSettings = config_from(
 @stage_asset(
     PanelStage,
     deps=[parsed_articles, figure_concepts],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet", "ray", "pytorch"},
     backfill_policy=BackfillPolicy.multi_run(1),
     check_specs=[
@@ -92,9 +94,9 @@ def panels(
     quality: QualityResource,
 ) -> MaterializeResult:
     detector = models.detector_config()
-    prefer = config.prefer or (XYCUT if detector is None or detector.synthetic else DETR)
+    prefer = config.prefer or (DECISION if detector is None or detector.synthetic else DETR)
     if detector is not None and detector.synthetic:
-        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the layout splitter's panels are kept")
+        context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the figure decision's panels are kept")
     settings = config.to_settings(
         detector=detector,
         prefer=prefer,
@@ -110,7 +112,7 @@ def panels(
 @stage_asset(
     PanelCropsStage,
     deps=[panels],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     check_specs=[error_rate_check("panel_crops", release_shard_partitions)],
@@ -133,7 +135,7 @@ class TrainingSetSettings(Config):
 @stage_asset(
     SyntheticSetStage,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"coco"},
 )
 def panel_training_set(
@@ -160,7 +162,7 @@ class DetectorTrainingSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[panel_training_set],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="DAB-DETR trained on the release's synthetic compound figures, as a launched GPU job: "

@@ -11,6 +11,7 @@ from dagster import (
 
 from assets.acquisition import pmc_raw_articles
 from assets.config import config_from
+from assets.groups import METADATA, PARSING
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage
 from assets.stage_asset import stage_asset
@@ -33,7 +34,7 @@ ParseSettings = config_from(
 @stage_asset(
     ParseStage,
     deps=[pmc_raw_articles],
-    group_name="parsing",
+    group_name=PARSING,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     check_specs=[error_rate_check("parsed_articles", release_shard_partitions)],
@@ -47,7 +48,7 @@ def parsed_articles(
 @stage_asset(
     DuplicatesStage,
     deps=[AssetDep(parsed_articles, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
-    group_name="parsing",
+    group_name=PARSING,
     kinds={"parquet"},
 )
 def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
@@ -57,7 +58,7 @@ def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> Mate
 @stage_asset(
     PubmedStage,
     deps=[parsed_articles],
-    group_name="parsing",
+    group_name=METADATA,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID. "

@@ -2,6 +2,7 @@
 Parquet tables and statistics, the dataset card, and the upload to the Hugging Face Hub."""
 
 from dagster import (
+    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
@@ -12,15 +13,17 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.groups import RELEASE
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
-from assets.panels import panel_crops
+from assets.panels import panel_crops, panels
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import releases_partitions
 from assets.report import needs_person, run_stage
 from assets.stage_asset import stage_asset
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
+    NO_MACHINE_PATHS,
     DatasetCardStage,
     HubUploadStage,
     PairPlanStage,
@@ -50,7 +53,7 @@ class SamplePlanSettings(Config):
 @stage_asset(
     SamplePlanStage,
     deps=[parsed_articles, pubmed_metadata, figure_concepts],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
 )
@@ -79,7 +82,7 @@ def _write_subsets(context, lake: LakeResource, name: str, subsets, config: Shar
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="The release as WebDataset shards, one subset per license group, shuffled across clusters and "
     "articles, with a Parquet sidecar per shard and sizes.json for OpenCLIP.",
@@ -95,7 +98,7 @@ class ConceptFilterSettings(ShardSettings):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="BIOMEDICA's concept-filtered training mixture: only the chosen global concepts, per license group.",
 )
@@ -116,7 +119,7 @@ class ConceptBalanceSettings(ShardSettings):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="BIOMEDICA's concept-balanced training mixture: at most cap_per_concept samples of each global "
     "concept (a random subset, in shuffle order), per license group.",
@@ -138,7 +141,7 @@ class PairPlanSettings(Config):
 @stage_asset(
     PairPlanStage,
     deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
 )
@@ -155,7 +158,7 @@ class PairShardSettings(ShardSettings):
 @stage_asset(
     PairWebDatasetStage,
     deps=[AssetDep(pair_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
 )
 def webdataset_pairs(
@@ -173,8 +176,11 @@ class StatsSettings(Config):
 
 @stage_asset(
     ReleaseTablesStage,
-    deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    deps=[
+        AssetDep(upstream, partition_mapping=_whole_release)
+        for upstream in (dataset_samples, panels, pairs, long_captions, pair_negatives)
+    ],
+    group_name=RELEASE,
     kinds={"parquet"},
 )
 def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake: LakeResource) -> MaterializeResult:
@@ -191,8 +197,18 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
         webdataset_pairs,
         release_parquet,
     ],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"markdown"},
+    check_specs=[
+        AssetCheckSpec(
+            NO_MACHINE_PATHS,
+            asset="dataset_card",
+            partitions_def=releases_partitions,
+            blocking=True,
+            description="No released file holds a path of the machine that built it (JSON, Markdown, sidecars, "
+            "Parquet tables, the text members of each subset's first shard; article text aside).",
+        )
+    ],
 )
 def dataset_card(context: AssetExecutionContext, lake: LakeResource, hub: HuggingFaceHubResource) -> MaterializeResult:
     return run_stage(context, DatasetCardStage(hub.repo_id), lake.lake())
@@ -207,7 +223,7 @@ class UploadSettings(Config):
 @stage_asset(
     HubUploadStage,
     deps=[dataset_card],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"huggingface"},
     description="Upload the release to the Hugging Face dataset repository PANELFORGE_HF_REPO (private by "
     "default, resumable), after checking the Hub's limits.",

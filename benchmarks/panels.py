@@ -52,15 +52,24 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.record import write_results
-from pipelines.panels.captions import caption_agreement
-from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
+from pipelines.panels.captions import caption_agreement, phrase_agreement, split_caption
+from pipelines.panels.evaluate import (
+    label_reading,
+    load_eval_figures,
+    load_eval_set,
+    match_at_iou,
+    recall_precision,
+    score_figures,
+)
 from pipelines.panels.inputs import prepare_image, scale_boxes
 from pipelines.panels.layout import split_panels
+from pipelines.panels.pairing import assign_captions
 from pipelines.panels.types import XYCUT, Panel
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
 BOXES = ROOT / "sample" / "panels" / "boxes.json"
+EVAL_DIR = ROOT / "sample" / "panels" / "eval"
 FIGURES_CSV = ROOT / "sample" / "articles" / "FIGURES.csv"
 CAPTIONS = ROOT / "tests" / "data" / "caption_splits.json"
 DETECTOR_WARMUP = 8
@@ -68,6 +77,15 @@ TRAIN_INPUT_SIZE = 480
 
 METHODS: dict[str, Callable[[Image.Image], list[Panel]]] = {XYCUT: split_panels}
 DETECTOR_METHODS = ("detr", "consensus", "trained_detr")
+DECISION = "decision"  # the figure decision's evaluation (``figure_decision``), not a ``METHODS`` entry
+# the evidence ladder: each rung adds one kind of evidence to the one before
+LADDER = {
+    "layout": None,
+    "layout+labels": ("labels",),
+    "layout+labels+caption": ("labels", "caption"),
+    "decision": ("labels", "caption", "structure", "kind"),
+}
+OCR_ENGINES = ("tesseract", "rapidocr")
 
 
 def speed_files() -> list[Path]:
@@ -261,9 +279,183 @@ def captions() -> dict:
     return out
 
 
+# ---- the figure decision -------------------------------------------------------------------
+
+
+def pair_texts(panels: list[Panel], caption: str) -> list[str | None]:
+    """Each panel's caption text as the panels stage pairs them (``pairing.assign_captions``)."""
+    return [row["text"] for row in assign_captions(panels, split_caption(caption))]
+
+
+def eval_figures(files: list[Path], split: str) -> list[dict]:
+    return [f for f in load_eval_figures(BOXES, files, ROOT, split=split) if Path(f["path"]).exists()]
+
+
+def decision_quality(figures: list[dict], images: dict) -> dict:
+    """Every rung of ``LADDER`` scored on ``figures`` (``evaluate.score_figures``), the route
+    each figure took, and milliseconds of CPU per figure (decode excluded)."""
+    from pipelines.panels.split import decide
+
+    out = {}
+    for name, evidence in LADDER.items():
+        predictions, routes = [], {}
+        cpu0 = time.process_time()
+        for fig in figures:
+            image = images[fig["file"]]
+            if evidence is None:
+                predictions.append(split_panels(image))
+                continue
+            decision = decide(image, fig["caption"], evidence=evidence)
+            predictions.append(decision.panels)
+            routes[decision.route] = routes.get(decision.route, 0) + 1
+        cpu = time.process_time() - cpu0
+        entry = score_figures(figures, predictions, pair_texts)
+        entry["ms_per_figure_cpu"] = round(1000 * cpu / max(1, len(figures)), 1)
+        if routes:
+            entry["routes"] = dict(sorted(routes.items()))
+        out[name] = entry
+        print(name, json.dumps(entry)[:400], flush=True)
+    return out
+
+
+def ocr_comparison(figures: list[dict], images: dict) -> dict:
+    """Each OCR engine reading the printed labels of the labelled figures: label recall and
+    precision (``evaluate.label_reading``) and CPU milliseconds per figure for the reading
+    (candidates, crops, engine, sequence)."""
+    import numpy as np
+
+    from pipelines.panels.labels import get_reader, read_labels
+    from pipelines.panels.layout import work_copy
+    from pipelines.panels.split import caption_evidence
+
+    labelled = [f for f in figures if any(f["labels"])]
+    out: dict = {
+        "figures": len(labelled),
+        "labelled_panels": sum(1 for f in labelled for x in f["labels"] if x),
+        "chosen": "tesseract",
+        "engines": {},
+    }
+    for engine in OCR_ENGINES:
+        try:
+            reader = get_reader(engine)
+        except (ImportError, RuntimeError) as exc:
+            out["engines"][engine] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        found = []
+        read_labels(images[labelled[0]["file"]], np.asarray(work_copy(images[labelled[0]["file"]])), reader)  # warm-up
+        cpu0 = time.process_time()
+        crops = 0
+        for fig in labelled:
+            image = images[fig["file"]]
+            caption = caption_evidence(fig["caption"])[0] if fig["caption"] is not None else None
+            reading = read_labels(image, np.asarray(work_copy(image)), reader, caption)
+            found.append(reading.labels)
+            crops += reading.read
+        cpu = time.process_time() - cpu0
+        entry = label_reading(labelled, found)
+        entry["ms_per_figure_cpu"] = round(1000 * cpu / len(labelled), 1)
+        entry["crops_per_figure"] = round(crops / len(labelled), 1)
+        out["engines"][engine] = entry
+        print("ocr", engine, json.dumps(entry), flush=True)
+    return out
+
+
+def decision_speed(figures: list[dict], repeat: int) -> dict:
+    """Figures per second per core of the figure decision (OCR included) against the layout
+    splitter alone, in the same run on the same figures: CPU time of this process for reading
+    the bytes, ``prepare_image`` and the method (``split.figure_decision`` for the decision,
+    with the figure's caption). One untimed warm-up pass."""
+    from pipelines.panels.labels import get_reader
+    from pipelines.panels.split import figure_decision
+
+    reader = get_reader()
+    blobs = [(Path(f["path"]).read_bytes(), f["caption"]) for f in figures]
+
+    def decision(data: bytes, caption: str | None) -> int:
+        return len(figure_decision(data, caption, reader=reader).panels)
+
+    def layout(data: bytes, caption: str | None) -> int:
+        return len(run_one(split_panels, data))
+
+    out: dict = {"figures": len(blobs), "repeat": repeat}
+    for name, method in (("xycut", layout), ("decision", decision)):
+        for data, caption in blobs:
+            method(data, caption)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(repeat):
+            for data, caption in blobs:
+                method(data, caption)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        n = len(blobs) * repeat
+        out[name] = {
+            "cpu_seconds": round(cpu, 3),
+            "wall_seconds": round(wall, 3),
+            "figures_per_second_per_core": round(n / cpu, 2),
+            "ms_per_figure_cpu": round(1000 * cpu / n, 1),
+        }
+    out["decision_vs_xycut"] = round(
+        out["decision"]["figures_per_second_per_core"] / out["xycut"]["figures_per_second_per_core"], 4
+    )
+    out["goal_figures_per_second_per_core"] = 10
+    print("speed", json.dumps(out), flush=True)
+    return out
+
+
+def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
+    """The figure decision on the evaluation set (``sample/panels/eval``): the evidence ladder
+    per split, the OCR engines on tune, and speed against the layout splitter."""
+    out: dict = {
+        "eval_files": [str(Path(f).relative_to(ROOT)) if Path(f).is_relative_to(ROOT) else str(f) for f in files],
+        "boxes": str(BOXES.relative_to(ROOT)),
+        "splits": {},
+    }
+    for split in splits:
+        figures = eval_figures(files, split)
+        images = {}
+        for fig in figures:
+            with Image.open(fig["path"]) as im:
+                images[fig["file"]] = prepare_image(im)[0]
+        summary = {
+            "figures": len(figures),
+            "single": sum(f["kind"] == "single" for f in figures),
+            "compound": sum(f["kind"] == "compound" for f in figures),
+            "panels": sum(len(f["boxes"]) for f in figures),
+            "labelled_panels": sum(1 for f in figures for x in f["labels"] if x),
+            "with_caption": sum(f["caption"] is not None for f in figures),
+            "articles": len(
+                {f["file"].split("/")[2] if f["file"].startswith("sample/articles/") else "PMC7003341" for f in figures}
+            ),
+        }
+        print(split, json.dumps(summary), flush=True)
+        entry = {
+            "set": summary,
+            # a figure's "labels" are those printed on its panels, not the caption's: left out
+            "captions": phrase_agreement(
+                [{k: v for k, v in f.items() if k != "labels"} for f in figures if f["caption"] is not None]
+            ).get(split),
+            "methods": decision_quality(figures, images),
+        }
+        if split == "tune":
+            entry["ocr"] = ocr_comparison(figures, images)
+        out["splits"][split] = entry
+    speed_set = [f for split in splits for f in eval_figures(files, split)]
+    out["speed"] = decision_speed(speed_set, repeat)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=[*METHODS, *DETECTOR_METHODS])
+    parser.add_argument("--methods", nargs="+", default=[*METHODS, DECISION, *DETECTOR_METHODS])
+    parser.add_argument(
+        "--eval-files",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="the annotators' figures-*.json (default: sample/panels/eval/figures-*.json)",
+    )
+    parser.add_argument(
+        "--holdout", action="store_true", help="also score the holdout split (once, when the method is final)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed passes for weight-free methods")
     parser.add_argument("--detector-repeat", type=int, default=1, help="timed passes for detector methods")
     parser.add_argument("--steps", type=int, default=150, help="training steps of trained_detr")
@@ -293,9 +485,15 @@ def main() -> None:
         "speed_baseline": XYCUT,
         "methods": dict(previous.get("methods", {})),
     }
-    for key in ("synthetic_val", "trained_detector", "captions"):
+    for key in ("synthetic_val", "trained_detector", "captions", "figure_decision"):
         if key in previous:
             result[key] = previous[key]
+    if DECISION in args.methods:
+        files = args.eval_files or sorted(EVAL_DIR.glob("figures-*.json"))
+        splits = ["tune", "holdout"] if args.holdout else ["tune"]
+        decided = figure_decision(files, splits, args.repeat)
+        kept = result.get("figure_decision", {}).get("splits", {})
+        result["figure_decision"] = {**decided, "splits": {**kept, **decided["splits"]}}
 
     def record(name: str, method, repeat: int, warmup: int | None, **meta) -> dict:
         entry = {**meta, "speed": speed(method, blobs, repeat, warmup)}

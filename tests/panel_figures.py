@@ -82,3 +82,49 @@ def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
     buf = io.BytesIO()
     im.save(buf, fmt, **kwargs)
     return buf.getvalue()
+
+
+def bold_font(size: int):
+    """DejaVu Sans Bold from matplotlib's own fonts (a dependency; no system font needed)."""
+    from pathlib import Path
+
+    import matplotlib
+    from PIL import ImageFont
+
+    return ImageFont.truetype(str(Path(matplotlib.__file__).parent / "mpl-data/fonts/ttf/DejaVuSans-Bold.ttf"), size)
+
+
+def draw_chart(draw: ImageDraw.ImageDraw, box, seed: int = 0, font=None) -> None:
+    """A bar chart filling ``box``: y tick labels in a strip at its left, an L-shaped axis,
+    bars, x tick labels in a strip below the axis (text strips apart from the plot by white
+    space, as charts are drawn)."""
+    from PIL import ImageFont
+
+    font = font or ImageFont.load_default()
+    x1, y1, x2, y2 = box
+    ax_x, ax_y = x1 + 30, y2 - 24  # the axis corner
+    draw.line([(ax_x, y1), (ax_x, ax_y), (x2 - 1, ax_y)], fill=0, width=2)
+    rng = np.random.default_rng(seed)
+    n = 5
+    step = (x2 - ax_x - 10) / n
+    for k in range(n):
+        bx = int(ax_x + 8 + k * step)
+        top = int(rng.integers(y1 + 5, ax_y - 20))
+        draw.rectangle([bx, top, bx + int(step * 0.6), ax_y - 2], fill=(60 + 30 * k) % 200)
+    for k, value in enumerate(("0", "5", "10")):
+        y = int(ax_y - k * (ax_y - y1 - 10) / 2)
+        draw.line([(ax_x - 5, y), (ax_x, y)], fill=0, width=1)
+        draw.text((x1, y - 6), value, fill=0, font=font)
+    for k in range(n):
+        draw.text((int(ax_x + 8 + k * step), y2 - 14), str(k + 1), fill=0, font=font)
+
+
+def draw_label(draw: ImageDraw.ImageDraw, xy, text: str, font, fill=0) -> tuple[int, int, int, int]:
+    """A printed panel label at ``xy``; returns the box of its ink (x2/y2 exclusive)."""
+    draw.text(xy, text, fill=fill, font=font)
+    left, top, right, bottom = draw.textbbox(xy, text, font=font)
+    mask = Image.new("L", (right - left + 2, bottom - top + 2), 0)
+    ImageDraw.Draw(mask).text((xy[0] - left + 1, xy[1] - top + 1), text, fill=255, font=font)
+    ink = np.asarray(mask) > 127
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    return left - 1 + int(cols[0]), top - 1 + int(rows[0]), left + int(cols[-1]), top + int(rows[-1])

@@ -52,3 +52,88 @@ def test_recall_precision_three_figures_by_hand():
 def test_recall_precision_nothing_to_count():
     assert recall_precision([])["recall"] == 1.0
     assert recall_precision([(0, 0, 0)])["precision"] == 1.0
+
+
+# --- the figure-level measures (issue 19 §5) -----------------------------------------------------
+
+
+def test_imageclef_accuracy_counts_above_0_66():
+    from pipelines.panels.evaluate import imageclef_correct
+
+    truth = [(0, 0, 100, 100), (100, 0, 200, 100)]
+    # IoU 1.0 and IoU 70/100 = 0.7 (> 0.66): both correct
+    assert imageclef_correct([(0, 0, 100, 100), (100, 0, 170, 100)], truth) == 2
+    # IoU 60/100 = 0.6: counts at 0.5, not here
+    assert imageclef_correct([(0, 0, 100, 100), (100, 0, 160, 100)], truth) == 1
+    assert imageclef_correct([], truth) == 0
+
+
+def test_score_figures_by_hand():
+    from pipelines.panels.evaluate import score_figures
+    from pipelines.panels.types import Panel
+
+    compound = {
+        "kind": "compound",
+        "boxes": [(0, 0, 100, 100), (100, 0, 200, 100)],
+        "labels": ["A", "B"],
+        "caption": "(A) red cells. (B) blue cells.",
+        "phrases": {"A": ["red cells"], "B": ["blue cells"]},
+    }
+    single = {"kind": "single", "boxes": [(0, 0, 300, 200)], "labels": [None], "caption": "", "phrases": {}}
+    predictions = [
+        [Panel((0, 0, 100, 100), label="A"), Panel((100, 0, 200, 100), label="b")],  # b: case differs
+        [Panel((0, 0, 150, 200)), Panel((150, 0, 300, 200))],  # a single figure cut in two
+    ]
+
+    def pair(panels, caption):  # what a pairing by printed label gives here
+        texts = {"a": "red cells", "b": "blue cells"}
+        return [texts.get((p.label or "").casefold()) for p in panels]
+
+    scores = score_figures([compound, single], predictions, pair)
+    # compound: tp 2; single: one half has IoU 0.5 with the truth, the other is extra
+    assert (scores["tp"], scores["fp"], scores["fn"]) == (3, 1, 0)
+    # ImageCLEF: compound 2/2; single 0 correct above 0.66 / max(1, 2): mean 0.5
+    assert scores["imageclef_accuracy"] == 0.5
+    assert scores["single_figures"] == 1 and scores["single_whole"] == 0.0
+    assert scores["count_exact"] == 0.5 and scores["count_exact_compound"] == 1.0
+    assert scores["labelled_panels"] == 2 and scores["labels_read"] == 0.5 and scores["labels_read_casefold"] == 1.0
+    assert scores["panel_text_panels"] == 2 and scores["panel_text"] == 1.0
+
+
+def test_label_reading_by_position_and_text():
+    from pipelines.panels.evaluate import label_reading
+    from pipelines.panels.labels import PrintedLabel
+
+    fig = {"width": 200, "height": 100, "boxes": [(0, 0, 100, 100), (100, 0, 200, 100)], "labels": ["a", "b"]}
+    found = [
+        PrintedLabel("a", (2, 2, 10, 12)),
+        PrintedLabel("b", (20, 50, 28, 60)),  # inside panel a: a wrong place for b
+        PrintedLabel("b", (104, 2, 112, 12)),
+    ]
+    assert label_reading([fig], [found]) == {"labelled_panels": 2, "labels_read": 3, "recall": 1.0, "precision": 0.6667}
+
+
+def test_the_evaluation_set_is_loaded_once_per_file(tmp_path):
+    import json
+
+    from pipelines.panels.evaluate import load_eval_figures
+
+    panel = {"label": None, "box": [0, 0, 5, 5]}
+    boxes = {"figures": [{"file": "x.png", "width": 10, "height": 10, "panels": [panel]}]}
+    (tmp_path / "boxes.json").write_text(json.dumps(boxes))
+    entry = {
+        "file": "x.png",
+        "split": "tune",
+        "kind": "single",
+        "width": 10,
+        "height": 10,
+        "panels": [{"box": [0, 0, 10, 10], "label": None}],
+        "caption": "One chart.",
+    }
+    held = {**entry, "file": "y.png", "split": "holdout"}
+    skipped = {**entry, "file": "z.png", "kind": "skip"}
+    (tmp_path / "figures-A.json").write_text(json.dumps([entry, held, skipped]))
+    tune = load_eval_figures(tmp_path / "boxes.json", [tmp_path / "figures-A.json"], tmp_path, split="tune")
+    assert [(f["file"], f["boxes"], f["caption"]) for f in tune] == [("x.png", [(0, 0, 10, 10)], "One chart.")]
+    every = load_eval_figures(tmp_path / "boxes.json", [tmp_path / "figures-A.json"], tmp_path)
+    assert sorted(f["file"] for f in every) == ["x.png", "y.png"]

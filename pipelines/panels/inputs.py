@@ -55,6 +55,8 @@ class FigureSplit:
     width: int = 0
     height: int = 0
     reason: str | None = None  # None when the figure was split
+    labels: list = field(default_factory=list)  # printed labels read (labels.PrintedLabel), original pixels
+    route: str | None = None  # how the figure decision split it (split.Decision.route)
 
 
 def normalize_mode(im: Image.Image) -> Image.Image:
@@ -148,18 +150,28 @@ def is_uniform(image: Image.Image) -> bool:
     return hi - lo <= UNIFORM_TOL
 
 
-def split_figure(data: bytes | Image.Image) -> FigureSplit:
-    """``prepare_image`` then ``split_panels``; bad input is a ``reason``, never an exception."""
-    from dataclasses import replace
-
-    from pipelines.panels.layout import split_panels
-
+def open_figure(data: bytes | Image.Image) -> tuple[Image.Image, int, int] | FigureSplit:
+    """``prepare_image``, and a one-colour figure refused: the image and its original size, or
+    a ``FigureSplit`` with the reason (never an exception for bad input)."""
     try:
         image, width, height = prepare_image(data)
     except PanelInputError as exc:
         return FigureSplit(reason=exc.reason)
     if is_uniform(image):
         return FigureSplit(width=width, height=height, reason="uniform image")
+    return image, width, height
+
+
+def split_figure(data: bytes | Image.Image) -> FigureSplit:
+    """``open_figure`` then ``split_panels``; bad input is a ``reason``, never an exception."""
+    from dataclasses import replace
+
+    from pipelines.panels.layout import split_panels
+
+    opened = open_figure(data)
+    if isinstance(opened, FigureSplit):
+        return opened
+    image, width, height = opened
     panels = split_panels(image)
     boxes = scale_boxes([p.box for p in panels], image.size, width, height)
     panels = [replace(p, box=b) for p, b in zip(panels, boxes, strict=True)]

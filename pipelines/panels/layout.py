@@ -8,7 +8,7 @@
   first because black-backed CT panels touching the figure's edge make a dark frame around
   white gutters). For a colour, a pixel is *ink* when it differs from it by more than
   ``INK_TOL`` grey levels. Between white and the background colour come *divider lines*: thin
-  near-uniform lines of any colour that contrast with both sides (``_dividers``, tolerance
+  near-uniform lines of any colour that contrast with both sides (``divider_runs``, tolerance
   ``DIVIDER_TOL``). A region is cut by the first of these that splits it, and the pieces of a
   colour cut only ever by that colour (or dividers) again: a dark micrograph inside a
   white-gutter figure is never cut along its own empty black background. Black is not tried
@@ -90,7 +90,7 @@ def _blank(ink: np.ndarray, axis: int) -> np.ndarray:
     return counts <= allowance
 
 
-def _trim(ink: np.ndarray, box: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
+def trim_box(ink: np.ndarray, box: tuple[int, int, int, int]) -> tuple[int, int, int, int] | None:
     x1, y1, x2, y2 = box
     sub = ink[y1:y2, x1:x2]
     if sub.size == 0:
@@ -114,13 +114,13 @@ def _runs(blank: np.ndarray, offset: int, min_gutter: int) -> list[tuple[int, in
     return runs
 
 
-def _gutters(ink: np.ndarray, box, axis: int, min_gutter: int) -> list[tuple[int, int]]:
+def gutter_runs(ink: np.ndarray, box, axis: int, min_gutter: int) -> list[tuple[int, int]]:
     """Runs of blank rows/columns inside a trimmed box, as absolute (start, end)."""
     x1, y1, x2, y2 = box
     return _runs(_blank(ink[y1:y2, x1:x2], axis), y1 if axis == 0 else x1, min_gutter)
 
 
-def _dividers(gray: np.ndarray, box, axis: int, max_width: float) -> list[tuple[int, int, float]]:
+def divider_runs(gray: np.ndarray, box, axis: int, max_width: float) -> list[tuple[int, int, float]]:
     """Divider lines: runs of near-uniform rows/columns of one colour (at most ``DIVIDER_NOISE``
     of their pixels off their mean by more than ``DIVIDER_TOL``) that contrast with the line just
     outside the run on both sides (at least ``DIVIDER_CONTRAST`` of its pixels off the run's
@@ -168,7 +168,7 @@ def _pieces(ink, box, axis, gutters, params: _Params):
         for k in range(len(gutters) + 1):
             a, b = bounds[2 * k], bounds[2 * k + 1]
             cut = (box[0], a, box[2], b) if axis == 0 else (a, box[1], b, box[3])
-            trimmed = _trim(ink, cut)
+            trimmed = trim_box(ink, cut)
             too_small = trimmed is None or (
                 min(trimmed[2] - trimmed[0], trimmed[3] - trimmed[1]) < params.min_side
                 or (trimmed[2] - trimmed[0]) * (trimmed[3] - trimmed[1]) < params.min_area
@@ -193,17 +193,17 @@ def _split_region(gray, masks, box, params: _Params):
     """The pieces of ``box`` by the first of ``masks`` that splits it (a gutter colour's ink
     mask, or None: divider lines) and the index of the one used; or ([], None)."""
     for index, ink in enumerate(masks):
-        inner = _trim(ink, box) if ink is not None else box
+        inner = trim_box(ink, box) if ink is not None else box
         if inner is None:
             continue
         candidates = []
         for axis in (0, 1):
             trim_mask = ink
             if ink is not None:
-                gutters = _gutters(ink, inner, axis, params.min_gutter)
+                gutters = gutter_runs(ink, inner, axis, params.min_gutter)
             else:
                 # dividers of the widest one's colour; pieces are trimmed of that colour
-                runs = _dividers(gray, inner, axis, params.min_side)
+                runs = divider_runs(gray, inner, axis, params.min_side)
                 if not runs:
                     continue
                 ref = max(runs, key=lambda r: r[1] - r[0])[2]
@@ -219,9 +219,33 @@ def _split_region(gray, masks, box, params: _Params):
     return [], None
 
 
-def split_panels(image: Image.Image) -> list[Panel]:
-    """The panels of a figure by recursive XY-cut on uniform gutters (module doc), in reading
-    order, boxes in the original image's pixels."""
+@dataclass
+class Sheet:
+    """A figure as the cutting works on it: the grey work copy, the gutter colours' ink masks in
+    the order they are tried (``None``: divider lines), the size rules, and the scale back to
+    the original pixels."""
+
+    gray: np.ndarray
+    colour_masks: list[np.ndarray]
+    masks: list[np.ndarray | None]
+    params: _Params
+    width: int
+    height: int
+    sx: float
+    sy: float
+
+    def to_original(self, box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        x1, y1, x2, y2 = box
+        return (
+            math.floor(x1 * self.sx),
+            math.floor(y1 * self.sy),
+            min(self.width, math.ceil(x2 * self.sx)),
+            min(self.height, math.ceil(y2 * self.sy)),
+        )
+
+
+def make_sheet(image: Image.Image) -> Sheet:
+    """The work copy of ``image`` and its gutter masks (module doc)."""
     width, height = image.size
     gray_im = work_copy(image)
     gray = np.asarray(gray_im, dtype=np.int16)
@@ -230,15 +254,24 @@ def split_panels(image: Image.Image) -> list[Panel]:
     bg, _ = _frame_colour(gray)
     colours = [255.0, bg] if abs(255.0 - bg) > INK_TOL else [bg]
     colour_masks = [np.abs(gray - c) > INK_TOL for c in colours]
-    all_masks = [colour_masks[0], None, *colour_masks[1:]]  # divider lines after the first colour
     longest = max(w, h)
     params = _Params(
         min_gutter=max(2, round(MIN_GUTTER_SHARE * longest)),
         min_side=max(MIN_SIDE_PX, MIN_SIDE_SHARE * longest, MIN_SIDE_ORIGINAL_PX / max(sx, sy)),
         min_area=MIN_AREA_SHARE * w * h,
     )
-    root = _trim(all_masks[0], (0, 0, w, h))
-    if root is None or _trim(colour_masks[-1], (0, 0, w, h)) is None:
+    masks = [colour_masks[0], None, *colour_masks[1:]]  # divider lines after the first colour
+    return Sheet(gray, colour_masks, masks, params, width, height, sx, sy)
+
+
+def split_panels(image: Image.Image) -> list[Panel]:
+    """The panels of a figure by recursive XY-cut on uniform gutters (module doc), in reading
+    order, boxes in the original image's pixels."""
+    sheet = make_sheet(image)
+    gray, colour_masks, all_masks, params = sheet.gray, sheet.colour_masks, sheet.masks, sheet.params
+    h, w = gray.shape
+    root = trim_box(all_masks[0], (0, 0, w, h))
+    if root is None or trim_box(colour_masks[-1], (0, 0, w, h)) is None:
         return []  # one colour
     done: list[tuple[tuple[int, int, int, int], float]] = []
     # a region is split again only with the gutter colour that cut it out (or dividers)
@@ -255,16 +288,5 @@ def split_panels(image: Image.Image) -> list[Panel]:
             child_masks = [m for m in masks if m is None or m is colour_masks[0]]
         for piece, clarity in pieces:
             queue.append((piece, min(score, clarity), depth + 1, child_masks))
-    panels = [
-        Panel(
-            box=(
-                math.floor(x1 * sx),
-                math.floor(y1 * sy),
-                min(width, math.ceil(x2 * sx)),
-                min(height, math.ceil(y2 * sy)),
-            ),
-            score=round(score, 4),
-        )
-        for (x1, y1, x2, y2), score in done
-    ]
-    return finalize(panels, width, height)
+    panels = [Panel(box=sheet.to_original(box), score=round(score, 4)) for box, score in done]
+    return finalize(panels, sheet.width, sheet.height)

@@ -236,13 +236,17 @@ def attach_labels(panels: Sequence[Panel], labels: Iterable[LabelBox]) -> list[P
     return panels
 
 
-def finalize(panels: Iterable[Panel], width: int, height: int, labels: Iterable[LabelBox] = ()) -> list[Panel]:
-    """Steps 1-6 of the module doc, in order."""
+def finalize(
+    panels: Iterable[Panel], width: int, height: int, labels: Iterable[LabelBox] = (), single: bool = True
+) -> list[Panel]:
+    """Steps 1-6 of the module doc, in order (step 4 only with ``single``: panels that each
+    carry a printed label are panels even when one of them covers most of the figure)."""
     kept = [p for p in panels if p.area > 0]
     boxes = clamp([p.box for p in kept], width, height)
     kept = [replace(p, box=b) for p, b in zip(kept, boxes, strict=True) if area(b) > 0]
     kept = suppress(kept)
-    kept = single_panel(kept)
+    if single:
+        kept = single_panel(kept)
     kept = attach_labels(kept, labels)
     return reading_order(kept)
 

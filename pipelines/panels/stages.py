@@ -1,12 +1,17 @@
 """Panel stages: every figure image of a (release, shard) split into panels, with its caption
 split by panel label; and the panels' crops for the release.
 
-Which figures go through the detector: every figure image is split by the weight-free layout
-splitter (milliseconds on a CPU). DAB-DETR then runs on the images that may be compound: not
-labelled ``single panel`` by the concept stage, and either labelled as multi-panel, or split
-into two or more panels by the layout, or with two or more panel labels in the caption. The
-rest keep the layout's answer (one panel, or a recorded reason such as ``uniform image``).
-Images unchanged since the previous release (same sha256, same settings) keep their panels.
+Every figure image goes through the weight-free figure decision (``split.figure_decision``:
+layout gutters, printed panel labels read by OCR, the caption's labels, chart structure, the
+concept stage's figure kind; tens of milliseconds on a CPU). It is the stage's answer where no
+detector weights are configured. Where they are, DAB-DETR runs on the images that may be
+compound: not labelled ``single panel`` by the concept stage, and either labelled as
+multi-panel, or split into two or more panels by the decision, or with two or more panel labels
+in the caption; the decision is its second opinion (``choose``: consensus, or the preferred
+method) and its fallback (a detector that finds nothing). The printed labels read by the
+decision fill the ``label`` column whichever method's boxes are kept. The rest keep the
+decision's answer (one panel, or a recorded reason such as ``uniform image``). Images
+unchanged since the previous release (same sha256, same settings) keep their panels.
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from pipelines.panels.captions import split_caption
 from pipelines.panels.detector import DetectorConfig, detect_images
 from pipelines.panels.gate import REASONS as GATE_REASONS
 from pipelines.panels.gate import GateSettings, crop_gate
-from pipelines.panels.inputs import split_figure
+from pipelines.panels.labels import get_reader
 from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
 from pipelines.panels.pairing import count_agreement as figure_agreement
-from pipelines.panels.postprocess import consensus, finalize, iou
-from pipelines.panels.types import CONSENSUS, DETR, XYCUT, Box, Panel
+from pipelines.panels.postprocess import attach_labels, consensus, finalize, iou
+from pipelines.panels.split import DECISION_VERSION, figure_decision
+from pipelines.panels.types import CONSENSUS, DECISION, DETR, Box, Panel
+from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.release.samples import JPEG_QUALITY, caption_of
 from pipelines.schemas import Table
-from pipelines.stage import GPU_POOL, Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.stage import GPU_POOL, Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
 
 SINGLE_PANEL = "single panel"
 CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge into consensus panels
@@ -45,11 +52,13 @@ PANELS_VERSION = "1"
 
 @dataclass(frozen=True)
 class PanelSettings:
-    """``detector`` None: the layout splitter alone (no weights configured). ``prefer``: the
+    """``detector`` None: the figure decision alone (no weights configured). ``prefer``: the
     method whose panels are kept when the two disagree (``detr`` for trained weights; a random
-    synthetic detector should never be preferred)."""
+    synthetic detector should never be preferred). ``ocr``: the engine reading printed panel
+    labels (``labels.get_reader``)."""
 
     detector: DetectorConfig | None = None
+    ocr: str = "tesseract"
     prefer: str = DETR
     consensus_min: float = CONSENSUS_MIN
     batch_size: int = 8
@@ -75,6 +84,8 @@ class PanelSettings:
                 "input_size": detector.input_size if detector else None,
                 "prefer": self.prefer,
                 "consensus_min": self.consensus_min,
+                "decision": DECISION_VERSION,
+                "ocr": self.ocr,
             }
         )
 
@@ -109,23 +120,23 @@ def best_overlaps(panels: list[Panel], others: list[Panel]) -> list[float | None
 
 
 def choose(
-    xycut: list[Panel], detr: list[Panel] | None, settings: PanelSettings
+    decided: list[Panel], detr: list[Panel] | None, settings: PanelSettings
 ) -> tuple[str, list[Panel], float | None]:
     """The panels kept for a figure, their method and the two methods' agreement."""
     if detr is None:
-        return XYCUT, xycut, None
-    merged, agreement = consensus(xycut, detr)
+        return DECISION, decided, None
+    merged, agreement = consensus(decided, detr)
     if agreement >= settings.consensus_min and merged:
         return CONSENSUS, merged, agreement
-    if settings.prefer == DETR and (detr or not xycut):
+    if settings.prefer == DETR and (detr or not decided):
         return DETR, detr, agreement
-    # a detector that finds nothing where the layout found panels is no evidence of no panel
-    return XYCUT, xycut, agreement
+    # a detector that finds nothing where the decision found panels is no evidence of no panel
+    return DECISION, decided, agreement
 
 
 @dataclass
 class PanelStage(Stage):
-    """Every figure image split into panels (layout splitter, DAB-DETR, their consensus), with
+    """Every figure image split into panels (the figure decision, DAB-DETR, their consensus), with
     boxes in original pixels and provenance, and its caption split by panel label."""
 
     settings: PanelSettings = field(default_factory=PanelSettings)
@@ -150,6 +161,7 @@ class PanelStage(Stage):
         known = self._previous(lake, partition)
         items = list(_figure_images(lake, release, shard))
         splits, layouts, carried = {}, {}, {}
+        ocr = get_reader(settings.ocr)  # fails the run, not the figures, when the engine is missing
         with RawReader(lake) as reader:
             for item in items:
                 key = (item["pmcid"], item["image_file"])
@@ -157,7 +169,8 @@ class PanelStage(Stage):
                 if item["sha256"] in known:
                     carried[key] = known[item["sha256"]]
                     continue
-                layouts[key] = split_figure(reader.read(item["tar_path"], item["offset"], item["size"]))
+                data = reader.read(item["tar_path"], item["offset"], item["size"])
+                layouts[key] = figure_decision(data, item["caption"], panel_type=item["panel_type"], reader=ocr)
         todo = [
             item
             for item in items
@@ -229,7 +242,7 @@ class PanelStage(Stage):
             "settings": self.settings.fingerprint,
         }
         if layout.reason is not None:
-            unreadable = layout.reason.startswith(("unreadable", "too large"))
+            unreadable = layout.reason.startswith(("unreadable", "too large", "panel decision failed"))
             figure["status"] = "error" if unreadable else "skipped"
             return figure, []
         detr = None
@@ -238,14 +251,18 @@ class PanelStage(Stage):
                 figure.update(status="error", reason=f"detector: {detection['error']}")
                 return figure, []
             labels = [(b.box, b.label) for b in detection["label_boxes"] if b.label]
-            detr = finalize(detection["panels"], layout.width, layout.height, labels)
+            # the printed labels the decision read come first: OCR, not the detector's label class
+            printed = [(lab.box, lab.text) for lab in layout.labels]
+            detr = finalize(detection["panels"], layout.width, layout.height, printed + labels)
             figure["n_detr"] = len(detr)
         method, panels, agreement = choose(layout.panels, detr, self.settings)
-        other = detr if method == XYCUT else layout.panels
+        if method != DECISION and layout.labels:
+            panels = attach_labels(panels, [(lab.box, lab.text) for lab in layout.labels])
+        other = detr if method == DECISION else layout.panels
         overlaps = best_overlaps(panels, other) if detr is not None else [None] * len(panels)
         figure.update(
             status="split" if len(panels) > 1 else "single",
-            reason=None if detr is not None or len(panels) > 1 else "one panel by layout, not sent to the detector",
+            reason=None if detr is not None or len(panels) > 1 else "one panel, not sent to the detector",
             method=method,
             n_panels=len(panels),
             agreement=agreement,
@@ -264,9 +281,9 @@ class PanelStage(Stage):
                 "method": method,
                 "label": panel.label,
                 "agreement": overlap,
-                "model": figure["model"] if method != XYCUT else None,
-                "model_revision": figure["model_revision"] if method != XYCUT else None,
-                "threshold": figure["threshold"] if method != XYCUT else None,
+                "model": figure["model"] if method != DECISION else None,
+                "model_revision": figure["model_revision"] if method != DECISION else None,
+                "threshold": figure["threshold"] if method != DECISION else None,
             }
             for index, (panel, overlap) in enumerate(zip(panels, overlaps, strict=True))
         ]
@@ -294,7 +311,7 @@ class PanelStage(Stage):
                 "panels": len(panels),
                 "carried": carried,
                 "sent_to_detector": detected,
-                "detector": self.settings.detector.model_label if self.settings.detector else "none (layout only)",
+                "detector": self.settings.detector.model_label if self.settings.detector else "none (figure decision)",
                 "caption_panels": len(captions),
                 **{f"match_{m}": sum(1 for c in captions if c["match"] == m) for m in MATCHES if m != VLM},
                 **{f"figures_{a}": agreements[a] for a in COUNT_AGREEMENTS},
@@ -426,6 +443,7 @@ class PanelCropsStage(Stage):
         dest = crops_tar(lake, release, shard)
         relative = lake.relative(dest)
         rows, errors, written, uncut = [], [], 0, 0
+        sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
             with (
@@ -448,6 +466,8 @@ class PanelCropsStage(Stage):
                         name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
                         offset = add_member(tar, name, io.BytesIO(data), len(data))
                         written += len(data)
+                        if len(sheet) < SHEET_ITEMS:
+                            sheet.append((data, f"{image_file} p{panel['panel_index']} {reason or 'passes the gate'}"))
                         rows.append(
                             {
                                 "pmcid": pmcid,
@@ -481,5 +501,8 @@ class PanelCropsStage(Stage):
             },
             paths={"tar": dest},
         )
+        if sheet:
+            title = f"panel crops of {partition}: {len(sheet)} of {len(rows)}, with the gate's verdict"
+            result.counts["crops_sheet"] = Markdown(sheet_preview(captioned_sheet(sheet, title), title=title))
         result.errors = errors
         return result

