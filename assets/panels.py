@@ -125,11 +125,7 @@ SYNTHETIC_TRAINING_SET = {"figures": 32}
 SYNTHETIC_DETECTOR_TRAINING = {"steps": 10, "batch_size": 2, "checkpoint_every": 5}
 
 
-class TrainingSetSettings(Config):
-    figures: int = 2000
-    seed: int = 0
-    val_share: float = 0.1
-    commercial_only: bool = False
+TrainingSetSettings = config_from(SyntheticSetStage, "TrainingSetSettings", module=__name__)  # the stage's own fields
 
 
 @stage_asset(
@@ -143,7 +139,7 @@ def panel_training_set(
 ) -> MaterializeResult:
     if models.synthetic:  # the demo: a set a few CPU steps can train on
         config = synthetic_settings(config, SYNTHETIC_TRAINING_SET)
-    stage = SyntheticSetStage(config.figures, config.seed, config.val_share, config.commercial_only)
+    stage = config.to_settings()
     return run_stage(context, stage, lake.lake())
 
 

@@ -87,6 +87,27 @@ def test_run_configuration_is_generated_from_the_settings_dataclasses():
     assert PanelRunSettings().prefer == "" and PanelSettings().prefer == "detr"
 
 
+def test_the_configs_not_generated_agree_with_their_settings():
+    """Where the launchpad's names differ from the dataclass's (or it adds a switch), the defaults
+    must still be the stage's."""
+    from assets.longcap import NegativesSettings
+    from assets.panels import TrainingSetSettings
+    from assets.release import ShardSettings
+    from pipelines.longcap.stages import NegativesStage
+    from pipelines.panels.training import SyntheticSetStage
+    from pipelines.release.webdataset import ShardLimits
+
+    assert ShardSettings().limits() == ShardLimits()
+    negatives, stage = NegativesSettings(), NegativesStage()
+    assert (negatives.max_per_type, negatives.vlm_per_pair, negatives.seed) == (
+        stage.max_per_type,
+        stage.vlm_per_pair,
+        stage.seed,
+    )
+    assert TrainingSetSettings().to_settings() == SyntheticSetStage()  # generated: 2000 figures, seed 0
+    assert TrainingSetSettings(figures=12).to_settings().figures == 12
+
+
 def test_a_settings_field_without_a_default_or_a_misspelt_field_is_refused():
     from assets.config import config_from
 
