@@ -92,6 +92,13 @@ def materialization_order(definitions: Definitions) -> list[AssetsDefinition]:
     return sorted(assets, key=lambda a: (level_of[a.key], not per_shard(a), a.key.to_user_string()))
 
 
+def unbound(assets: list[AssetsDefinition]) -> list[AssetsDefinition]:
+    """``assets`` as ``ASSETS`` holds them, without the resources ``Definitions`` bound to them:
+    what ``materialize`` takes with resources of its own (the demo's, a test's)."""
+    by_key = {a.key: a for a in ASSETS}
+    return [by_key[a.key] for a in assets]
+
+
 def per_shard(asset: AssetsDefinition) -> bool:
     """The asset runs per release × shard (else per release)."""
     return isinstance(asset.partitions_def, MultiPartitionsDefinition)

@@ -65,7 +65,7 @@ def main() -> int:
 
         from assets.partitions import open_release, release_shard_keys
         from jobs.automation import STARTED_BY_A_PERSON, UPLOAD
-        from jobs.definitions import build_definitions, materialization_order, per_shard
+        from jobs.definitions import build_definitions, materialization_order, per_shard, unbound
         from pipelines.partitioning import shard_keys
         from resources.profiles import build_resources
 
@@ -78,7 +78,7 @@ def main() -> int:
         # every asset of the code location, parents first; consecutive per-shard assets run
         # together, one run per shard
         runs: list[list] = []
-        for asset_def in materialization_order(build_definitions(settings)):
+        for asset_def in unbound(materialization_order(build_definitions(settings))):
             if runs and per_shard(asset_def) and per_shard(runs[-1][0]):
                 runs[-1].append(asset_def)
             else:

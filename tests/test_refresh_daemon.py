@@ -34,7 +34,7 @@ from dagster._core.instance.ref import InstanceRef
 from assets.acquisition import pmc_inventory
 from assets.partitions import open_release
 from jobs.automation import AUTOMATION_SENSOR, STARTED_BY_A_PERSON, STARTED_BY_THE_SENSOR, UPLOAD
-from jobs.definitions import build_definitions, materialization_order, per_shard
+from jobs.definitions import build_definitions, materialization_order, per_shard, unbound
 from pipelines.concepts.annotations import TEMPLATE_COLUMNS, load_taxonomy
 from pipelines.lake import Lake
 from pipelines.partitioning import shard_keys
@@ -59,7 +59,7 @@ MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}  # the de
 # parents first: the graph as Definitions has it
 AUTOMATED = [
     a
-    for a in materialization_order(build_definitions(Settings(shards=N_SHARDS)))
+    for a in unbound(materialization_order(build_definitions(Settings(shards=N_SHARDS))))
     if a.key.path[-1] not in {STARTED_BY_THE_SENSOR, UPLOAD, *STARTED_BY_A_PERSON}
 ]
 SHARD_ASSETS = tuple(a for a in AUTOMATED if per_shard(a))
