@@ -18,7 +18,7 @@ from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
 from pipelines.core.lake import dataset_dir
-from pipelines.panels.stages import GPU_POOL
+from pipelines.core.stage import GPU_POOL
 from pipelines.release.webdataset import missing_subsets
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
@@ -199,7 +199,7 @@ def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLaunche
 
 class MultilevelTrainingSettings(Config):
     """Zoom-in (Panel2Patch) or region-aware (RegionMed-CLIP) training
-    (``pipelines/training/multilevel.py``) on one license group's figure, panel and region subsets.
+    (``pipelines/training/multilevel/``) on one license group's figure, panel and region subsets.
     A field left unset keeps the preset's value; ``overrides``: a JSON object of any other
     ``MultilevelConfig`` field (schedule, loss_weights, curriculum, negative_loss, ...)."""
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Mapping
 
+from pipelines.core.errors import ServiceUnavailableError
 
-class ComputeUnavailableError(RuntimeError):
+
+class ComputeUnavailableError(ServiceUnavailableError):
     """The Ray cluster lost what a partition was running on (a node, an actor, an object).
 
     Nothing was written, since a stage writes its table only after the last batch, so the run is

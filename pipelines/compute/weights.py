@@ -18,6 +18,8 @@ import huggingface_hub
 import huggingface_hub.constants
 from huggingface_hub.errors import HFValidationError
 
+from pipelines.core.errors import StageInputError
+
 CONFIG = "config.json"
 WEIGHT_FILES = (
     "model.safetensors",
@@ -30,7 +32,7 @@ DOWNLOAD_PATTERNS = ["*.json", "*.safetensors"]  # config, image processor, weig
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class ModelUnavailableError(RuntimeError):
+class ModelUnavailableError(StageInputError):
     """The weights are neither in a local directory nor in the Hugging Face cache (or cannot be
     fetched); the message is one line that names the setting."""
 

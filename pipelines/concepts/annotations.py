@@ -23,8 +23,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.core.errors import StageInputError
 from pipelines.core.taxonomy import Taxonomy, normalize_label
 
+TAXONOMY_FILE = Path(__file__).with_name("taxonomy.json")
 FIELDS = ("panel_type", "global_concept", "local_concepts")
 TEMPLATE_COLUMNS = [
     "cluster_id",
@@ -38,7 +40,7 @@ TEMPLATE_COLUMNS = [
 ]
 
 
-class AnnotationError(ValueError):
+class AnnotationError(StageInputError, ValueError):
     """One or more annotation rows are invalid; the message names every file and line."""
 
 

@@ -39,6 +39,7 @@ from pipelines.core.fingerprints import fingerprint
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import Table
 from pipelines.core.stage import (
+    GPU_POOL,
     RELEASE,
     Check,
     Compute,
@@ -52,7 +53,6 @@ from pipelines.core.stage import (
 from pipelines.core.taxonomy import load_taxonomy
 from pipelines.images.previews import sheet_preview
 
-GPU_POOL = "gpu"
 ANNOTATIONS_MATCH = "annotations_match_model"
 
 
@@ -108,9 +108,7 @@ class EmbedStage(Stage):
     reads = (Table.FIGURES, Table.RAW_FILES, Table.EMBEDDINGS)
     writes = (Table.EMBEDDINGS,)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "pytorch"))
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard

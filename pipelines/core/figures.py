@@ -20,10 +20,7 @@ def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None 
     """One reference per resolved figure image of the partition (where it lies in the raw tars);
     ``figures``: the partition's figure rows when the caller has them already."""
     if figures is None:
-        table = lake.read_table("figures", release, shard)
-        if table is None:
-            raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-        figures = table.to_pylist()
+        figures = lake.require("figures", release, shard).to_pylist()
     by_name = raw_locations(lake, release, shard)
     refs = []
     for fig in figures:

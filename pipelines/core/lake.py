@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from pipelines.core.errors import StageInputError, UpstreamMissingError
 from pipelines.core.partitioning import shard_keys
 from pipelines.core.schemas import TABLES
 
@@ -49,8 +50,40 @@ CATALOG_FILE = "catalog.duckdb"
 LAYOUT_FILE = "lake.json"
 
 
-class LakeLayoutError(ValueError):
+class LakeLayoutError(StageInputError, ValueError):
     """The lake was created with another shard count than the one asked for."""
+
+
+# The asset that writes each table, from the stages' declared ``writes`` (``Stage`` subclasses
+# register themselves): what ``Lake.require`` tells a person to materialize.
+WRITERS: dict[str, str] = {}
+
+
+def writer_of(table: str) -> str | None:
+    """The asset (stage name) that writes ``table``; every stage module is imported the first
+    time a table's writer is not known yet (an error path: a notebook that imported one stage)."""
+    if table not in WRITERS:
+        import_stages()
+    return WRITERS.get(table)
+
+
+def import_stages() -> None:
+    """Import every stage module of ``pipelines`` (``<package>/stages.py`` or ``stage.py``), so
+    every stage class has declared what it writes (by name: the lake never imports the stage
+    contract, which imports the lake)."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import pipelines
+
+    for package in pkgutil.iter_modules(pipelines.__path__):
+        if not package.ispkg:
+            continue
+        for module in ("stages", "stage"):
+            name = f"pipelines.{package.name}.{module}"
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
 
 
 BATCH_ROWS = 1024  # rows per Parquet row group, and at most this many rows buffered by a writer
@@ -369,18 +402,23 @@ class Lake:
     def ensure_layout(self, n_shards: int) -> list[str]:
         """Record ``n_shards`` for a new lake, or check it against the recorded one: every
         article's shard depends on it, so it is fixed for the life of a lake."""
+        if self.check_layout(n_shards) is None:
+            with self.atomic_local_file(self.path(LAYOUT_FILE)) as tmp:
+                Path(tmp).write_text(json.dumps({"shards": n_shards}))
+        return shard_keys(n_shards)
+
+    def check_layout(self, n_shards: int) -> int | None:
+        """Refuse ``n_shards`` when the lake was created with another count (``LakeLayoutError``);
+        the recorded count, or None for a lake that records none yet. Writes nothing."""
         if n_shards < 1:
             raise LakeLayoutError(f"a lake needs at least one shard, got {n_shards}")
         recorded = self.n_shards()
-        if recorded is None:
-            with self.atomic_local_file(self.path(LAYOUT_FILE)) as tmp:
-                Path(tmp).write_text(json.dumps({"shards": n_shards}))
-        elif recorded != n_shards:
+        if recorded is not None and recorded != n_shards:
             raise LakeLayoutError(
                 f"the lake at {self.url} has {recorded} shards per release, not {n_shards}: "
                 "the shard count (PANELFORGE_SHARDS) is fixed for the life of a lake"
             )
-        return shard_keys(n_shards)
+        return recorded
 
     def previous_release(self, table: str, release: str) -> str | None:
         """The latest release before ``release`` that has ``table`` (keys sort by year)."""
@@ -568,6 +606,19 @@ class Lake:
         """Return one partition of ``table``, or None when it was never written."""
         self.recover(release)
         return self.read_file(table, self.table_path(table, release, shard))
+
+    def require(self, table: str, release: str, shard: str | None = None) -> pa.Table:
+        """One partition of ``table`` (``shard`` None: every shard of the release) that a stage
+        cannot run without: when it was never written, :class:`UpstreamMissingError` says which
+        asset to materialize first (a person must act; nothing is retried)."""
+        if shard is None:
+            if not self.fs.glob(self.path("tables", table, f"release={release}", "shard=*", "data.parquet")):
+                raise UpstreamMissingError(table, release, None, writer_of(table))
+            return self.read_release(table, release)
+        found = self.read_table(table, release, shard)
+        if found is None:
+            raise UpstreamMissingError(table, release, shard, writer_of(table))
+        return found
 
     def read_file(self, table: str, path: str) -> pa.Table | None:
         """A Parquet file of the lake with the schema of ``table`` (None when it is not there)."""

@@ -23,8 +23,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from pipelines.core.errors import ServiceUnavailableError, StageInputError  # noqa: F401 (the two error bases, re-exported)
 from pipelines.core.fingerprints import fingerprint
-from pipelines.core.lake import Lake
+from pipelines.core.lake import WRITERS, Lake, import_stages  # noqa: F401 (import_stages re-exported)
 
 RELEASE, SHARD = "release", "shard"
 PROGRESS_INTERVAL_S = 30.0
@@ -34,11 +35,6 @@ ProgressSink = Callable[[str], None]
 # variable, so a stage deep in its helpers reports without every signature passing a callback.
 _progress_sink: ContextVar[ProgressSink | None] = ContextVar("panelforge_progress_sink", default=None)
 _log = logging.getLogger("panelforge.progress")
-
-
-class StageInputError(RuntimeError):
-    """The stage cannot run on what the lake holds or on how it is configured (an upstream
-    stage has not run, a setting is missing); the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -166,19 +162,19 @@ class Checkpoints:
         commit.remove(self.folder)
 
 
+GPU_POOL = "gpu"  # the Dagster pool of every step that holds GPUs (its limit: PANELFORGE_GPU_SLOTS)
+
+
 @dataclass(frozen=True)
 class Compute:
-    """What one run of a stage needs. ``ray_actors`` > 0: model replicas in a Ray Data actor
-    pool of ``gpus_per_actor`` GPUs each; ``pool``: the Dagster concurrency pool it holds."""
+    """What one run of a stage holds, declared on the class and read by its asset's decorator:
+    ``pool``, the Dagster concurrency pool a run waits for (``GPU_POOL`` for model stages: the
+    GPUs are shared by every such step); ``kinds``, what it runs on (``ray``, ``pytorch``,
+    ``vllm``), shown in the UI. How many Ray actors and GPUs per actor is a setting of the stage
+    instance (``actors``, ``gpus_per_actor``), not a declaration of its class."""
 
-    cpus: float = 1.0
-    ray_actors: int = 0
-    gpus_per_actor: float = 0.0
     pool: str | None = None
-
-    @property
-    def gpus(self) -> float:
-        return self.ray_actors * self.gpus_per_actor
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -345,7 +341,16 @@ class Stage:
     level: ClassVar[str] = SHARD
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
-    compute: Compute = Compute()
+    compute: ClassVar[Compute] = Compute()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A stage class that names itself declares the tables it writes: record it as their
+        writer, so ``Lake.require`` can name the asset to materialize."""
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str):
+            for table in cls.__dict__.get("writes", ()):
+                WRITERS.setdefault(str(table), name)
 
     def run(self, lake: Lake, partition: Partition, progress: ProgressSink | None = None) -> StageResult:
         """``progress`` receives the lines of the stage's :class:`Progress` reports (the asset

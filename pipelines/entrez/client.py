@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import requests
 
+from pipelines.core.errors import ServiceUnavailableError
 from pipelines.core.lake import Lake
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
 from pipelines.net.ratelimit import RateLimiter
@@ -44,7 +45,7 @@ _TRANSPORT_ERRORS = (
 )
 
 
-class EntrezUnavailableError(RuntimeError):
+class EntrezUnavailableError(ServiceUnavailableError):
     """E-utilities could not be used at all: unreachable, retries exhausted on disconnects,
     timeouts, 429 or 5xx, or the endpoint refused us. Says nothing about any article: callers
     let it propagate (the run fails and is retried later) and never record it per article."""

@@ -29,8 +29,7 @@ class PubmedStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
-        table = lake.read_table(Table.ARTICLES, release, shard)
-        articles = table.select(["pmcid", "pmid"]).to_pylist() if table is not None else []
+        articles = lake.require(Table.ARTICLES, release, shard).select(["pmcid", "pmid"]).to_pylist()
         client = self.client_for(lake, release)
         rows = pubmed_rows(client, articles)
         lake.write_table(Table.PUBMED, release, shard, rows)

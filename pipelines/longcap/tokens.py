@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.core.errors import StageInputError
 from pipelines.core.provenance import public_model_name
 from pipelines.text.captions import normalize_caption
 
@@ -183,7 +184,7 @@ TOKENIZER_SETTING = "PANELFORGE_TEXT_TOKENIZER"
 DEFAULT_HF_TOKENIZER = "thomas-sounack/BioClinical-ModernBERT-base"  # BMC-LongCLIP's text tower
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(StageInputError):
     """The tokenizer is neither local nor downloadable: a person must provide it."""
 
 

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pipelines.core.errors import ServiceUnavailableError
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ class PermanentError(Exception):
     """A failure that retrying cannot fix (404, bad checksum after retries, unsafe package...)."""
 
 
-class SourceUnavailableError(Exception):
+class SourceUnavailableError(ServiceUnavailableError):
     """The source itself cannot be used: connection refused, DNS failure, or every attempt at a
     request ended in a disconnect, timeout or 5xx answer.
 

@@ -173,9 +173,7 @@ def plan_pair_shard(
     caption-matched ones, ``label`` and ``order``; add ``vlm`` for the texts the VLM associated)
     and its crop passes the release gate: ``panel_crops.gate`` for a crop reused from there,
     ``gate`` (its settings) measured here for a crop cut from the raw image."""
-    samples = lake.read_table(Table.SAMPLES, release, shard)
-    if samples is None:
-        raise FileNotFoundError(f"release {release} shard {shard} has no sample plan: materialize dataset_samples")
+    samples = lake.require(Table.SAMPLES, release, shard)
     absent: list[str] = []
     figures = {
         (r["pmcid"], r["image_file"]): _Figure(r, json.loads(r["meta_json"]) if r["meta_json"] else {})

@@ -137,9 +137,9 @@ def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: s
     so it is published with the plan that points into it)."""
 
     def table(name: str) -> list[dict]:
+        if name in ("figures", "articles", "raw_files"):
+            return lake.require(name, release, shard).to_pylist()
         found = lake.read_table(name, release, shard)
-        if found is None and name in ("figures", "articles", "raw_files"):
-            raise FileNotFoundError(f"release {release} shard {shard} has no {name} table: parse it first")
         return found.to_pylist() if found is not None else []
 
     articles = _by(table("articles"), "pmcid")

@@ -210,11 +210,8 @@ class PairPlanStage(Stage):
         release, shard = partition.release, partition.shard
         crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
         with lake.commit(self.name, release, shard) as commit:
-            try:
-                matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
-                plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
-            except FileNotFoundError as exc:
-                raise StageInputError(str(exc)) from exc
+            matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
+            plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
             if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
                 raise StageInputError(
                     f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
@@ -301,19 +298,16 @@ class PairWebDatasetStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
         subsets, levels = pair_level_subsets()
-        try:
-            results = write_release_subsets(
-                lake,
-                release,
-                subsets,
-                self.limits,
-                self.shard_name,
-                table=Table.PAIR_SAMPLES,
-                levels=levels,
-                empty_reasons={subset: empty_reason(subset) for subset in subsets},
-            )
-        except FileNotFoundError as exc:
-            raise StageInputError(str(exc)) from exc
+        results = write_release_subsets(
+            lake,
+            release,
+            subsets,
+            self.limits,
+            self.shard_name,
+            table=Table.PAIR_SAMPLES,
+            levels=levels,
+            empty_reasons={subset: empty_reason(subset) for subset in subsets},
+        )
         stats = pair_stats(
             included_pair_samples(lake, release),
             included_figure_keys(lake, release),

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
+from pipelines.core.errors import ServiceUnavailableError
 from pipelines.core.fingerprints import fingerprint, model_identity
 from pipelines.core.provenance import public_model
 
@@ -32,7 +33,7 @@ DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
 
-class VlmOutage(RuntimeError):  # noqa: N818 (an outage, not an error of the item)
+class VlmOutage(ServiceUnavailableError):  # noqa: N818 (an outage, not an error of the item)
     """The engine cannot be reached or died: the run fails and is retried; no item is failed."""
 
 
