@@ -20,9 +20,9 @@ RELEASE, SHARD = "2026", "000"
 
 
 def test_every_deliberate_error_has_one_of_the_two_bases():
+    from pipelines.compute.ray_pool import ComputeUnavailableError
     from pipelines.compute.weights import ModelUnavailableError
     from pipelines.concepts.annotations import AnnotationError
-    from pipelines.compute.ray_pool import ComputeUnavailableError
     from pipelines.core.lake import LakeLayoutError
     from pipelines.entrez.client import EntrezUnavailableError
     from pipelines.longcap.tokens import TokenizerUnavailableError
