@@ -10,6 +10,7 @@ from dagster import (
     asset,
 )
 
+from assets.groups import ACQUISITION
 from assets.partitions import open_release, release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, outage_of, run_stage
 from pipelines.acquire.stages import POOL, AcquireStage, InventoryStage
@@ -20,7 +21,7 @@ from resources.quality import QualityResource
 
 @asset(
     partitions_def=releases_partitions,
-    group_name="acquisition",
+    group_name=ACQUISITION,
     kinds={"parquet"},
     pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -42,7 +43,7 @@ def pmc_inventory(
 @asset(
     partitions_def=release_shard_partitions,
     deps=[AssetDep(pmc_inventory, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
-    group_name="acquisition",
+    group_name=ACQUISITION,
     kinds={"parquet"},
     pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),

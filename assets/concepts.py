@@ -12,6 +12,7 @@ from dagster import (
     asset,
 )
 
+from assets.groups import CONCEPTS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
@@ -35,7 +36,7 @@ _whole_release = MultiToSingleDimensionPartitionMapping("release")
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet", "ray", "pytorch"},
     pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -73,7 +74,7 @@ class ConceptModelSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(figure_embeddings, partition_mapping=_whole_release)],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"numpy"},
     description=ConceptModelStage.__doc__,
 )
@@ -95,7 +96,7 @@ class ReviewSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[concept_model],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"html"},
     description=ConceptReviewStage.__doc__,
 )
@@ -112,7 +113,7 @@ class AnnotationSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[concept_review],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet"},
     description=ClusterLabelsStage.__doc__,
     check_specs=[
@@ -134,7 +135,7 @@ def cluster_labels(
 @asset(
     partitions_def=release_shard_partitions,
     deps=[figure_embeddings, AssetDep(cluster_labels, partition_mapping=_whole_release)],
-    group_name="concepts",
+    group_name=CONCEPTS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=FigureConceptsStage.__doc__,

@@ -4,6 +4,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
+from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
 from assets.synthetic import synthetic_models, synthetic_settings
@@ -42,7 +43,7 @@ class EvaluationSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[webdataset_pairs],
-    group_name="training",
+    group_name=TRAINING,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="Retrieval at figure, panel, region and long-caption level on the release's article-disjoint "

@@ -2,6 +2,7 @@
 
 from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, Failure, MaterializeResult, asset
 
+from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
@@ -38,7 +39,7 @@ class NegativesSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[pairs],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet"},
     code_version=f"{RULES_VERSION}-{NEGATIVES_PROMPT_VERSION}",  # the rules' and the prompt's versions
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -75,7 +76,7 @@ class LongCapRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles],
-    group_name="longcap",
+    group_name=LONG_CAPTIONS,
     kinds={"parquet", "vllm"},
     pool="gpu",
     code_version=f"{LONGCAP_VERSION}-{PROMPT_VERSION}",

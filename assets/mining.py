@@ -9,6 +9,7 @@ of those fingerprints, so downstream assets go stale only when the pairs can hav
 
 from dagster import AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
 
+from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage, shard_check
@@ -49,7 +50,7 @@ class MiningRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
-    group_name="mining",
+    group_name=MINING,
     kinds={"parquet", "ray", "vllm"},
     pool=GPU_POOL,
     code_version=f"{MINING_VERSION}-{PROMPT_VERSION}",

@@ -16,6 +16,7 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
@@ -56,7 +57,7 @@ class PanelRunSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles, figure_concepts],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet", "ray", "pytorch"},
     pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
@@ -114,7 +115,7 @@ def panels(
 @asset(
     partitions_def=release_shard_partitions,
     deps=[panels],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=PanelCropsStage.__doc__,
@@ -138,7 +139,7 @@ class TrainingSetSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"coco"},
     description=SyntheticSetStage.__doc__,
 )
@@ -166,7 +167,7 @@ class DetectorTrainingSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[panel_training_set],
-    group_name="panels",
+    group_name=PANELS,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="DAB-DETR trained on the release's synthetic compound figures, as a launched GPU job: "

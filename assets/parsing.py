@@ -12,6 +12,7 @@ from dagster import (
 )
 
 from assets.acquisition import pmc_raw_articles
+from assets.groups import METADATA, PARSING
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, outage_of, run_stage
 from pipelines.entrez.stage import POOL as EUTILS_POOL
@@ -39,7 +40,7 @@ class ParseSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[pmc_raw_articles],
-    group_name="parsing",
+    group_name=PARSING,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=ParseStage.__doc__,
@@ -54,7 +55,7 @@ def parsed_articles(
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(parsed_articles, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
-    group_name="parsing",
+    group_name=PARSING,
     kinds={"parquet"},
     description=DuplicatesStage.__doc__,
 )
@@ -65,7 +66,7 @@ def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> Mate
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles],
-    group_name="parsing",
+    group_name=METADATA,
     kinds={"parquet"},
     pool=EUTILS_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),

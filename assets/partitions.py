@@ -42,12 +42,25 @@ def open_release_requests(release: str, n_shards: int) -> list[AddDynamicPartiti
 
 
 def open_release(instance: DagsterInstance, release: str, n_shards: int) -> None:
-    """Add ``release`` and its shards to ``instance`` now (the command line, tests, the demo)."""
+    """Add ``release`` and its shards to ``instance`` now (the command line, tests, the demo).
+
+    The UI lists dynamic partitions in the order they were added, so an older release opened
+    after a newer one (a back-fill of 2024 after 2026) would read out of order: the keys that
+    must come after it are removed and added again behind it. Removing a dynamic partition key
+    only removes the key; materializations and runs of that partition are kept and show again."""
     for request in open_release_requests(release, n_shards):
-        known = set(instance.get_dynamic_partitions(request.partitions_def_name))
+        name = request.partitions_def_name
+        known = list(instance.get_dynamic_partitions(name))
         missing = [key for key in request.partition_keys if key not in known]
-        if missing:
-            instance.add_dynamic_partitions(request.partitions_def_name, missing)
+        if not missing:
+            continue
+        wanted = sorted({*known, *missing})
+        in_place = 0
+        while in_place < len(known) and known[in_place] == wanted[in_place]:
+            in_place += 1
+        for key in known[in_place:]:
+            instance.delete_dynamic_partition(name, key)
+        instance.add_dynamic_partitions(name, wanted[in_place:])
 
 
 def release_shard_keys(release: str, shards: list[str]) -> list[MultiPartitionKey]:

@@ -2,6 +2,7 @@
 Parquet tables and statistics, the dataset card, and the upload to the Hugging Face Hub."""
 
 from dagster import (
+    AssetCheckSpec,
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
@@ -12,14 +13,16 @@ from dagster import (
 )
 
 from assets.concepts import figure_concepts
+from assets.groups import RELEASE
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
-from assets.panels import panel_crops
+from assets.panels import panel_crops, panels
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import run_stage
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
+    NO_MACHINE_PATHS,
     DatasetCardStage,
     HubUploadStage,
     PairPlanStage,
@@ -49,7 +52,7 @@ class SamplePlanSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[parsed_articles, pubmed_metadata, figure_concepts],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=SamplePlanStage.__doc__,
@@ -79,7 +82,7 @@ def _write_subsets(context, lake: LakeResource, name: str, subsets, config: Shar
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="The release as WebDataset shards, one subset per license group, shuffled across clusters and "
     "articles, with a Parquet sidecar per shard and sizes.json for OpenCLIP.",
@@ -95,7 +98,7 @@ class ConceptFilterSettings(ShardSettings):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="BIOMEDICA's concept-filtered training mixture: only the chosen global concepts, per license group.",
 )
@@ -118,7 +121,7 @@ class ConceptBalanceSettings(ShardSettings):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description="BIOMEDICA's concept-balanced training mixture: at most cap_per_concept samples of each global "
     "concept (a random subset, in shuffle order), per license group.",
@@ -140,7 +143,7 @@ class PairPlanSettings(Config):
 @asset(
     partitions_def=release_shard_partitions,
     deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
     description=PairPlanStage.__doc__,
@@ -158,7 +161,7 @@ class PairShardSettings(ShardSettings):
 @asset(
     partitions_def=releases_partitions,
     deps=[AssetDep(pair_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"webdataset"},
     description=PairWebDatasetStage.__doc__,
 )
@@ -177,8 +180,11 @@ class StatsSettings(Config):
 
 @asset(
     partitions_def=releases_partitions,
-    deps=[AssetDep(dataset_samples, partition_mapping=_whole_release)],
-    group_name="release",
+    deps=[
+        AssetDep(upstream, partition_mapping=_whole_release)
+        for upstream in (dataset_samples, panels, pairs, long_captions, pair_negatives)
+    ],
+    group_name=RELEASE,
     kinds={"parquet"},
     description=ReleaseTablesStage.__doc__,
 )
@@ -196,9 +202,19 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
         webdataset_pairs,
         release_parquet,
     ],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"markdown"},
     description=DatasetCardStage.__doc__,
+    check_specs=[
+        AssetCheckSpec(
+            NO_MACHINE_PATHS,
+            asset="dataset_card",
+            partitions_def=releases_partitions,
+            blocking=True,
+            description="No released file holds a path of the machine that built it (JSON, Markdown, sidecars, "
+            "Parquet tables, the text members of each subset's first shard; article text aside).",
+        )
+    ],
 )
 def dataset_card(context: AssetExecutionContext, lake: LakeResource, hub: HuggingFaceHubResource) -> MaterializeResult:
     return run_stage(context, DatasetCardStage(hub.repo_id), lake.lake())
@@ -213,7 +229,7 @@ class UploadSettings(Config):
 @asset(
     partitions_def=releases_partitions,
     deps=[dataset_card],
-    group_name="release",
+    group_name=RELEASE,
     kinds={"huggingface"},
     description="Upload the release to the Hugging Face dataset repository PANELFORGE_HF_REPO (private by "
     "default, resumable), after checking the Hub's limits.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dagster import (
@@ -84,14 +85,26 @@ def error_rate(result: StageResult, max_rate: float) -> Check:
     )
 
 
+def rounded(value: object) -> object:
+    """Floats as a person reads them in the UI: three decimals from 1 up, four significant digits
+    below (an error rate of 0.000123 stays visible), inside lists and dicts too."""
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, 3) if abs(value) >= 1 else float(f"{value:.4g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
 def _value(value: object):
     if isinstance(value, Markdown):
         return MetadataValue.md(str(value))
     if isinstance(value, Preview):
         return preview(value.rows, value.columns, value.limit)
     if isinstance(value, (list, dict)):
-        return MetadataValue.json(value)
-    return value
+        return MetadataValue.json(rounded(value))
+    return rounded(value)
 
 
 def report(

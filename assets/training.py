@@ -12,11 +12,12 @@ import json
 
 from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
 
+from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.panels.stages import GPU_POOL
-from pipelines.release.webdataset import dataset_dir
+from pipelines.release.webdataset import dataset_dir, missing_subsets
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
     RECIPE_EPOCHS,
@@ -134,7 +135,7 @@ def longclip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
 @asset(
     partitions_def=releases_partitions,
     deps=[webdataset_shards],
-    group_name="training",
+    group_name=TRAINING,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="OpenCLIP continually pretrained on the release's WebDataset (BIOMEDICA's recipe: ViT-L-14 "
@@ -154,11 +155,9 @@ def clip_continual_pretraining(
     if config.recipe == LONGCLIP and subsets == ClipTrainingSettings().subsets:
         subsets = LONGCLIP_SUBSETS
     dirs = [dataset_dir(lk, release, subset) for subset in subsets]
-    missing = [d for d in dirs if not lk.fs.exists(f"{d}/sizes.json")]
+    missing = missing_subsets(lk, release, subsets)
     if missing:
-        raise Failure(
-            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
-        )
+        raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     if models.synthetic:
         config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
@@ -244,7 +243,7 @@ def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, st
 @asset(
     partitions_def=releases_partitions,
     deps=[webdataset_shards, webdataset_pairs],
-    group_name="training",
+    group_name=TRAINING,
     kinds={"pytorch"},
     pool=GPU_POOL,
     description="OpenCLIP trained on the release's figure, panel and region pairs, as a launched GPU job: "
@@ -262,11 +261,9 @@ def multilevel_training(
     release, group = context.partition_key, config.license_group
     names = {"figure": group, "panel": f"panel-{group}", "region": f"region-{group}"}
     dirs = {level: dataset_dir(lk, release, name) for level, name in names.items()}
-    missing = [d for d in dirs.values() if not lk.fs.exists(f"{d}/sizes.json")]
+    missing = missing_subsets(lk, release, names.values())
     if missing:
-        raise Failure(
-            f"no WebDataset subset (sizes.json) at {missing}: materialize its shards first", allow_retries=False
-        )
+        raise Failure(f"release {release} lacks WebDataset subsets: {'; '.join(missing)}", allow_retries=False)
     url = (lambda path: path) if lk.is_local else lk.fs.unstrip_protocol  # the job needs s3:// on a remote lake
     if models.synthetic:
         model, _ = synthetic_models(lk.path("models", "synthetic"))

@@ -26,6 +26,7 @@ from dagster import (
 )
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
+from assets.groups import RELEASE
 from assets.partitions import RELEASES, open_release_requests, release_shard_partitions, releases_partitions
 
 REFRESH_DAY = (1, 2, 2)  # 2 January, 02:00 UTC
@@ -44,7 +45,7 @@ pmc_download_job = define_asset_job(
 )
 publish_release_job = define_asset_job(
     "publish_release_job",
-    selection=AssetSelection.groups("release") - AssetSelection.assets("dataset_samples", "pair_samples", "hf_upload"),
+    selection=AssetSelection.groups(RELEASE) - AssetSelection.assets("dataset_samples", "pair_samples", "hf_upload"),
     partitions_def=releases_partitions,
     description="Serialize a release whose samples are planned: shards, mixtures, Parquet, statistics, card.",
 )

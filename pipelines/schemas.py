@@ -393,7 +393,7 @@ LONG_CAPTIONS = pa.schema(
         pa.field("caption", pa.string()),  # the original caption (normalised), always kept
         pa.field("long_caption", pa.string()),  # the refined caption, or the original when rejected
         pa.field("status", pa.string(), nullable=False),  # refined, fallback, no_context, error
-        pa.field("reason", pa.string()),  # why a refinement fell back (the guard or the model's verdict)
+        pa.field("reason", pa.string()),  # why a refinement fell back (guard, verdict, budget); a caption over budget
         pa.field("verdict", pa.string()),  # FEASIBLE, NOT_FEASIBLE (the model's), null when not asked
         pa.field("features", pa.string()),  # JSON: atomic features with source, visual, status
         pa.field("acronyms", pa.string()),  # JSON: {short: {long, source: article|model}}
@@ -401,7 +401,7 @@ LONG_CAPTIONS = pa.schema(
         pa.field("context_tokens", pa.int32()),  # the context sent, in the target tokenizer's tokens
         pa.field("tokens_before", pa.int32()),  # caption tokens (target tokenizer)
         pa.field("tokens_after", pa.int32()),  # long caption tokens (target tokenizer)
-        pa.field("cut", pa.bool_()),  # cut at a sentence boundary to fit the budget
+        pa.field("cut", pa.bool_()),  # added context dropped (whole sentences) to fit the budget; never the caption
         pa.field("gained_context", pa.bool_()),  # the long caption adds verified context to the caption
         pa.field("guard_failures", _strings),
         pa.field("tokenizer", pa.string()),
@@ -532,11 +532,21 @@ PAIR_SAMPLES = pa.schema(
     ]
 )
 
-# The Parquet file beside each shard of a pair-level subset.
+# The Parquet file beside each shard of a pair-level subset: the keys, the figure's columns, and
+# what a user filters pairs on: the box (original pixels of the figure, x2/y2 exclusive; null for
+# a long caption, which is the whole figure), the sample's text (its .txt), where that text came
+# from, the model's description of the crop, and whether a synthetic model made any of it. The
+# writer takes these from the sample's JSON (see ``webdataset.sidecar_values``).
 PAIR_SIDECAR = pa.schema(
     [
         *(PAIR_SAMPLES.field(n) for n in ("key", "level", "figure_key", "pair_id", "crop_source")),
-        *(f for f in SHARD_SIDECAR if f.name not in ("key", "converted_from")),
+        *(f for f in SHARD_SIDECAR if f.name not in ("key", "converted_from", "shard")),
+        *(pa.field(n, pa.int32()) for n in ("x1", "y1", "x2", "y2")),
+        pa.field("text", pa.string()),  # the sample's .txt: the pair's text, or the long caption
+        pa.field("text_source", pa.string()),  # pairs: caption_split, caption, vlm...; null for long captions
+        pa.field("description", pa.string()),  # pairs: the VLM's description of the crop ("" when none)
+        pa.field("synthetic", pa.bool_()),
+        pa.field("shard", pa.string(), nullable=False),
     ]
 )
 

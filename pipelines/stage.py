@@ -328,6 +328,15 @@ class Progress:
         return f"{self.label} {state}: {count}{tallies}; {now - self._started:.0f}s"
 
 
+def written_bytes(lake: Lake, tables: Iterable[str], partition: Partition) -> int:
+    """Bytes of the tables a shard stage wrote for ``partition``: the size of its output, for
+    stages (the model stages) that do not count what they wrote themselves."""
+    if partition.shard is None:
+        return 0
+    paths = [lake.table_path(t, partition.release, partition.shard) for t in tables if t in lake.tables]
+    return sum(lake.fs.size(p) for p in paths if lake.exists(p))
+
+
 class Stage:
     """Base class of every stage. Subclasses set the class attributes and implement
     ``process``; callers use ``run``."""
@@ -352,6 +361,8 @@ class Stage:
             _progress_sink.reset(token)
         if any(table in lake.tables for table in self.writes):
             lake.refresh_catalog()
+        if not result.bytes:
+            result.bytes = written_bytes(lake, self.writes, partition)
         if result.version is None:
             result.version = self.data_version(lake, partition)
         result.seconds = time.perf_counter() - started

@@ -16,23 +16,16 @@ from resources.settings import Settings, SettingsError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_every_job_schedule_and_sensor_resolves():
-    jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"pmc_inventory_job", "pmc_download_job", "publish_release_job"} <= jobs
-    assert defs.resolve_sensor_def("yearly_pmc_refresh").job_name == "pmc_inventory_job"
-    graph = defs.resolve_asset_graph()
-    keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
-    assert keys == {
-        "pmc_inventory",
-        "pmc_raw_articles",
-        "parsed_articles",
-        "image_duplicates",
-        "pubmed_metadata",
-        "figure_embeddings",
-        "concept_model",
-        "concept_review",
-        "cluster_labels",
-        "figure_concepts",
+# Every asset, by the group a reader expects to find it in (read from the pipeline's stages).
+GROUPS = {
+    "1_acquisition": {"pmc_inventory", "pmc_raw_articles"},
+    "2_parsing": {"parsed_articles", "image_duplicates"},
+    "3_metadata": {"pubmed_metadata"},
+    "4_concepts": {"figure_embeddings", "concept_model", "concept_review", "cluster_labels", "figure_concepts"},
+    "5_panels": {"panels", "panel_crops", "panel_training_set", "panel_detector"},
+    "6_mining": {"pairs"},
+    "7_long_captions": {"pair_negatives", "long_captions"},
+    "8_release": {
         "dataset_samples",
         "webdataset_shards",
         "webdataset_concept_filtered",
@@ -42,17 +35,32 @@ def test_every_job_schedule_and_sensor_resolves():
         "release_parquet",
         "dataset_card",
         "hf_upload",
-        "panels",
-        "panel_crops",
-        "panel_training_set",
-        "panel_detector",
-        "pairs",
-        "pair_negatives",
-        "long_captions",
-        "clip_evaluation",
-        "clip_continual_pretraining",
-        "multilevel_training",
-    }
+    },
+    "9_training": {"clip_evaluation", "clip_continual_pretraining", "multilevel_training"},
+}
+
+
+def test_every_job_schedule_and_sensor_resolves():
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert {"pmc_inventory_job", "pmc_download_job", "publish_release_job"} <= jobs
+    assert defs.resolve_sensor_def("yearly_pmc_refresh").job_name == "pmc_inventory_job"
+    graph = defs.resolve_asset_graph()
+    keys = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    assert keys == set().union(*GROUPS.values())
+
+
+def test_asset_groups_sort_in_pipeline_order_and_read_top_down():
+    """The UI lists groups by name: sorted, they must follow the data, and no asset may depend on
+    one in a later group (the catalog would read bottom-up there)."""
+    graph = defs.resolve_asset_graph()
+    found: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        found.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assert found == GROUPS and list(GROUPS) == sorted(GROUPS)
+    rank = {asset: i for i, group in enumerate(GROUPS) for asset in GROUPS[group]}
+    for key in graph.get_all_asset_keys():
+        for parent in graph.get(key).parent_keys:
+            assert rank[parent.to_user_string()] <= rank[key.to_user_string()], (parent, key)
 
 
 def _validate(**env) -> subprocess.CompletedProcess:

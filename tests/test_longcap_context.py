@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.longcap.context import assemble_context, strip_markers
-from pipelines.longcap.guards import check_refinement, entities, numbers
+from pipelines.longcap.guards import check_refinement, entities, fit_long_caption, numbers
 from pipelines.longcap.tokens import (
     TokenizerUnavailableError,
     load_tokenizer,
@@ -385,6 +385,52 @@ def test_the_caption_must_survive_and_lengths_are_sane():
     assert check_refinement(original, "  ", "") == ["empty refinement"]
     with pytest.raises(ValueError, match="budget"):
         check_refinement(original, kept, "", budget=10)
+
+
+# --- the long caption within its budget ---------------------------------------------------
+
+# Tiny tokens (a word or a punctuation mark each, plus 2): "the cells were stained with the marker for ten
+# minutes." is 10 words and a period, 11 tokens; 61 of them and one with "twenty long" (12) make 683 + 2 = 685.
+CAPTION_685 = " ".join(["the cells were stained with the marker for ten minutes."] * 61) + (
+    " the cells were stained with the marker for twenty long minutes."
+)
+# "Western blot of p53 (A)." is 8 tokens (p53 is one word; "(", "A", ")", "."); "Quantification of the bands
+# (B); n = 5." is 12: the caption is 8 + 12 + 2 = 22 tokens.
+CAPTION_22 = "Western blot of p53 (A). Quantification of the bands (B); n = 5."
+# The refinement's first sentence carries the caption's first (15 tokens), the second is added context (8),
+# the third is the caption's second (12): 15 + 8 + 12 + 2 = 37 tokens.
+WIDER = "Western blot of p53 (A) in HeLa cells treated for two days."
+ADDED = "The lysates were loaded in equal amounts."
+QUANTIFIED = "Quantification of the bands (B); n = 5."
+REFINED_37 = f"{WIDER} {ADDED} {QUANTIFIED}"
+
+
+def test_a_caption_over_budget_ships_whole_and_says_why():
+    assert TINY.count(CAPTION_685) == 685
+    fit = fit_long_caption(CAPTION_685, None, TINY, 512)
+    assert (fit.text, fit.refined, fit.cut) == (CAPTION_685, False, False)
+    assert fit.note == "the caption alone is 685 tokens, over the 512-token budget: shipped whole"
+    # a refinement of it cannot fit either: the caption ships, whole, without the added sentence
+    fit = fit_long_caption(CAPTION_685, CAPTION_685 + " The marker labels nuclei.", TINY, 512)
+    assert (fit.text, fit.refined, fit.cut) == (CAPTION_685, False, False)
+    assert fit.note.endswith("shipped whole, without the refinement's context")
+
+
+def test_the_budget_cuts_the_added_context_not_the_caption():
+    assert (TINY.count(CAPTION_22), TINY.count(REFINED_37)) == (22, 37)
+    assert fit_long_caption(CAPTION_22, REFINED_37, TINY, 37) == fit_long_caption(CAPTION_22, REFINED_37, TINY, 512)
+    assert fit_long_caption(CAPTION_22, REFINED_37, TINY, 37).text == REFINED_37
+    # 30 tokens: the added sentence in the middle goes (29 left), the caption's second sentence stays
+    fit = fit_long_caption(CAPTION_22, REFINED_37, TINY, 30)
+    assert (fit.text, fit.refined, fit.cut, fit.note) == (f"{WIDER} {QUANTIFIED}", True, True, None)
+    # 25 tokens: without the added sentence it is still 29; the rest is the caption's: the caption ships
+    fit = fit_long_caption(CAPTION_22, REFINED_37, TINY, 25)
+    assert (fit.text, fit.refined, fit.cut) == (CAPTION_22, False, False)
+    assert fit.note == (
+        "the refinement is 37 tokens, over the 25-token budget, and its added context cannot be cut without "
+        "cutting the caption"
+    )
+    assert fit_long_caption(CAPTION_22, None, TINY, 25) == fit_long_caption(CAPTION_22, None, TINY, 512)
 
 
 def test_real_refinements_invented_number_invented_entity_and_a_faithful_one():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pipelines.lake import Lake
@@ -43,6 +45,9 @@ def test_negatives_for_region_pairs_only(tmp_path):
     assert [r["negative_index"] for r in rows] == list(range(len(rows)))
     assert result.ok == 1 and result.counts["region_pairs"] == 1
     assert {c.name: c.passed for c in result.checks} == {NEGATIVES_DIFFER: True}
+    # what it wrote, counted: the sizes of the partition's two files (the negatives and the per-pair items)
+    files = [lake.table_path(t, RELEASE, SHARD) for t in (Table.PAIR_NEGATIVES, Table.NEGATIVE_ITEMS)]
+    assert result.bytes == sum(os.path.getsize(f) for f in files) and all(os.path.getsize(f) > 0 for f in files)
 
 
 def test_negatives_need_pairs(tmp_path):
@@ -92,7 +97,7 @@ def _answer(long_caption: str, verdict: str = "FEASIBLE", acronyms=None) -> str:
     return json.dumps({"features": features, "verdict": verdict, "long_caption": long_caption, "acronyms": acronyms})
 
 
-def _longcap(lake, answer_for_figure: str, model: str):
+def _longcap(lake, answer_for_figure: str, model: str, budget: int = 512):
     import json as _json
 
     from pipelines.longcap.prompts import LONGCAP
@@ -110,7 +115,7 @@ def _longcap(lake, answer_for_figure: str, model: str):
         return _answer("irrelevant", verdict="NOT_FEASIBLE")
 
     engine = ScriptedEngine(answer, EngineConfig(model=model, synthetic=True))
-    stage = LongCapStage(engine, LongCapSettings(tokenizer="tiny", budget=512, context_budget=400))
+    stage = LongCapStage(engine, LongCapSettings(tokenizer="tiny", budget=budget, context_budget=400))
     lines: list[str] = []
     result = stage.run(lake, Partition(RELEASE, LC_SHARD), progress=lines.append)
     rows = {
@@ -163,6 +168,38 @@ def test_what_the_guards_reject_falls_back_to_the_caption(parsed_lake, answer, w
         assert any(f.startswith(why) for f in row["guard_failures"]), row["guard_failures"]
     else:
         assert row["reason"].startswith(("model verdict: NOT_FEASIBLE", "unusable answer"))
+
+
+def test_a_refinement_over_budget_never_ships_shorter_than_the_caption(parsed_lake):
+    """REFINED is 21 + 16 + 14 + 2 = 53 tiny tokens (its first sentence expands SMA and CM: 21); the
+    caption is 30. At 38 tokens, dropping the added third sentence still leaves 39: the caption
+    ships whole (a cut at sentence boundaries would have shipped the first sentence alone, 23)."""
+    _, rows, _, _ = _longcap(parsed_lake, _answer(REFINED), "scripted-budget-38", budget=38)
+    row = rows[FIGURE]
+    assert (row["status"], row["long_caption"], row["cut"]) == ("fallback", CAPTION, False)
+    assert (row["tokens_before"], row["tokens_after"]) == (30, 30) and not row["gained_context"]
+    assert row["reason"] == (
+        "the refinement is 53 tokens, over the 38-token budget, and its added context cannot be cut without "
+        "cutting the caption"
+    )
+    # at 40 the added sentence goes and both caption sentences stay: 21 + 16 + 2 = 39
+    _, rows, _, _ = _longcap(parsed_lake, _answer(REFINED), "scripted-budget-40", budget=40)
+    row = rows[FIGURE]
+    assert (row["status"], row["cut"], row["tokens_after"]) == ("refined", True, 39)
+    assert row["long_caption"] == REFINED.rsplit(" The causal", 1)[0] and row["gained_context"]
+
+
+def test_long_captions_made_under_the_old_budget_rule_are_not_reused(monkeypatch):
+    """Rows cut by the old rule (the caption itself truncated) must be recomputed, not carried: the
+    stage's version is part of every row's fingerprint."""
+    from pipelines.longcap import stages
+    from testing.vlm import ScriptedEngine
+
+    engine = ScriptedEngine(lambda request: "")
+    assert stages.LongCapStage.version == stages.LONGCAP_VERSION == "2"
+    now = stages.LongCapStage(engine).settings_fingerprint()
+    monkeypatch.setattr(stages.LongCapStage, "version", "1")
+    assert stages.LongCapStage(engine).settings_fingerprint() != now
 
 
 def test_progress_counts_each_figure_as_its_answer_returns(parsed_lake, monkeypatch):

@@ -210,7 +210,7 @@ def test_a_copied_lake_with_its_model_elsewhere_reuses_every_pair_and_long_capti
     # provenance names the model by its directory and its content, never by a machine's path
     for table in (Table.PAIRS, Table.LONG_CAPTIONS):
         written = rows(lake, table)
-        assert {(r["model"], r["model_revision"][:6]) for r in written} == {("scripted", "local:")}
+        assert {(r["model"], r["model_revision"][:6]) for r in written} == {("local:scripted", "local:")}
         assert str(tmp_path) not in json.dumps(written, default=str)
 
     shutil.copytree(tmp_path / "A", tmp_path / "B")

@@ -170,6 +170,10 @@ def test_crops_are_the_panels_pixels(lake):
     got = np.asarray(Image.open(io.BytesIO(read_raw_file(lake, crop))).convert("RGB"), dtype=float)
     assert got.shape == expected.shape == (crop["height"], crop["width"], 3)
     assert np.abs(got - expected).mean() < 4  # JPEG quality 95
+    # the UI shows the first crops with the gate's verdict, as a Markdown image
+    sheet = result.counts["crops_sheet"]
+    shown = min(12, len(crops))
+    assert sheet.startswith(f"![panel crops of {RELEASE}|{shard}: {shown} of {len(crops)}, with the gate's verdict]")
 
 
 def test_a_crops_tar_and_its_index_are_published_together(lake, tmp_path, monkeypatch):

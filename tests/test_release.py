@@ -410,18 +410,54 @@ def test_histogram_axes_span_the_data(monkeypatch):
     limits = {}
     real_png = stats_module._png
 
-    def recording_png(fig, plt):
+    def recording_png(fig, plt, synthetic=None):
         limits[fig.axes[0].get_title()] = fig.axes[0].get_xlim()
-        return real_png(fig, plt)
+        return real_png(fig, plt, synthetic)
 
     monkeypatch.setattr(stats_module, "_png", recording_png)
     stats = ReleaseStats(reservoir=10, token_sample=0)
-    for width in (320, 640, 2400):
+    for width in (120, 640, 2400):
         stats.add_value("image_width", width)
     pngs = stats.histograms()
     assert pngs["image_width.png"].startswith(b"\x89PNG")
-    half_bin = (2400 / 320) ** (1 / 39 / 2)  # 40 edges from 320 to 2400: 39 equal ratios
-    assert limits["image width: n = 3"] == pytest.approx((320 / half_bin, 2400 * half_bin))  # not from 1
+    half_bin = (2400 / 120) ** (1 / 39 / 2)  # 40 edges from 120 to 2400: 39 equal ratios
+    assert limits["image width: n = 3"] == pytest.approx((120 / half_bin, 2400 * half_bin))  # not from 1
+
+
+def test_histogram_units_scales_and_the_synthetic_mark(monkeypatch):
+    from pipelines.release import stats as stats_module
+    from pipelines.release.stats import ReleaseStats
+
+    drawn = {}
+    real_png = stats_module._png
+
+    def recording_png(fig, plt, synthetic=None):
+        ax, texts = fig.axes[0], fig.texts  # the list the footer is drawn into
+        png = real_png(fig, plt, synthetic)
+        drawn[ax.get_title()] = (ax.get_xscale(), ax.get_xlabel(), ax.get_ylabel(), [t.get_text() for t in texts])
+        return png
+
+    monkeypatch.setattr(stats_module, "_png", recording_png)
+    stats = ReleaseStats(reservoir=10, token_sample=0)
+    for n in (0, 0, 1, 2, 2):
+        stats.add_value("panel_pairs_per_figure", n)
+    for length in (40, 60, 95):  # 2.4x: no decade to show on a log axis
+        stats.add_text("caption", "x" * length)
+    for width in (100, 3000):
+        stats.add_value("image_width", width)
+    stats.histograms()
+    assert drawn["panel pairs per figure: n = 5"][:3] == ("linear", "panel pairs per figure (pairs)", "figures")
+    assert drawn["caption: n = 3"][:2] == ("linear", "caption length (characters)")
+    assert drawn["image width: n = 2"][:2] == ("log", "image width (px)")
+    assert drawn["caption: n = 3"][3] == []
+    drawn.clear()
+    stats.histograms(synthetic="SYNTHETIC TEST BUILD (tiny random models):\nconcept labels")
+    assert set(drawn) == {
+        "panel pairs per figure: n = 5 (synthetic)",
+        "caption: n = 3 (synthetic)",
+        "image width: n = 2 (synthetic)",
+    }
+    assert all(d[3] == ["SYNTHETIC TEST BUILD (tiny random models):\nconcept labels"] for d in drawn.values())
 
 
 def test_sample_json_is_complete_and_typed():
@@ -480,3 +516,83 @@ def test_image_bytes_that_no_longer_match_their_plan_are_refused(parsed_lake, tm
     _edit(lake, "samples", shard, lambda r: r.update(image_sha256="0" * 64) if r["key"] == victim["key"] else None)
     with pytest.raises(wds_writer.StaleImageError, match=victim["key"]):
         write_subset(lake, RELEASE, "commercial", shuffled_samples(lake, RELEASE), ShardLimits(10, 10**9))
+
+
+def test_the_machine_path_audit_reads_every_file_member_and_column(tmp_path):
+    import io
+
+    import pyarrow as pa
+
+    from pipelines.release.audit import Finding, find_machine_paths
+
+    folder = tmp_path / "dataset"
+    (folder / "r" / "sub").mkdir(parents=True)
+    (folder / "README.md").write_text("See https://www.ncbi.nlm.nih.gov/pmc/tools/ and doi 10.1371/journal.pone/1.\n")
+    (folder / "r" / "release.json").write_text(
+        json.dumps({"a": {"model": "/home/me/models/qwen"}, "caption": "Taar1+/+/Oprm1B6/B6 mice, 5 mg/kg"})
+    )
+    with tarfile.open(folder / "r" / "sub" / "p-000000.tar", "w") as tar:
+        for name, data in (
+            ("k.jpg", b"\xff\xd8/home/not/read"),
+            ("k.json", json.dumps({"tokenizer": "hf:/scratch/u/tok@512", "caption": "see /usr/bin/tool"}).encode()),
+            ("k.txt", b"run /usr/local/bin/tool first"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    table = pa.table({"model": ["Qwen/Qwen2.5-VL-7B-Instruct", "local:tiny"], "paths": [["~/x/y"], ["ok"]]})
+    pq.write_table(table.replace_schema_metadata({"made_in": "C:\\Users\\me\\lake"}), folder / "r" / "t.parquet")
+    (folder / "r" / "notes.txt").write_text("lake at /lakes/panelforge/data and /lakesx/no")
+    found = find_machine_paths(folder, roots=("/lakes/panelforge",))
+    assert found == [
+        Finding("r/notes.txt", "", "/lakes/panelforge/data"),
+        Finding("r/release.json", "a.model", "/home/me/models/qwen"),
+        Finding("r/sub/p-000000.tar", "k.json:tokenizer", "/scratch/u/tok@512"),
+        Finding("r/sub/p-000000.tar", "k.json:caption", "/usr/bin/tool"),
+        Finding("r/sub/p-000000.tar", "k.txt", "/usr/local/bin/tool"),
+        Finding("r/t.parquet", "metadata:made_in", "C:\\Users"),
+        Finding("r/t.parquet", "paths", "~/x"),
+    ]
+    # article text aside (the caption key, the .txt member): what a real release is checked for
+    assert [f.where for f in find_machine_paths(folder, content=False)] == [
+        "a.model",
+        "k.json:tokenizer",
+        "metadata:made_in",
+        "paths",
+    ]
+
+
+def test_synthetic_parts_are_counted_from_what_the_stages_stored(tmp_path):
+    """A hand-made lake of one shard: three figures, two labelled by a synthetic model; two figures run
+    through the synthetic detector, whose boxes one of three panels kept; nothing mined."""
+    import pyarrow as pa
+
+    from pipelines.release.synthetic import synthetic_parts
+    from pipelines.schemas import PANEL_FIGURES, PANELS, SAMPLES
+
+    def row(schema, **values) -> dict:  # the required columns filled, the rest null
+        filled = {f.name: ("x" if pa.types.is_string(f.type) else 0) for f in schema if not f.nullable}
+        return dict.fromkeys(schema.names) | filled | values
+
+    lake = Lake(tmp_path / "lake")
+    (shard,) = lake.ensure_layout(1)
+    samples = [
+        row(SAMPLES, key=f"k{i}", status="included", meta_json=json.dumps({"labels_from_synthetic_model": i < 2}))
+        for i in range(3)
+    ]
+    samples.append(row(SAMPLES, key="gone", status="excluded", reason="empty_caption"))
+    lake.write_table("samples", "r1", shard, samples)
+    lake.write_table("panel_figures", "r1", shard, [row(PANEL_FIGURES, synthetic=i < 2) for i in range(3)])
+    lake.write_table("panels", "r1", shard, [row(PANELS, method=m) for m in ("decision", "xycut", "detr")])
+    parts = synthetic_parts(lake, "r1")
+    assert parts.short == ["concept labels", "panel boxes"]
+    assert parts.parts[0].endswith(
+        "of 2 of 3 figures come from a tiny randomly initialised model, not DINOv2: they are placeholders."
+    )
+    assert parts.parts[1] == (
+        "**Panel detector**: 2 figures were also run through a tiny randomly initialised DAB-DETR; 1 of 3 panels kept "
+        "its boxes (`method` `detr` or `consensus`: noise), the others are the weight-free split's (`decision` or "
+        "`xycut`)."
+    )
+    assert parts.footer() == "SYNTHETIC TEST BUILD (tiny random models):\nconcept labels, panel boxes"
+    assert not synthetic_parts(lake, "r2")  # another release: nothing synthetic, no banner

@@ -26,6 +26,7 @@ from pipelines.release.stages import (
     DatasetCardStage,
     PairPlanStage,
     PairWebDatasetStage,
+    ReleaseTablesStage,
     SamplePlanStage,
     WebDatasetStage,
     license_subsets,
@@ -42,6 +43,7 @@ D = ("PMC900000010", "fig8-figsupp2.jpg")  # a long caption the stage failed on
 B = ("PMC900000007", "fig3.jpg")  # its article's license is removed: the figure is excluded
 C = ("PMC900000004", "488149v1_fig2")  # its article is relabelled CC BY-NC
 LONG = " ".join(["a cat"] * 60)  # CLIP BPE: "a</w>", "cat</w>" per repeat: 120 tokens
+MODEL_PATH = "/home/someone/panelforge/data/models/vlm/tiny-qwen2_5_vl-seed0"  # a local model directory
 CUT_BOX = (300, 100, 500, 300)  # hand-chosen, not a detector panel: cut from the raw image (blot and chart E)
 VLM_BOX = (400, 0, 600, 200)  # the blot of panel B, a panel only the VLM proposed
 AXIS_BOX = (0, 300, 100, 400)  # chart C's y axis: "Peak area" and tick labels only, a strip the gate drops
@@ -135,7 +137,7 @@ def built(tmp_path_factory):
         for i, text, kind in NEGATIVES
     ]  # fmt: skip
     longcaps = {
-        A: _longcap(A, "refined", "Cells.", LONG, 20, 120),
+        A: _longcap(A, "refined", "Cells.", LONG, 20, 120) | {"model": MODEL_PATH},  # as lakes used to hold it
         E: _longcap(E, "fallback", "a cat", "a cat", 2, 2, reason="guard: unsupported feature"),
         D: _longcap(D, "error", "x", None, 1, None, reason="engine error"),
         B: _longcap(B, "refined", "y", "y and more", 1, 3),
@@ -148,9 +150,11 @@ def built(tmp_path_factory):
     plans = {s: PairPlanStage().run(lake, Partition(RELEASE, s)) for s in lake.shards()}
     WebDatasetStage(license_subsets(), ShardLimits(1000, 10**9)).run(lake, Partition(RELEASE))
     written = PairWebDatasetStage(ShardLimits(2, 10**9), token_sample=20).run(lake, Partition(RELEASE))
+    tables = ReleaseTablesStage(token_sample=20).run(lake, Partition(RELEASE))
     card = DatasetCardStage(repo_id="me/panelforge").run(lake, Partition(RELEASE))
     figure_key = {(r["pmcid"], r["image_file"]): r["key"] for r in lake.read_release("samples", RELEASE).to_pylist()}
-    return {"lake": lake, "plans": plans, "written": written, "card": card, "box0": box0, "key": figure_key,
+    return {"lake": lake, "plans": plans, "written": written, "tables": tables, "card": card, "box0": box0,
+            "key": figure_key, "shard_of": shard_of,
             "crops": lake.read_table("panel_crops", RELEASE, shard).to_pylist(), "shard": shard}  # fmt: skip
 
 
@@ -205,6 +209,23 @@ def test_plan_includes_and_excludes_by_the_figure_level_rules(built):
     assert (counts["panel_text_label"], counts["panel_text_order"], counts["panel_text_vlm"]) == (1, 1, 0)
     assert (counts["gate_too_small"], counts["gate_text_or_lines_only"], counts["excluded_vlm_text"]) == (1, 1, 1)
     assert counts["panel_texts_shipped"] == "label, order"
+
+
+def test_the_plan_shows_its_pairs_with_their_texts(built):
+    """The UI's contact sheets: the included panel and region samples (two each, read off the plan test
+    above), marked synthetic as their rows are; a partition without pairs shows none."""
+    import base64
+
+    counts = built["plans"][built["shard"]].counts
+    for level in ("panel", "region"):
+        sheet = counts[f"{level}_samples_sheet"]
+        title = f"{level} samples of {RELEASE}|{built['shard']}: 2 of 2 (SYNTHETIC: tiny random VLM)"
+        prefix = f"![{title}](data:image/jpeg;base64,"
+        assert sheet.startswith(prefix) and sheet.endswith(")")
+        image = Image.open(io.BytesIO(base64.b64decode(sheet[len(prefix) : -1])))
+        assert image.format == "JPEG" and image.width == 480
+    other = next(s for s in built["plans"] if s not in (built["shard"], built["shard_of"][B[0]]))
+    assert not any(k.endswith("_sheet") for k in built["plans"][other].counts)
 
 
 def test_vlm_texts_ship_when_asked_for(built, tmp_path):
@@ -476,3 +497,149 @@ def test_a_reused_crop_whose_bytes_are_not_the_indexed_ones_is_cut_again(built, 
     with open(lake.path(row["image_tar"]), "rb") as fh:
         fh.seek(row["image_offset"])
         assert hashlib.sha256(fh.read(row["image_size"])).hexdigest() == row["image_sha256"]
+
+
+# --- what the release says about itself -------------------------------------------------------
+
+# Read off the hand-made rows: panel and region pairs exist only for figure A (commercial; B's figure is
+# excluded), long captions are included for A and E (commercial) and C (noncommercial).
+SKIPPED = {
+    "panel-noncommercial": "no included panel pair in license group 'noncommercial'",
+    "panel-other": "no included panel pair in license group 'other'",
+    "region-noncommercial": "no included region pair in license group 'noncommercial'",
+    "region-other": "no included region pair in license group 'other'",
+    "longcap-other": "no included long caption in license group 'other'",
+}
+
+
+def test_no_empty_subset_is_written_and_the_card_says_why(built):
+    import os
+
+    lake = built["lake"]
+    info = json.loads(open(dataset_dir(lake, RELEASE, "release.json")).read())
+    for subset, reason in SKIPPED.items():
+        assert not os.path.exists(dataset_dir(lake, RELEASE, subset)), subset
+        assert info["skipped_subsets"][subset] == {"reason": reason, "level": subset.split("-")[0], "mixture": None}
+    for subset in ("panel-commercial", "region-commercial", "longcap-commercial", "longcap-noncommercial"):
+        assert subset not in info["skipped_subsets"] and os.path.exists(dataset_dir(lake, RELEASE, subset))
+    for sizes in glob.glob(dataset_dir(lake, RELEASE, "*", "sizes.json")):  # every folder written holds samples
+        assert sum(json.loads(open(sizes).read()).values()) > 0, sizes
+    assert built["written"].counts["subsets_skipped"] == SKIPPED
+    text = open(dataset_dir(lake, "README.md")).read()
+    assert f"`{RELEASE}/panel-other` (no included panel pair in license group 'other')" in text
+    assert "empty" not in open(dataset_dir(lake, "LICENSES.md")).read()
+
+
+def test_a_subset_that_loses_its_samples_is_removed(built):
+    import os
+
+    from pipelines.release.webdataset import missing_subsets, shuffled_samples, skipped_path, write_subset
+
+    lake = built["lake"]
+    folder = dataset_dir(lake, RELEASE, "scratch")
+    first = next(shuffled_samples(lake, RELEASE))
+    assert write_subset(lake, RELEASE, "scratch", [first]).samples == 1 and os.path.exists(f"{folder}/sizes.json")
+    assert not os.path.exists(skipped_path(lake, RELEASE, "scratch"))
+    result = write_subset(lake, RELEASE, "scratch", [], empty_reason="nothing left")
+    assert (result.samples, result.skipped) == (0, "nothing left") and not os.path.exists(folder)
+    assert json.loads(open(skipped_path(lake, RELEASE, "scratch")).read())["reason"] == "nothing left"
+    # what a training job that wants these subsets is told
+    assert missing_subsets(lake, RELEASE, ["scratch", "panel-commercial", "never"]) == [
+        "scratch: no sample (nothing left)",
+        "never: not written yet (materialize its shards)",
+    ]
+    os.remove(skipped_path(lake, RELEASE, "scratch"))
+
+
+def test_pair_sidecars_carry_boxes_texts_and_sources(built):
+    import pyarrow.parquet as pq
+
+    lake, a = built["lake"], built["key"][A]
+
+    def sidecar(subset: str) -> dict[str, dict]:
+        paths = sorted(glob.glob(dataset_dir(lake, RELEASE, subset, "*.parquet")))
+        return {r["key"]: r for p in paths for r in pq.read_table(p).to_pylist()}
+
+    regions = sidecar("region-commercial")
+    box = lambda r: (r["x1"], r["y1"], r["x2"], r["y2"])  # noqa: E731
+    first, second = regions[f"{a}_p000_r00"], regions[f"{a}_p000_r01"]
+    assert box(first) == REGION_BOXES[0] and box(second) == REGION_BOXES[1]
+    assert (first["text"], first["text_source"], first["description"]) == (
+        "arrows mark the nuclei",
+        "caption",
+        "bright round nuclei",
+    )
+    assert (second["text"], second["description"], second["synthetic"]) == ("asterisks mark the vessels", "", True)
+    panels = sidecar("panel-commercial")
+    assert box(panels[f"{a}_p000"]) == built["box0"] and box(panels[f"{a}_p003"]) == CUT_BOX
+    assert (panels[f"{a}_p003"]["text"], panels[f"{a}_p003"]["text_source"]) == (
+        "Nuclear levels of the protein.",
+        "caption_split",
+    )
+    longcap = sidecar("longcap-commercial")[a]
+    assert box(longcap) == (None, None, None, None) and longcap["text"] == LONG and longcap["text_source"] is None
+
+
+def test_release_parquet_holds_what_the_pair_levels_were_made_from(built):
+    import pyarrow.parquet as pq
+
+    lake = built["lake"]
+    tables = json.loads(open(dataset_dir(lake, RELEASE, "parquet", "tables.json")).read())
+    # pairs: the 11 rows of PMC900000010 (global, six panels, three regions, the missing image); B's row is
+    # withheld with its unlicensed article. Long captions: A, E, D and C; B's withheld. Negatives: 2.
+    assert (tables["pairs"]["rows"], tables["long_captions"]["rows"], tables["negatives"]["rows"]) == (11, 4, 2)
+    licensed = {r["pmcid"] for r in lake.read_release("articles", RELEASE).to_pylist() if r["license_code"]}
+    panels = [p for p in lake.read_release("panels", RELEASE).to_pylist() if p["pmcid"] in licensed]
+    assert tables["panels"]["rows"] == len(panels) > 0
+    assert "labels" not in tables and "pubmed" not in tables  # the sample lake has neither: nothing written empty
+    read = pq.read_table(dataset_dir(lake, RELEASE, "parquet", "long_captions")).to_pylist()
+    assert {r["image_file"]: r["model"] for r in read}[A[1]] == "local:tiny-qwen2_5_vl-seed0"
+    assert {
+        (r["level"], r["text_source"])
+        for r in pq.read_table(dataset_dir(lake, RELEASE, "parquet", "pairs")).to_pylist()
+    } >= {("panel", "vlm"), ("panel", "none"), ("region", "caption")}  # what the subsets left out too
+    assert built["tables"].counts["negatives_rows"] == 2
+
+
+def test_no_machine_path_anywhere_in_the_release(built):
+    from pipelines.release.audit import find_machine_paths
+    from pipelines.release.stages import NO_MACHINE_PATHS
+
+    lake, a = built["lake"], built["key"][A]
+    assert find_machine_paths(dataset_dir(lake)) == []  # every file, every member, every column
+    (check,) = [c for c in built["card"].checks if c.name == NO_MACHINE_PATHS]
+    assert check.passed and check.metadata == {"found": 0}
+    commercial = {s["__key__"]: s for s in _samples(lake, "longcap-commercial")}
+    assert commercial[a]["json"]["model"] == "local:tiny-qwen2_5_vl-seed0"  # the lake row held MODEL_PATH
+
+
+def test_the_card_and_every_plot_say_what_is_synthetic(built):
+    lake = built["lake"]
+    text = open(dataset_dir(lake, "README.md")).read()
+    assert "**Test build: synthetic parts.**" in text
+    assert (
+        "**Panel pairs** (2 of 2 samples) were mined by a tiny random Qwen2.5-VL: the `description` of 1 of 2 "
+        "are random strings; texts taken from the caption are real." in text
+    )
+    assert (
+        "**Region pairs** (2 of 2 samples) were mined by a tiny random Qwen2.5-VL: the `description` of 1 of 2 "
+        "are random strings" in text
+    )
+    assert (
+        "**Long captions** (3 of 3) were written by a tiny random Qwen2.5-VL; 1 of 3 are the original caption "
+        "unchanged" in text
+    )
+    assert "and 2 are the model's" in text
+    assert "Concept labels" not in text and "Panel boxes" not in text  # no labels, no detector in this lake
+    expected = ["panel descriptions", "region descriptions", "long captions"]
+    for summary in ("stats/stats.json", "stats/pairs/pairs.json"):
+        assert json.loads(open(dataset_dir(lake, RELEASE, summary)).read())["synthetic"] == expected
+    pngs = glob.glob(dataset_dir(lake, RELEASE, "stats", "*.png")) + glob.glob(
+        dataset_dir(lake, RELEASE, "stats", "pairs", "*.png")
+    )
+    assert len(pngs) > 5
+    for png in pngs:  # the footer's red text (#c0392b) in the bottom tenth of every plot
+        pixels = np.asarray(Image.open(png).convert("RGB"), dtype=int)
+        bottom = pixels[-pixels.shape[0] // 10 :]
+        red = (bottom[..., 0] > 150) & (bottom[..., 1] < 110) & (bottom[..., 2] < 100)
+        assert red.sum() > 30, png

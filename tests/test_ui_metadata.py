@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 from dagster import MetadataValue
 from PIL import Image
 
 from assets.report import _value
-from pipelines.concepts.review import sheet_preview
+from pipelines.previews import captioned_sheet, sheet_preview
 from pipelines.stage import Markdown
 
 
@@ -36,3 +37,27 @@ def test_markdown_counts_become_markdown_metadata():
     """The stage says Markdown; the asset's metadata must say so too, or the UI shows the text."""
     value = _value(Markdown("![scree](data:image/png;base64,AAAA)"))
     assert value == MetadataValue.md("![scree](data:image/png;base64,AAAA)")
+
+
+def test_floats_are_rounded_for_reading():
+    assert _value(12.3456789) == 12.346
+    assert _value(0.000123456) == 0.0001235  # a small rate keeps its digits
+    assert _value(2 / 3) == 0.6667
+    assert _value(7) == 7 and _value(True) is True and _value("0.123456") == "0.123456"
+    assert _value({"rate": 1 / 3, "items": [0.98765, 5]}) == MetadataValue.json({"rate": 0.3333, "items": [0.9877, 5]})
+
+
+def test_a_captioned_sheet_puts_each_text_under_its_image():
+    red = Image.new("RGB", (60, 40), (255, 0, 0))
+    out = io.BytesIO()
+    red.save(out, "JPEG")
+    long_text = "A very long panel text that goes on " * 10
+    sheet = Image.open(io.BytesIO(captioned_sheet([(out.getvalue(), "Panel A."), (None, long_text)], "two panels")))
+    # four 150 px columns; a title line of 26 px, then one row: a 150 px thumbnail and four 14 px text lines + 6
+    assert sheet.size == (600, 26 + 150 + 62)
+    r, g, b = sheet.getpixel((75, 26 + 75))  # the middle of the first cell: the red image
+    assert r > 200 and g < 60 and b < 60
+    text_band = np.asarray(sheet.crop((0, 26 + 150, 150, 26 + 212)).convert("L"))
+    assert (text_band < 128).sum() > 20  # dark text pixels under the first image
+    unreadable = np.asarray(sheet.crop((150, 26, 300, 26 + 40)).convert("RGB"), dtype=int)
+    assert ((unreadable[..., 0] > 150) & (unreadable[..., 1] < 100)).sum() > 5  # "unreadable", in red

@@ -6,7 +6,6 @@ on every rerun), so annotators of one release see the same thing.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import html
 import io
@@ -19,7 +18,6 @@ from pipelines.concepts.decode import decode_image
 from pipelines.lake import Lake
 
 SHEET_SIZE, THUMB, COLUMNS = 30, 160, 6
-PREVIEW_WIDTH = 480  # the sheet shown in the UI's metadata panel: small enough for the event log
 
 
 def seeded_sample(members: list[dict], size: int, seed: int) -> list[dict]:
@@ -47,17 +45,6 @@ def contact_sheet(lake: Lake, cluster_id: int, members: list[dict], total: int) 
     out = io.BytesIO()
     sheet.save(out, "PNG", optimize=True)
     return out.getvalue()
-
-
-def sheet_preview(png: bytes, width: int = PREVIEW_WIDTH) -> str:
-    """A contact sheet scaled to ``width`` as a Markdown image (a JPEG data URI), so the asset's
-    metadata panel shows what annotators will see without opening the lake; the full sheets
-    stay in the review folder."""
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    image.thumbnail((width, width * image.height // image.width or 1))
-    out = io.BytesIO()
-    image.save(out, "JPEG", quality=80)
-    return f"![contact sheet](data:image/jpeg;base64,{base64.b64encode(out.getvalue()).decode()})"
 
 
 def index_html(version: str, clusters: dict[int, list[dict]], sizes: dict[int, int]) -> str:

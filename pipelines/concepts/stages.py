@@ -32,11 +32,11 @@ from pipelines.concepts.review import (
     group_members,
     index_html,
     seeded_sample,
-    sheet_preview,
 )
 from pipelines.concepts.shard import embed_shard, raw_locations
 from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
+from pipelines.previews import sheet_preview
 from pipelines.schemas import Table
 from pipelines.stage import RELEASE, Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass
 
 from pipelines.longcap.tokens import TextTokenizer, split_sentences
 from pipelines.panels.captions import normalize_caption, split_caption
@@ -318,3 +319,70 @@ def _names(text: str, label: str) -> bool:
     label = re.escape(label)
     in_brackets = rf"[(\[][^()\[\]]*?(?<![\w])(?:[Pp]anels?\s+)?{label}(?![\w])[^()\[\]]*?[)\]]"
     return re.search(rf"{in_brackets}|\b[Pp]anels?\s+{label}\b", fold(text)) is not None
+
+
+# A sentence of the refinement carries a caption sentence when it holds at least this share of
+# that sentence's words: the model may expand an acronym or reorder a clause, but the claim stays.
+CARRIES = 0.8
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a long caption ships as once fitted to the token budget.
+
+    ``refined``: the text is (a part of) the refinement, else the original caption; ``cut``: added
+    context was dropped to fit; ``note``: why the text is not the whole refinement within budget
+    (the refinement dropped, or the caption alone over budget), recorded with the row."""
+
+    text: str
+    refined: bool
+    cut: bool = False
+    note: str | None = None
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(fold(text).lower()))
+
+
+def _carries_caption(sentence: str, caption_words: list[set[str]]) -> bool:
+    words = _words(sentence)
+    return any(len(c & words) >= CARRIES * len(c) for c in caption_words if c)
+
+
+def fit_long_caption(caption: str, refined: str | None, tokenizer: TextTokenizer, budget: int) -> Fit:
+    """The long caption within ``budget`` tokens, never shorter than ``caption`` (LongCAP's budget
+    is for the context a caption gains, not a licence to truncate the caption).
+
+    A refinement over budget loses its added sentences, last first (the prompt asks for the
+    caption's facts, then the context's), and keeps every sentence that carries one of the
+    caption's; what remains must still keep the caption's numbers and panel labels and be at
+    least as long as the caption, else the caption ships instead. The caption alone over
+    budget ships whole, and the note says so (an encoder with a shorter window truncates it
+    itself; the dataset keeps the claim whole)."""
+    caption = normalize_caption(caption)
+    before = tokenizer.count(caption)
+    over = f"the caption alone is {before} tokens, over the {budget}-token budget: shipped whole"
+    if refined is None:
+        return Fit(caption, False, note=over if before > budget else None)
+    refined = normalize_caption(refined)
+    if tokenizer.fits(refined, budget):
+        return Fit(refined, True)
+    if before > budget:
+        return Fit(caption, False, note=f"{over}, without the refinement's context")
+    caption_words = [_words(s) for s in split_sentences(caption)]
+    kept = split_sentences(refined)
+    for i in reversed(range(len(kept))):
+        if tokenizer.fits(" ".join(kept), budget):
+            break
+        if not _carries_caption(kept[i], caption_words):
+            del kept[i]
+    text = " ".join(kept)
+    if tokenizer.fits(text, budget) and not _kept_failures(caption, text) and tokenizer.count(text) >= before:
+        return Fit(text, True, cut=True)
+    return Fit(
+        caption,
+        False,
+        note=f"the refinement is {tokenizer.count(refined)} tokens, over the {budget}-token budget, and its "
+        "added context cannot be cut without cutting the caption",
+    )

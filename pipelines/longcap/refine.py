@@ -17,7 +17,7 @@ from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.longcap.acronyms import find_definitions, used_acronyms
 from pipelines.longcap.context import Context, assemble_context
-from pipelines.longcap.guards import check_refinement, fold
+from pipelines.longcap.guards import check_refinement, fit_long_caption, fold
 from pipelines.longcap.prompts import FEASIBLE, LONGCAP
 from pipelines.longcap.tokens import TextTokenizer
 from pipelines.panels.captions import normalize_caption
@@ -135,7 +135,12 @@ class CaptionRows:
         failures: list[str] | None = None,
     ) -> dict:
         tokenizer, ref = self.tokenizer, item.ref
-        long_caption, cut = tokenizer.cut(refined or item.caption, self.budget) if item.caption else ("", False)
+        fit = fit_long_caption(item.caption, refined, tokenizer, self.budget) if item.caption else None
+        long_caption, cut = (fit.text, fit.cut) if fit else ("", False)
+        if fit and refined is not None and not fit.refined:  # the refinement did not fit: the caption ships
+            status, reason = "fallback", fit.note
+        elif fit and fit.note:
+            reason = f"{reason}; {fit.note}" if reason else fit.note
         acronyms = {s: {"long": long, "source": "article"} for s, long in item.used.items()}
         for a in (answer or {}).get("acronyms") or []:
             if isinstance(a, dict) and a.get("short") not in acronyms and a.get("short") in item.undefined:

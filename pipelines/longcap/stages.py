@@ -38,8 +38,10 @@ from pipelines.vlm.metering import MeteredEngine
 
 GPU_POOL = "gpu"
 # Bump when a change to the long-caption logic (context, guards, rows) changes what is written
-# for the same inputs, engine and prompt (the prompt has its own version, PROMPT_VERSION).
-LONGCAP_VERSION = "1"
+# for the same inputs, engine and prompt (the prompt has its own version, PROMPT_VERSION); a new
+# version recomputes what earlier ones made. 2: the token budget cuts the refinement's added
+# sentences, never the caption (``fit_long_caption``).
+LONGCAP_VERSION = "2"
 
 
 @dataclass

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.panels.captions import normalize_caption
+from pipelines.provenance import public_model_name
 
 # Words whose trailing period is not a sentence end (compared lowercased, without the period).
 ABBREVIATIONS = frozenset(
@@ -206,7 +207,7 @@ class HfTokenizer(TextTokenizer):
 
         self._tokenizer = from_pretrained_offline_first(AutoTokenizer, name_or_path, unavailable, revision)
         self.context_length = context_length
-        self.name = f"hf:{name_or_path}@{context_length}"
+        self.name = f"hf:{public_model_name(name_or_path)}@{context_length}"  # provenance: never a local path
 
     def ids(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]

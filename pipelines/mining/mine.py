@@ -273,7 +273,7 @@ def _texts(figure: MinedFigure, engine: MeteredEngine) -> None:
     split = split_caption(item["caption"])
     engine.meter.owner = figure.key
     try:
-        texts = panel_texts([panel for panel, _ in figure.panels], item["caption"], split, engine)
+        texts = panel_texts([panel for panel, _ in figure.panels], item["caption"], split, engine, figure.key)
     finally:
         engine.meter.owner = None
     for t in texts:

@@ -46,9 +46,14 @@ class PanelText:
 
 
 def panel_texts(
-    panels: Sequence[Panel], caption: str | None, split: CaptionSplit | None, engine: VlmEngine | None
+    panels: Sequence[Panel],
+    caption: str | None,
+    split: CaptionSplit | None,
+    engine: VlmEngine | None,
+    key: str = "",
 ) -> list[PanelText]:
-    """The text of every panel, in the order given (the i-th panel has ``panel_index`` i).
+    """The text of every panel, in the order given (the i-th panel has ``panel_index`` i); ``key``
+    names the figure in the request's id (``<key>|associate``), as every mining request does.
 
     The panels (boxes and printed labels) are paired with ``split`` (or ``split_caption(caption)``
     when None) by ``pairing.assign_captions``. A panel with text is done. The others with a
@@ -74,15 +79,15 @@ def panel_texts(
             residual.append((index, label))
     if residual:
         agreement = rows[0]["count_agreement"]
-        for index, answer in _associate(engine, normalized, residual).items():
+        for index, answer in _associate(engine, normalized, residual, key).items():
             out[index] = replace(answer, match=VLM if answer.text else NONE, count_agreement=agreement)
     return [out[index] for index in range(len(rows))]
 
 
-def _associate(engine: VlmEngine, caption: str, residual: list[tuple[int, str]]) -> dict[int, PanelText]:
+def _associate(engine: VlmEngine, caption: str, residual: list[tuple[int, str]], key: str = "") -> dict[int, PanelText]:
     """One ASSOCIATE request for the residual panels; each answer kept only if extractive."""
     labels = ", ".join(label for _, label in residual)
-    request = prompts.ASSOCIATE.request("associate", caption=caption, labels=labels)
+    request = prompts.ASSOCIATE.request(f"{key}|associate" if key else "associate", caption=caption, labels=labels)
     (response,) = engine.generate([request])
 
     def failed(why: str) -> dict[int, PanelText]:

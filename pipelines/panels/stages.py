@@ -38,9 +38,10 @@ from pipelines.panels.pairing import count_agreement as figure_agreement
 from pipelines.panels.postprocess import attach_labels, consensus, finalize, iou
 from pipelines.panels.split import DECISION_VERSION, figure_decision
 from pipelines.panels.types import CONSENSUS, DECISION, DETR, Box, Panel
+from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.release.samples import JPEG_QUALITY, caption_of
 from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
 
 GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
@@ -450,6 +451,7 @@ class PanelCropsStage(Stage):
         dest = crops_tar(lake, release, shard)
         relative = lake.relative(dest)
         rows, errors, written = [], [], 0
+        sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
             with (
@@ -471,6 +473,8 @@ class PanelCropsStage(Stage):
                         name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
                         offset = add_member(tar, name, io.BytesIO(data), len(data))
                         written += len(data)
+                        if len(sheet) < SHEET_ITEMS:
+                            sheet.append((data, f"{image_file} p{panel['panel_index']} {reason or 'passes the gate'}"))
                         rows.append(
                             {
                                 "pmcid": pmcid,
@@ -503,5 +507,8 @@ class PanelCropsStage(Stage):
             },
             paths={"tar": dest},
         )
+        if sheet:
+            title = f"panel crops of {partition}: {len(sheet)} of {len(rows)}, with the gate's verdict"
+            result.counts["crops_sheet"] = Markdown(sheet_preview(captioned_sheet(sheet, title), title=title))
         result.errors = errors
         return result

@@ -187,12 +187,7 @@ def render_card(infos: dict[str, dict], repo_id: str | None) -> str:
                 tokens.get(f"share_over_{75}", "-"),
             ]
         )
-    warning = (
-        "\n> **Test build.** This release's concept labels come from a tiny randomly initialised model, "
-        "not DINOv2: they are placeholders.\n"
-        if info.get("synthetic_labels")
-        else ""
-    )
+    warning = test_build_banner(info)
     limits = info["limits"]
     last_shard = max(info["subsets"].get("commercial", {}).get("shards", 1) - 1, 0)
     body = f"""
@@ -214,6 +209,7 @@ full text is in the `articles` table, joined by `pmcid`). Next to each shard,
 Subsets never mix license groups.
 
 {_table(subsets, ["subset", "samples", "shards", "GB", "licenses (samples)"])}
+{render_skipped(info)}
 
 Licenses: commercial = {SUBSET_LICENSES["commercial"]}; noncommercial = {SUBSET_LICENSES["noncommercial"]};
 other = {SUBSET_LICENSES["other"]}. Every sample's JSON carries its article's `license_code` and `license_url`.
@@ -262,6 +258,31 @@ and:
 ```
 """
     return "---\n" + yaml.safe_dump(header, sort_keys=False, allow_unicode=True) + "---\n" + body
+
+
+def test_build_banner(info: dict) -> str:
+    """The card's warning when the release holds anything a synthetic model made (see
+    ``pipelines/release/synthetic.py``): every such part, with how many samples it touches."""
+    parts = list(info.get("synthetic") or [])
+    if not parts and info.get("synthetic_labels"):  # a release.json written before the parts were listed
+        parts = ["**Concept labels** come from a tiny randomly initialised model, not DINOv2: they are placeholders."]
+    if not parts:
+        return ""
+    lines = "\n".join(f"> - {part}" for part in parts)
+    return (
+        "\n> **Test build: synthetic parts.** This release was built with tiny randomly initialised models "
+        "(PanelForge's demo or test profile). What they made has the shape of real data and none of its "
+        f"meaning; every plot of this release is marked. Do not train or evaluate on it.\n>\n{lines}\n"
+    )
+
+
+def render_skipped(info: dict) -> str:
+    """The subsets that were not written because they had no sample, each with why."""
+    skipped = info.get("skipped_subsets") or {}
+    if not skipped:
+        return ""
+    items = "; ".join(f"`{info['release']}/{name}` ({facts['reason']})" for name, facts in sorted(skipped.items()))
+    return f"\nNot written, having no sample: {items}.\n"
 
 
 def render_licenses(infos: dict[str, dict]) -> str:

@@ -2,15 +2,21 @@
 
 Only articles whose license is known are exported (the same rule as the WebDataset samples),
 so every exported row can be redistributed under the license it carries. ``labels`` is the
-``figure_concepts`` table under the name a dataset user looks for.
+``figure_concepts`` table under the name a dataset user looks for; ``panels``, ``pairs``,
+``long_captions`` and ``negatives`` (``pair_negatives``) are what the panel, region and
+long-caption subsets were made from, with every score, source and model column a user filters
+on (join ``pairs.pair_id`` to a pair-level sidecar's ``pair_id`` for the sample key). A table
+the lake does not hold (its stage never ran) is left out, not written empty.
 """
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.lake import Lake
+from pipelines.provenance import public_model_name
 from pipelines.release.webdataset import dataset_dir
 
 EXPORTED = {
@@ -19,6 +25,10 @@ EXPORTED = {
     "mentions": "mentions",
     "pubmed": "pubmed",
     "labels": "figure_concepts",
+    "panels": "panels",
+    "pairs": "pairs",
+    "long_captions": "long_captions",
+    "negatives": "pair_negatives",
 }
 
 
@@ -39,6 +49,7 @@ def export_tables(lake: Lake, release: str, shards: list[str]) -> dict[str, dict
                 continue
             if name != "articles":
                 table = table.filter(pc.is_in(table["pmcid"], value_set=keep))
+            table = _public_models(table)
             dest = dataset_dir(lake, release, "parquet", name, f"part-{shard}.parquet")
             with lake.atomic_local_file(dest) as tmp:
                 pq.write_table(table, tmp, compression="zstd")
@@ -46,4 +57,14 @@ def export_tables(lake: Lake, release: str, shards: list[str]) -> dict[str, dict
             summary[name]["bytes"] += lake.fs.size(dest)
             summary[name]["files"] += 1
     summary["articles"]["withheld_unknown_license"] = withheld
-    return summary
+    return {name: facts for name, facts in summary.items() if facts["files"] or name == "articles"}
+
+
+def _public_models(table: pa.Table) -> pa.Table:
+    """The ``model`` column by model id (rows written before provenance stopped holding local
+    directories may name one: never released)."""
+    if "model" not in table.column_names:
+        return table
+    index = table.column_names.index("model")
+    names = pa.array([public_model_name(m) for m in table["model"].to_pylist()], type=table.schema.field(index).type)
+    return table.set_column(index, table.schema.field(index), names)

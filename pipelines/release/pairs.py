@@ -35,6 +35,7 @@ from pipelines.lake import Commit, Lake
 from pipelines.panels.gate import GateSettings, crop_gate
 from pipelines.panels.pairing import CAPTION_MATCHES, VLM
 from pipelines.panels.stages import crop_panel, jpeg_bytes
+from pipelines.provenance import public_model_name
 from pipelines.release.samples import _KEY_UNSAFE, json_text, shuffle_key, write_images
 from pipelines.schemas import PAIR_SAMPLES, Table
 
@@ -393,8 +394,12 @@ def _figure_ref(row: dict, figure: _Figure) -> dict:
 
 def _own_fields(source: dict, fields: dict) -> dict:
     """The JSON fields a pair or long-caption row gives itself; the figure's facts come from the
-    figure-level sample (one source for them, whatever the upstream row repeats)."""
-    return {k: source[k] for k in fields if k in source and k not in FIGURE_REF_FIELDS}
+    figure-level sample (one source for them, whatever the upstream row repeats). The model is
+    named by its id, also for rows written before provenance stopped holding local paths."""
+    own = {k: source[k] for k in fields if k in source and k not in FIGURE_REF_FIELDS}
+    if "model" in own:
+        own["model"] = public_model_name(own["model"])
+    return own
 
 
 def _negative(row: dict) -> dict:

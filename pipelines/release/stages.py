@@ -14,19 +14,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.acquire.rawstore import RawReader
 from pipelines.concepts.annotations import load_taxonomy
 from pipelines.fingerprints import fingerprint
 from pipelines.lake import Lake
 from pipelines.panels.gate import REASONS as GATE_REASONS
 from pipelines.panels.gate import GateSettings
 from pipelines.panels.pairing import CAPTION_MATCHES, VLM
+from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
+from pipelines.release.audit import find_machine_paths
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
 from pipelines.release.hub import plan_upload, release_patterns, upload_release
-from pipelines.release.pairs import PAIR_LEVELS, PANEL, plan_pair_shard
+from pipelines.release.pairs import PAIR_LEVELS, PANEL, REGION, plan_pair_shard
 from pipelines.release.pairs import REASONS as PAIR_REASONS
 from pipelines.release.samples import REASONS, plan_shard
 from pipelines.release.stats import pair_stats, release_stats
+from pipelines.release.synthetic import synthetic_parts
 from pipelines.release.webdataset import (
     LICENSE_SUBSETS,
     ShardLimits,
@@ -35,10 +39,11 @@ from pipelines.release.webdataset import (
     concept_cap,
     concept_filter,
     dataset_dir,
+    skipped_subsets,
     write_release_subsets,
 )
 from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.stage import RELEASE, Check, Markdown, Partition, Preview, Stage, StageInputError, StageResult
 
 BIOMEDICA_FILTERED_CONCEPTS = [
     "Clinical Imaging",
@@ -115,6 +120,22 @@ def concept_balanced_subsets(cap: int) -> dict[str, Callable[[dict], bool]]:
     return {f"concept-balanced-{g}": concept_cap(g, cap) for g in LICENSE_SUBSETS}
 
 
+_LEVEL_NOUNS = {"panel": "panel pair", "region": "region pair", "longcap": "long caption"}
+
+
+def empty_reason(subset: str) -> str:
+    """What it means that a subset built here has no sample (the card says it for each one skipped)."""
+    group = subset.rsplit("-", 1)[-1]
+    if subset.startswith("concept-filtered-"):
+        return f"no included figure in license group '{group}' has one of the chosen global concepts"
+    if subset.startswith("concept-balanced-"):
+        return f"no included figure in license group '{group}' has a global concept label"
+    level = subset.split("-", 1)[0] if "-" in subset else None
+    if level in _LEVEL_NOUNS:
+        return f"no included {_LEVEL_NOUNS[level]} in license group '{group}'"
+    return f"no included figure in license group '{group}'"
+
+
 @dataclass
 class WebDatasetStage(Stage):
     """Shuffled WebDataset shards of the release for each named subset, with a Parquet sidecar
@@ -131,7 +152,10 @@ class WebDatasetStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
-        results = write_release_subsets(lake, release, self.subsets, self.limits, self.shard_name, self.mixture)
+        reasons = {subset: empty_reason(subset) for subset in self.subsets}
+        results = write_release_subsets(
+            lake, release, self.subsets, self.limits, self.shard_name, self.mixture, empty_reasons=reasons
+        )
         return _subsets_result(self, partition, lake, results)
 
 
@@ -144,6 +168,7 @@ def _subsets_result(stage: Stage, partition: Partition, lake: Lake, results: dic
         counts[f"{subset}_bytes"] = written.bytes
     reused = sum(s["reused"] for r in results.values() for s in r.shards)
     counts["shards_reused_from_earlier_run"] = reused
+    counts["subsets_skipped"] = {subset: r.skipped for subset, r in results.items() if r.skipped}
     seed = next((r.seed for r in results.values() if r.seed is not None), None)
     counts["shuffle_seed"] = seed if seed is not None else "none (no samples)"
     result = stage.result(
@@ -202,6 +227,7 @@ class PairPlanStage(Stage):
         counts |= {f"gate_{reason}": plan.gate.get(reason, 0) for reason in GATE_REASONS}
         counts["panel_texts_shipped"] = ", ".join(matches)
         counts["inputs_absent"] = ", ".join(plan.inputs_absent) or "none"
+        counts |= pair_sheets(lake, plan.rows, partition)
         return self.result(
             partition,
             ok=plan.included(),
@@ -209,6 +235,30 @@ class PairPlanStage(Stage):
             counts=counts,
             previews={"preview": Preview(plan.rows, ["key", "level", "status", "reason", "crop_source", "caption"])},
         )
+
+
+def pair_sheets(lake: Lake, rows: list[dict], partition: Partition) -> dict[str, Markdown]:
+    """Contact sheets of the partition's first included panel and region samples (plan order:
+    shuffled), each crop with the text it ships with and the model's description, for the UI."""
+    sheets: dict[str, Markdown] = {}
+    with RawReader(lake) as reader:
+        for level in (PANEL, REGION):
+            included = [r for r in rows if r["level"] == level and r["status"] == "included"]
+            chosen = included[:SHEET_ITEMS]
+            if not chosen:
+                continue
+            items, synthetic = [], False
+            for row in chosen:
+                meta = json.loads(row["meta_json"])
+                synthetic |= bool(meta.get("synthetic"))
+                described = f" | VLM: {meta['description']}" if meta.get("description") else ""
+                items.append(
+                    (reader.read(row["image_tar"], row["image_offset"], row["image_size"]), row["caption"] + described)
+                )
+            title = f"{level} samples of {partition}: {len(chosen)} of {len(included)}"
+            title += " (SYNTHETIC: tiny random VLM)" if synthetic else ""
+            sheets[f"{level}_samples_sheet"] = Markdown(sheet_preview(captioned_sheet(items, title), title=title))
+    return sheets
 
 
 def pair_level_subsets() -> tuple[dict[str, Callable[[dict], bool]], dict[str, str]]:
@@ -253,7 +303,14 @@ class PairWebDatasetStage(Stage):
         subsets, levels = pair_level_subsets()
         try:
             results = write_release_subsets(
-                lake, release, subsets, self.limits, self.shard_name, table=Table.PAIR_SAMPLES, levels=levels
+                lake,
+                release,
+                subsets,
+                self.limits,
+                self.shard_name,
+                table=Table.PAIR_SAMPLES,
+                levels=levels,
+                empty_reasons={subset: empty_reason(subset) for subset in subsets},
             )
         except FileNotFoundError as exc:
             raise StageInputError(str(exc)) from exc
@@ -264,7 +321,10 @@ class PairWebDatasetStage(Stage):
             seed=self.seed,
         )
         summary = stats.result()
-        for name, payload in {**stats.histograms(), "pairs.json": json.dumps(summary, indent=1).encode()}.items():
+        synthetic = synthetic_parts(lake, release)
+        summary["synthetic"] = synthetic.short
+        pngs = stats.histograms(synthetic.footer() if synthetic else None)
+        for name, payload in {**pngs, "pairs.json": json.dumps(summary, indent=1).encode()}.items():
             with lake.atomic_local_file(dataset_dir(lake, release, "stats", "pairs", name)) as tmp:
                 Path(tmp).write_bytes(payload)
         result = _subsets_result(self, partition, lake, results)
@@ -296,8 +356,9 @@ def licensed_bodies(lake: Lake, release: str) -> Iterator[str]:
 
 @dataclass
 class ReleaseTablesStage(Stage):
-    """The release's tables as its Parquet dataset, and statistics (lengths in characters and
-    CLIP tokens, image sizes, counts) with PNG histograms."""
+    """The release's tables as its Parquet dataset (articles, figures, mentions, PubMed, labels,
+    panels, pairs, long captions, hard negatives), and statistics (lengths in characters and CLIP
+    tokens, image sizes, counts) with PNG histograms."""
 
     reservoir: int = 100_000
     token_sample: int = 5_000
@@ -305,7 +366,18 @@ class ReleaseTablesStage(Stage):
 
     name = "release_parquet"
     level = RELEASE
-    reads = (Table.SAMPLES, Table.ARTICLES, Table.FIGURES, Table.MENTIONS, Table.PUBMED, Table.FIGURE_CONCEPTS)
+    reads = (
+        Table.SAMPLES,
+        Table.ARTICLES,
+        Table.FIGURES,
+        Table.MENTIONS,
+        Table.PUBMED,
+        Table.FIGURE_CONCEPTS,
+        Table.PANELS,
+        Table.PAIRS,
+        Table.LONG_CAPTIONS,
+        Table.PAIR_NEGATIVES,
+    )
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
@@ -318,7 +390,9 @@ class ReleaseTablesStage(Stage):
             self.seed,
         )
         summary = stats.result()
-        pngs = stats.histograms()
+        synthetic = synthetic_parts(lake, release)
+        summary["synthetic"] = synthetic.short
+        pngs = stats.histograms(synthetic.footer() if synthetic else None)
         for name, payload in {**pngs, "stats.json": json.dumps(summary, indent=1).encode()}.items():
             with lake.atomic_local_file(dataset_dir(lake, release, "stats", name)) as tmp:
                 Path(tmp).write_bytes(payload)
@@ -356,14 +430,11 @@ def release_info(lake: Lake, release: str) -> dict:
     if not subsets:
         raise StageInputError(f"release {release} has no WebDataset subsets: materialize webdataset_shards first")
     excluded: Counter = Counter()
-    synthetic = False
     for shard in lake.shards():
         table = lake.read_table(Table.SAMPLES, release, shard)
-        for row in table.select(["status", "reason", "meta_json"]).to_pylist() if table is not None else []:
+        for row in table.select(["status", "reason"]).to_pylist() if table is not None else []:
             if row["status"] == "excluded":
                 excluded[row["reason"]] += 1
-            elif not synthetic and json.loads(row["meta_json"])["labels_from_synthetic_model"]:
-                synthetic = True
     base = subsets.get("commercial") or next(iter(subsets.values()))
     tables_path = dataset_dir(lake, release, "parquet", "tables.json")
     stats_path = dataset_dir(lake, release, "stats", "stats.json")
@@ -386,7 +457,8 @@ def release_info(lake: Lake, release: str) -> dict:
         "excluded": dict(sorted(excluded.items())),
         "shuffle_seed": base["shuffle_seed"],
         "limits": base["limits"],
-        "synthetic_labels": synthetic,
+        "synthetic": synthetic_parts(lake, release).parts,
+        "skipped_subsets": skipped_subsets(lake, release),
     }
 
 
@@ -433,6 +505,7 @@ class DatasetCardStage(Stage):
     """The dataset card (README.md with the Hub's YAML header) and LICENSES.md, for every release."""
 
     repo_id: str | None = None
+    audit_tars_per_folder: int | None = 1  # the machine-path audit reads the first tar of each subset
 
     name = "dataset_card"
     level = RELEASE
@@ -445,6 +518,9 @@ class DatasetCardStage(Stage):
         path = write_card(lake, self.repo_id)
         text = lake.fs.cat(path).decode()
         header = DatasetCard(text).data.to_dict()  # parses the YAML header the way the Hub does
+        with local_dataset_folder(lake) as folder:
+            roots = (lake.root,) if lake.is_local else ()
+            leaks = find_machine_paths(folder, False, self.audit_tars_per_folder, roots)
         result = self.result(
             partition,
             ok=1,
@@ -455,9 +531,24 @@ class DatasetCardStage(Stage):
                 "card": Markdown(text.split("---\n", 2)[2][:6000]),
             },
             paths={"path": path},
+            checks=[no_machine_paths(leaks)],
         )
         result.version = fingerprint(text)
         return result
+
+
+NO_MACHINE_PATHS = "no_machine_paths"
+
+
+def no_machine_paths(leaks: list) -> Check:
+    """The dataset folder holds no path of the machine that built it (blocking: the upload waits)."""
+    shown = [f"{f.file} {f.where}: {f.value}" for f in leaks[:10]]
+    return Check(
+        NO_MACHINE_PATHS,
+        passed=not leaks,
+        description=f"{len(leaks)} absolute paths in the dataset folder" + (": " + "; ".join(shown) if shown else ""),
+        metadata={"found": len(leaks)},
+    )
 
 
 @contextlib.contextmanager

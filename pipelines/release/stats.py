@@ -31,6 +31,7 @@ class Reservoir:
     size: int
     rng: np.random.Generator
     text_size: int = 0
+    text: bool = False  # lengths of texts (characters), whether or not texts are kept for tokens
     count: int = 0
     total: float = 0.0
     low: float = float("inf")
@@ -76,14 +77,15 @@ class ReleaseStats:
     fields: dict[str, Reservoir] = field(default_factory=dict)
     counts: dict[str, Counter] = field(default_factory=lambda: {"concept": Counter(), "license": Counter()})
 
-    def _field(self, name: str, text_sample: int = 0) -> Reservoir:
+    def _field(self, name: str, text_sample: int = 0, text: bool = False) -> Reservoir:
         if name not in self.fields:
             rng = np.random.default_rng([self.seed, len(self.fields)])
-            self.fields[name] = Reservoir(self.reservoir, rng, text_sample)
+            self.fields[name] = Reservoir(self.reservoir, rng, text_sample, text)
         return self.fields[name]
 
     def add_text(self, name: str, text: str, text_sample: int | None = None) -> None:
-        self._field(name, self.token_sample if text_sample is None else text_sample).add(len(text), text)
+        sample = self.token_sample if text_sample is None else text_sample
+        self._field(name, sample, text=True).add(len(text), text)
 
     def add_value(self, name: str, value: float) -> None:
         self._field(name).add(value)
@@ -105,7 +107,7 @@ class ReleaseStats:
         tokenizer = SimpleTokenizer()
         out: dict = {"tokenizer": TOKENIZER, "fields": {}, "counts": {k: dict(v) for k, v in self.counts.items()}}
         for name, res in sorted(self.fields.items()):
-            entry = {"chars" if res.text_size else "value": res.summary()}
+            entry = {"chars" if res.text else "value": res.summary()}
             if res.texts:
                 lengths = np.array([len(tokenizer.encode(t)) for t in res.texts])
                 entry["tokens"] = {
@@ -119,39 +121,80 @@ class ReleaseStats:
             out["fields"][name] = entry
         return out
 
-    def histograms(self) -> dict[str, bytes]:
-        """One PNG per field (log-scaled lengths and sizes) and one per count table."""
+    def histograms(self, synthetic: str | None = None) -> dict[str, bytes]:
+        """One PNG per field and one per count table. Lengths and sizes spanning a decade or more
+        are binned on a log axis, narrower ones on a linear one (a log axis over 40-95 characters
+        shows no tick a reader can use); counts per figure get one bar per whole number.
+        ``synthetic`` (a footer line) marks every plot of a release holding synthetic parts."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        mark = " (synthetic)" if synthetic else ""
         pngs = {}
         for name, res in sorted(self.fields.items()):
             if not res.values:
                 continue
             fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-            values = np.maximum(np.array(res.values, dtype=float), 1)
-            bins = log_bins(values)
-            ax.hist(values, bins=bins, color="#4c72b0")
-            ax.set_xscale("log")
-            pad = np.sqrt(bins[1] / bins[0])  # half a bin either side, so the end bars clear the frame
-            ax.set_xlim(bins[0] / pad, bins[-1] * pad)
-            unit = "characters" if res.text_size else ("pixels" if "area" in name else "px")
-            ax.set_xlabel(f"{name.replace('_', ' ')} ({unit})")
-            ax.set_ylabel("count" + ("" if res.count <= res.size else f" (sample of {res.size:,})"))
-            ax.set_title(f"{name.replace('_', ' ')}: n = {res.count:,}")
-            pngs[f"{name}.png"] = _png(fig, plt)
+            values = np.array(res.values, dtype=float)
+            unit, what = field_unit(name, res.text)
+            if unit == "pairs":
+                ax.hist(values, bins=np.arange(-0.5, values.max() + 1.5), color="#4c72b0", rwidth=0.9)
+                ax.xaxis.get_major_locator().set_params(integer=True)
+            elif values.min() > 0 and values.max() >= LOG_SPAN * values.min():
+                bins = log_bins(values)
+                ax.hist(values, bins=bins, color="#4c72b0")
+                ax.set_xscale("log")
+                pad = np.sqrt(bins[1] / bins[0])  # half a bin either side, so the end bars clear the frame
+                ax.set_xlim(bins[0] / pad, bins[-1] * pad)
+            else:
+                ax.hist(values, bins=linear_bins(values), color="#4c72b0")
+            ax.set_xlabel(f"{what} ({unit})")
+            ax.set_ylabel(
+                HISTOGRAM_Y.get(unit, "samples") + ("" if res.count <= res.size else f" (sample of {res.size:,})")
+            )
+            ax.set_title(f"{name.replace('_', ' ')}: n = {res.count:,}{mark}")
+            pngs[f"{name}.png"] = _png(fig, plt, synthetic)
         for name, counter in self.counts.items():
             if not counter:
                 continue
-            fig, ax = plt.subplots(figsize=(7, 0.35 * len(counter) + 1.2), dpi=100)
+            fig, ax = plt.subplots(figsize=(7, 0.35 * len(counter) + 1.6), dpi=100)
             labels, values = zip(*sorted(counter.items(), key=lambda kv: kv[1]), strict=True)
             ax.barh(labels, values, color="#55a868")
-            ax.set_xlabel("samples")
-            ax.set_title(f"samples per {name}")
-            pngs[f"per_{name}.png"] = _png(fig, plt)
+            ax.set_xlabel("samples (figures)")
+            ax.set_title(f"samples per {name}{mark}")
+            pngs[f"per_{name}.png"] = _png(fig, plt, synthetic)
         return pngs
+
+
+LOG_SPAN = 10  # a log axis only for values spanning at least a decade
+HISTOGRAM_Y = {"pairs": "figures", "tokens": "texts", "characters": "texts", "px": "figures"}
+
+
+def field_unit(name: str, text: bool) -> tuple[str, str]:
+    """(unit, what is measured) of a statistics field, for its axis label."""
+    words = name.replace("_", " ")
+    if text:
+        return "characters", f"{words} length"
+    if name.endswith("_pairs_per_figure"):
+        return "pairs", f"{name.split('_')[0]} pairs per figure"
+    if "tokens" in name:
+        return "tokens", words
+    if name == "image_area":
+        return "px", "image area (width x height)"
+    if name.startswith("image_"):
+        return "px", words
+    return "value", words
+
+
+def linear_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
+    """Equal-width bin edges over the data (a single value gets a band of +-5% or +-0.5)."""
+    low, high = float(values.min()), float(values.max())
+    if high == low:
+        pad = max(abs(low) * 0.05, 0.5)
+        low, high = low - pad, high + pad
+    return np.linspace(low, high, edges)
 
 
 def log_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
@@ -163,8 +206,12 @@ def log_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
     return np.geomspace(low, high, edges)
 
 
-def _png(fig, plt) -> bytes:
+def _png(fig, plt, synthetic: str | None = None) -> bytes:
+    """The figure as PNG bytes; ``synthetic`` adds a red footer saying what in it is synthetic."""
     fig.tight_layout()
+    if synthetic:
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.1)
+        fig.text(0.01, 0.01, synthetic, color="#c0392b", fontsize=7, fontweight="bold", ha="left", va="bottom")
     out = io.BytesIO()
     fig.savefig(out, format="png")
     plt.close(fig)

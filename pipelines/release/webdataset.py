@@ -64,6 +64,7 @@ class SubsetResult:
     seed: int | None = None
     license_codes: dict[str, int] = field(default_factory=dict)
     concepts: dict[str, int] = field(default_factory=dict)
+    skipped: str | None = None  # why nothing was written: the subset had no sample
 
     @property
     def samples(self) -> int:
@@ -77,6 +78,34 @@ class SubsetResult:
 def dataset_dir(lake: Lake, *parts: str) -> str:
     """The folder mirrored to the Hub: ``README.md`` and one folder per release."""
     return lake.path("dataset", *parts)
+
+
+def skipped_path(lake: Lake, release: str, subset: str = "*") -> str:
+    """Where the record of a subset left unwritten (no sample) lives: in the lake, beside the
+    dataset folder and never in it, so the release holds no empty folder; the card lists them."""
+    return lake.path("subsets_skipped", f"release={release}", f"{subset}.json")
+
+
+def skipped_subsets(lake: Lake, release: str) -> dict[str, dict]:
+    """The subsets of ``release`` that had no sample: name -> {"reason", "level", "mixture"}."""
+    found = {}
+    for path in sorted(lake.fs.glob(skipped_path(lake, release))):
+        record = json.loads(lake.fs.cat(path))
+        found[record.pop("subset")] = record
+    return found
+
+
+def missing_subsets(lake: Lake, release: str, subsets: Iterable[str]) -> list[str]:
+    """Why each of ``subsets`` has no shards to read, for a job that needs them: skipped (it had
+    no sample; the recorded reason) or not written yet. Empty: every one is there."""
+    skipped = skipped_subsets(lake, release)
+    missing = []
+    for subset in subsets:
+        if lake.fs.exists(dataset_dir(lake, release, subset, "sizes.json")):
+            continue
+        why = skipped.get(subset, {}).get("reason")
+        missing.append(f"{subset}: " + (f"no sample ({why})" if why else "not written yet (materialize its shards)"))
+    return missing
 
 
 def _member_bytes(size: int) -> int:
@@ -183,23 +212,37 @@ def _write_tar(lake: Lake, dest: str, rows: list[dict], reader: RawReader) -> tu
         return out.position, out.sha.hexdigest()
 
 
+def sidecar_values(row: dict, schema: pa.Schema) -> dict:
+    """One sidecar row: the plan's columns, and for a pair level what its JSON holds (the box,
+    the text source, the description, the synthetic flag) and its text."""
+    values = {name: row.get(name) for name in schema.names}
+    if schema is PAIR_SIDECAR:
+        meta = json.loads(row["meta_json"])
+        box = meta.get("box") or [None] * 4
+        values.update(zip(("x1", "y1", "x2", "y2"), box, strict=True))
+        values.update(text=row["caption"], synthetic=bool(meta.get("synthetic")))
+        values.update(text_source=meta.get("text_source"), description=meta.get("description"))
+    return values
+
+
 def _sidecar_table(rows: list[dict], shard: str, nbytes: int, sha256: str, digest: str, schema: pa.Schema) -> pa.Table:
-    table = pa.Table.from_pylist(
-        [{name: row.get(name) for name in schema.names if name != "shard"} | {"shard": shard} for row in rows],
-        schema=schema,
-    )
+    table = pa.Table.from_pylist([sidecar_values(row, schema) | {"shard": shard} for row in rows], schema=schema)
     return table.replace_schema_metadata({"tar_bytes": str(nbytes), "tar_sha256": sha256, "plan_sha256": digest})
 
 
-def _existing_shard(lake: Lake, directory: str, stem: str, digest: str) -> dict | None:
+def _existing_shard(lake: Lake, directory: str, stem: str, digest: str, schema: pa.Schema) -> dict | None:
     """The finished shard's facts when its sidecar records the plan ``digest`` and its tar has
-    the recorded size, else None (a sidecar from before digests were recorded never matches)."""
+    the recorded size, else None (a sidecar from before digests were recorded, or with other columns than
+    ``schema``, never matches)."""
     tar, sidecar = f"{directory}/{stem}.tar", f"{directory}/{stem}.parquet"
     if not (lake.fs.exists(tar) and lake.fs.exists(sidecar)):
         return None
     with lake.fs.open(sidecar, "rb") as fh:
-        meta = pq.read_schema(fh).metadata or {}
+        found = pq.read_schema(fh)
+    meta = found.metadata or {}
     if meta.get(b"plan_sha256", b"").decode() != digest or b"tar_sha256" not in meta:
+        return None
+    if found.names != schema.names:  # a sidecar from before its columns changed: rewritten with the shard
         return None
     if lake.fs.size(tar) != int(meta[b"tar_bytes"]):
         return None
@@ -216,10 +259,14 @@ def write_subset(
     mixture: str | None = None,
     table: str = Table.SAMPLES,
     level: str = FIGURE_LEVEL,
+    empty_reason: str = "no included sample passes the subset's filter",
 ) -> SubsetResult:
     """Write ``rows`` (in order) as the shards of ``dataset/<release>/<subset>/``; ``mixture`` names
     the training mixture the subset belongs to (None for a license-group subset); ``table`` is the
-    plan the rows come from (it decides the sidecar's columns), ``level`` what one sample is."""
+    plan the rows come from (it decides the sidecar's columns), ``level`` what one sample is.
+
+    A subset without a sample is not written (a folder with an empty ``sizes.json`` is a config a
+    loader fails on): its folder from an earlier run is removed and ``empty_reason`` recorded."""
     directory = dataset_dir(lake, release, subset)
     columns = plan_columns(table)
     result = SubsetResult(subset)
@@ -231,7 +278,7 @@ def write_subset(
         nonlocal pending, pending_bytes
         stem = f"{name}-{len(result.shards):06d}"
         digest = plan_digest(pending, columns)
-        facts = _existing_shard(lake, directory, stem, digest)
+        facts = _existing_shard(lake, directory, stem, digest, SIDECARS[table])
         reused = facts is not None
         if not reused:
             nbytes, sha = _write_tar(lake, f"{directory}/{stem}.tar", pending, reader)
@@ -259,6 +306,16 @@ def write_subset(
             flush()
     finally:
         reader.close()
+    record = skipped_path(lake, release, subset)
+    if not result.shards:
+        if lake.fs.exists(directory):
+            lake.fs.rm(directory, recursive=True)
+        result.skipped = empty_reason
+        with lake.atomic_local_file(record) as tmp, open(tmp, "w") as fh:
+            json.dump({"subset": subset, "reason": empty_reason, "level": level, "mixture": mixture}, fh, indent=1)
+        return result
+    if lake.fs.exists(record):
+        lake.fs.rm(record)
     settings = {"limits": vars(limits), "shard_name": name, "mixture": mixture, "level": level}
     _finish_directory(lake, directory, result, name, settings)
     return result
@@ -329,10 +386,12 @@ def write_release_subsets(
     mixture: str | None = None,
     table: str = Table.SAMPLES,
     levels: dict[str, str] | None = None,
+    empty_reasons: dict[str, str] | None = None,
 ) -> dict[str, SubsetResult]:
     """Write each named subset (its own pass over the merged plan, so memory stays flat);
-    ``levels`` says each subset's level (the figure level where not named)."""
-    levels = levels or {}
+    ``levels`` says each subset's level (the figure level where not named), ``empty_reasons``
+    what it means that a subset has no sample (recorded when it is skipped)."""
+    levels, reasons = levels or {}, empty_reasons or {}
     return {
         subset: write_subset(
             lake,
@@ -344,6 +403,7 @@ def write_release_subsets(
             mixture,
             table,
             levels.get(subset, FIGURE_LEVEL),
+            *([reasons[subset]] if subset in reasons else []),
         )
         for subset, keep in subsets.items()
     }

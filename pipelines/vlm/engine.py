@@ -15,13 +15,13 @@ that Dagster retries it, and marks no item failed.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
 from pipelines.fingerprints import fingerprint, model_identity
+from pipelines.provenance import public_model
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
@@ -200,13 +200,11 @@ def in_order(responses: Iterable[tuple[int, VlmResponse]], n: int) -> list[VlmRe
 
 
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
-    """The provenance columns every table written with a model's answers carries. A model loaded
-    from a local directory is named by the directory's name, its revision by the content hash of
-    its files (``model_identity``): released data never holds a machine's path."""
+    """The provenance columns every table written with a model's answers carries: the model by its
+    id, a local directory by its folder's name and its revision by the content hash of its files
+    (``pipelines.provenance.public_model``): released data never holds a machine's path."""
     info = engine.info()
-    model, revision = info["model"], info["revision"]
-    if model and os.path.isdir(model):
-        model, revision = os.path.basename(os.path.normpath(model)), revision or model_identity(model)
+    model, revision = public_model(info["model"], info["revision"])
     return {
         "model": model,
         "model_revision": revision,
