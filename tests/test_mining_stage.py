@@ -101,11 +101,12 @@ def test_pairs_at_three_levels_for_a_figure_read_by_hand(lake):
     assert a["text"].startswith("T1-weighted structural MRI scan showing the right medial temporal lobe")
     assert b["text"].startswith("(left) The grey matter/white matter (gm-wm) interface")
     assert {a["text_source"], b["text_source"]} == {"caption_split"} and a["extractive"] and b["extractive"]
-    # no label read on the image (layout splitter) nor by the model: A over B is paired by reading
-    # order, one column read alike either way, two panels for the caption's a and b
-    assert (a["text_match"], b["text_match"]) == ("order", "order")
+    # the figure prints "A" and "B" at its panels' top-left corners (looked at by hand); the panel
+    # decision reads them on the image, so each panel takes the caption's "a."/"b." text by label
+    # (one scheme, case aside), and the two panels agree with the caption's two labels
+    assert (a["text_match"], b["text_match"]) == ("label", "label")
     assert {a["count_agreement"], b["count_agreement"]} == {"equal"}
-    assert a["label_source"] is None and b["label_source"] is None
+    assert a["label_source"] == "image" and b["label_source"] == "image"
     assert a["description"] == "Two MRI slices." and a["pair_id"] == "PMC900000002/469032v1_figs7/p000"
 
     # The model boxed the hippocampus around the asterisk, but the marker detector does not find
