@@ -318,6 +318,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 ),
             ),
             Table(
+                "The figure decision on the tune split, per article (no article's house style should carry a rule)",
+                "figure_decision/splits/tune/methods/decision/per_article",
+                "article",
+                (
+                    Col("figures", "figures"),
+                    Col("recall", "recall"),
+                    Col("precision", "precision"),
+                    Col("ImageCLEF accuracy", "imageclef_accuracy"),
+                    Col("single figures whole", "single_whole"),
+                    Col("labels read", "labels_read"),
+                    Col("panel and its own text", "panel_text"),
+                ),
+            ),
+            Table(
                 "The figure decision on the holdout split (never tuned on)",
                 "figure_decision/splits/holdout/methods",
                 "evidence",

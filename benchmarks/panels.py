@@ -291,9 +291,17 @@ def eval_figures(files: list[Path], split: str) -> list[dict]:
     return [f for f in load_eval_figures(BOXES, files, ROOT, split=split) if Path(f["path"]).exists()]
 
 
-def decision_quality(figures: list[dict], images: dict) -> dict:
+def article_of(fig: dict) -> str:
+    """The article a figure of the evaluation set comes from (its folder under sample/articles;
+    the hand-boxed PMC7003341 figures under sample/images)."""
+    return fig["file"].split("/")[2] if fig["file"].startswith("sample/articles/") else "PMC7003341"
+
+
+def decision_quality(figures: list[dict], images: dict, by_article: bool = False) -> dict:
     """Every rung of ``LADDER`` scored on ``figures`` (``evaluate.score_figures``), the route
-    each figure took, and milliseconds of CPU per figure (decode excluded)."""
+    each figure took, and milliseconds of CPU per figure (decode excluded). ``by_article``: the
+    decision's scores per article too (``per_article``), to see whether one article's house
+    style carries the totals (tune only: the holdout is reported as a whole)."""
     from pipelines.panels.split import decide
 
     out = {}
@@ -313,6 +321,13 @@ def decision_quality(figures: list[dict], images: dict) -> dict:
         entry["ms_per_figure_cpu"] = round(1000 * cpu / max(1, len(figures)), 1)
         if routes:
             entry["routes"] = dict(sorted(routes.items()))
+        if by_article and name == DECISION:
+            keys = ("figures", "recall", "precision", "imageclef_accuracy", "single_whole", "labels_read", "panel_text")
+            entry["per_article"] = {}
+            for article in sorted({article_of(f) for f in figures}):
+                idx = [i for i, f in enumerate(figures) if article_of(f) == article]
+                scores = score_figures([figures[i] for i in idx], [predictions[i] for i in idx], pair_texts)
+                entry["per_article"][article] = {k: scores[k] for k in keys}
         out[name] = entry
         print(name, json.dumps(entry)[:400], flush=True)
     return out
@@ -422,9 +437,7 @@ def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
             "panels": sum(len(f["boxes"]) for f in figures),
             "labelled_panels": sum(1 for f in figures for x in f["labels"] if x),
             "with_caption": sum(f["caption"] is not None for f in figures),
-            "articles": len(
-                {f["file"].split("/")[2] if f["file"].startswith("sample/articles/") else "PMC7003341" for f in figures}
-            ),
+            "articles": len({article_of(f) for f in figures}),
         }
         print(split, json.dumps(summary), flush=True)
         entry = {
@@ -433,7 +446,7 @@ def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
             "captions": phrase_agreement(
                 [{k: v for k, v in f.items() if k != "labels"} for f in figures if f["caption"] is not None]
             ).get(split),
-            "methods": decision_quality(figures, images),
+            "methods": decision_quality(figures, images, by_article=split == "tune"),
         }
         if split == "tune":
             entry["ocr"] = ocr_comparison(figures, images)

@@ -12,7 +12,8 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    token is a candidate when it is glyph-sized (``MIN_HEIGHT`` px up to ``MAX_HEIGHT_SHARE`` of
    the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
-   and ``RING_Y`` x its height above and below. Words, tick strips and symbols packed in text
+   and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
+   glyphs into tokens). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them) and at most
    ``MAX_CANDIDATES`` are read.
@@ -26,12 +27,18 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
 3. **Sequence** (``choose_labels``): the readings are grouped by scheme (upper, lower, digit,
    roman, alnum). A scheme's labels must start at its first label (a, A, 1, i, A1) or at the
    second with the first missed, may skip at most one label between two found ones, and must
-   share a height within ``HEIGHT_SPREAD``; a repeated label keeps the reading most like the
-   others. Digits and Roman numerals are panel labels only when the caption uses that scheme
-   (tick labels are digits too); letters also without a caption. When the caption names its
-   labels, a reading outside them is dropped. The longest consistent sequence (ties: taller,
-   then more confident) wins; the case of shape-ambiguous letters (c, o, s, u, v, w, x, z) is
-   the case of the other labels.
+   share a font size within ``HEIGHT_SPREAD`` (a lower-case letter's height less its ascender
+   or descender, ``LOWER_EXTENT``: "a" and "b" of one font differ by 40 %); a repeated label
+   keeps the reading most like the others. Digits and Roman numerals are panel labels only
+   when the caption uses that scheme (tick labels are digits too); letters also without a
+   caption. When the caption names its labels, a reading outside them is dropped. The longest
+   consistent sequence (ties: taller, then more confident) wins; the case of shape-ambiguous
+   letters (c, o, s, u, v, w, x, z) is the case of the other labels.
+4. **Slots** (``reread_slots``): when labels of the sequence are still missing after both
+   passes, the glyph tokens of the labels' font size standing in a row or a column of the
+   labels read (free-standing or not: a label set just before its panel's title, or close
+   above tick labels) are read again, grey and at twice the scale; a reading counts when it is
+   a missing label.
 """
 
 from __future__ import annotations
@@ -64,12 +71,19 @@ RING_Y = 0.35
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 8
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
+MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labels are still missing
+SLOT_RENDERINGS = ((False, 32), (True, 64))  # (thresholded, token height in px) of those second readings
+SLOT_CONFIDENCE = 0.5
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
 OCR_HEIGHT = 32
 HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
 CAPS_SPREAD = 0.25  # capitals, digits
 ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a column
+# a lower-case glyph's height over the x-height of its font: ascenders (b, d, f, h, k, l) and
+# descenders (g, p, q, y) reach about as far as a capital, 1.4 x-heights; "i" and "t" less, "j"
+# both ways. Labels of one figure share a font size, not a glyph height: "a" and "b" differ.
+LOWER_EXTENT = {**dict.fromkeys("bdfhklgpqy", 1.4), "i": 1.35, "t": 1.2, "j": 1.7}
 AMBIGUOUS_CASE = set("cosuvwxz")
 ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
 SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
@@ -113,6 +127,12 @@ class PrintedLabel:
     @property
     def centre(self) -> tuple[float, float]:
         return (self.box[0] + self.box[2]) / 2, (self.box[1] + self.box[3]) / 2
+
+    @property
+    def body(self) -> float:
+        """The label's font size as an x-height or cap height: its height, less a lower-case
+        letter's ascender or descender (``LOWER_EXTENT``)."""
+        return self.height / LOWER_EXTENT.get(self.text, 1.0)
 
 
 # ---- 1. candidates ------------------------------------------------------------------------
@@ -189,7 +209,12 @@ def _ink(gray: np.ndarray, dark: bool, max_height: float) -> _Ink:
 
 
 def _scan(
-    gray: np.ndarray, ink: _Ink, max_height: float, connect: str = "joined", windows: Sequence[Box] = ()
+    gray: np.ndarray,
+    ink: _Ink,
+    max_height: float,
+    connect: str = "joined",
+    windows: Sequence[Box] = (),
+    ring: bool = True,
 ) -> list[Candidate]:
     """The free-standing glyph tokens of one polarity (module doc, step 1). ``connect``
     "joined": its tokens; "touching"/"sides": the glyphs inside its tokens that are not
@@ -240,12 +265,14 @@ def _scan(
             parent = own[inner][0] if inner.any() else 0
             near = (ink.small[ids] & (ids != parent) & (sub == 0)) | ((sub != i + 1) & part_small[sub])
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
-        if np.count_nonzero(near) > 0.004 * ring_area:
+        # the ink itself, not the one-pixel halo that joined it into tokens
+        near &= ink.mask[ob:od, oa:oc]
+        if ring and np.count_nonzero(near) > 0.004 * ring_area:
             continue
         # light ink must stand on a dark ground (the holes of dark glyphs are light too)
         if not ink.dark and gray[ob:od, oa:oc].mean() >= DARK:
             continue
-        if parts is None:
+        if parts is None and ring:
             ink.taken[i + 1] = True
         # a label stands at a corner of what it names: no ink at all for two heights to its
         # left or for a height above it ranks it higher
@@ -307,6 +334,20 @@ class CandidateFinder:
                         out.append(cand)
         return _ranked(out)
 
+    def in_rows_and_columns(self, near: Sequence[Box]) -> list[Candidate]:
+        """Glyph tokens in the rows and columns of the labels found (``near``, work pixels),
+        whether they stand free or not: a label set just before a panel's title, or close
+        above its tick labels, has text beside it."""
+        h, w = self.gray.shape
+        windows = [(0, max(0, b - (d - b) // 2), w, min(h, b + (d - b) // 2 + 1)) for a, b, c, d in near]
+        windows += [(max(0, a - (d - b) // 2), 0, min(w, a + (d - b) // 2 + 1), h) for a, b, c, d in near]
+        out = []
+        for ink in self.inks:
+            for cand in _scan(self.gray, ink, self.max_height, "joined", windows, ring=False):
+                if cand.box not in self.found:
+                    out.append(cand)
+        return _ranked(out)
+
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Overlapping spans joined."""
@@ -334,7 +375,11 @@ def find_candidates(gray: np.ndarray, touching: bool = False) -> list[Candidate]
 
 
 def crop_for_ocr(
-    gray_full: Image.Image, candidate: Candidate, scale: tuple[float, float], binarize: bool = True
+    gray_full: Image.Image,
+    candidate: Candidate,
+    scale: tuple[float, float],
+    binarize: bool = True,
+    height: int = 0,
 ) -> Image.Image:
     """The candidate cut from the full-resolution grey figure, scaled so that the token is
     ``OCR_HEIGHT`` px tall, dark on light, padded by half a height of white. ``binarize``:
@@ -350,8 +395,9 @@ def crop_for_ocr(
         min(gray_full.height, math.ceil((y2 + 1) * sy)),
     )
     crop = gray_full.crop(box)
-    factor = OCR_HEIGHT / max(1, crop.height)
-    size = (max(1, round(crop.width * factor)), OCR_HEIGHT)
+    height = height or OCR_HEIGHT
+    factor = height / max(1, crop.height)
+    size = (max(1, round(crop.width * factor)), height)
     crop = crop.resize(size, Image.Resampling.LANCZOS if factor < 1 else Image.Resampling.BICUBIC)
     pixels = np.asarray(crop)
     if not candidate.dark:
@@ -372,7 +418,7 @@ def crop_for_ocr(
             pixels = np.where(stray, 255, pixels).astype(np.uint8)
     if binarize:
         pixels = np.where(ink, 0, 255).astype(np.uint8)
-    margin = OCR_HEIGHT // 2
+    margin = height // 2
     canvas = np.full((size[1] + 2 * margin, size[0] + 2 * margin), 255, np.uint8)
     canvas[margin : margin + size[1], margin : margin + size[0]] = pixels
     return Image.fromarray(canvas)
@@ -460,7 +506,8 @@ class TesseractReader:
         psm = self._tesserocr.PSM
         out = []
         for crop in crops:
-            single = crop.width - OCR_HEIGHT <= 1.15 * OCR_HEIGHT and _glyphs(crop) < 2
+            token = crop.height // 2  # the token's height: crops are padded by half of it on each side
+            single = crop.width - token <= 1.15 * token and _glyphs(crop) < 2
             api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_WORD, charset)
             # raw 8-bit pixels: ``SetImage`` would encode every crop as a BMP first
             api.SetImageBytes(crop.tobytes(), crop.width, crop.height, 1, crop.width)
@@ -634,15 +681,15 @@ def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[l
     returns how many aligned pairs the subset has."""
     best: list[tuple[int, PrintedLabel]] = []
     best_key = None
-    for ref in sorted({r.height for _, r in reads}):
-        near = [(i, r) for i, r in reads if abs(r.height - ref) <= spread * ref]
+    for ref in sorted({r.body for _, r in reads}):
+        near = [(i, r) for i, r in reads if abs(r.body - ref) <= spread * ref]
         by_index: dict[int, list[PrintedLabel]] = {}
         for i, r in near:
             by_index.setdefault(i, []).append(r)
         chosen_at: dict[int, PrintedLabel] = {}
         for i, options in by_index.items():
             others = [r for j, rs in by_index.items() if j != i for r in rs]
-            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.height - ref)))
+            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.body - ref)))
         present = sorted(chosen_at)
         if not present or present[0] > 1:
             continue
@@ -654,7 +701,7 @@ def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[l
         chosen = [(i, chosen_at[i]) for i in run]
         labels = [r for _, r in chosen]
         aligned = sum(_aligned(r, [o for o in labels if o is not r]) for r in labels) // 2
-        key = (len(chosen), aligned, float(np.median([r.height for r in labels])), sum(r.confidence for r in labels))
+        key = (len(chosen), aligned, float(np.median([r.body for r in labels])), sum(r.confidence for r in labels))
         if best_key is None or key > best_key:
             best, best_key = chosen, key
     return best, (best_key[1] if best_key else 0)
@@ -672,11 +719,14 @@ def choose_sequence(
     """``choose_labels`` and the scheme of the sequence (None when there is none). The
     caption's labels filter the readings; a caption split wrongly (a range of positions read as
     labels, "(a) to (d)") must not hide the labels printed: a sequence of letters read without
-    the filter that is two labels longer wins over the filtered one."""
+    the filter that is two labels longer, and longer than the caption's list, wins over the
+    filtered one."""
     filtered = _best_sequence(reads, caption_labels)
     if caption_labels:
         free = _best_sequence(reads, None)
-        if len(free[0]) >= len(filtered[0]) + 2:
+        # it shows more labels than the caption names (else the caption is right, and the
+        # readings outside it are misreadings)
+        if len(free[0]) >= len(filtered[0]) + 2 and len(free[0]) > len(caption_labels):
             return free
     return filtered
 
@@ -705,7 +755,7 @@ def _best_sequence(
             continue
         # a scheme that matches the case the letters were read in beats its case-swapped twin
         exact = sum(1 for _, r in run if scheme in label_schemes(r.text)[:1])
-        key = (len(run), aligned, exact, float(np.median([r.height for _, r in run])))
+        key = (len(run), aligned, exact, float(np.median([r.body for _, r in run])))
         if best_key is None or key > best_key:
             best, best_scheme, best_key = run, scheme, key
     if best_scheme is None:
@@ -776,11 +826,95 @@ def read_labels(
         total += len(touching)
         rest = sorted(candidates[read:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
         if labels:
-            ref = float(np.median([lab.height for lab in labels])) * gray.shape[0] / image.height
-            rest = [c for c in rest if abs(c.height - ref) <= HEIGHT_SPREAD * ref]
+            # as tall as the labels' font: an x-height, or a lower-case ascender's height
+            ref = float(np.median([lab.body for lab in labels])) * gray.shape[0] / image.height
+            sizes = (1.0, LOWER_EXTENT["b"]) if chosen_scheme == "lower" else (1.0,)
+            rest = [c for c in rest if any(abs(c.height - k * ref) <= HEIGHT_SPREAD * k * ref for k in sizes)]
         more = rest[:MORE_CANDIDATES]
         if more:
             readings = readings + read_candidates(image, more, size, reader, scheme)
             labels, chosen_scheme = choose_sequence(readings, caption_labels)
             read += len(more)
+        missing = missing_labels(labels, chosen_scheme, caption_labels)
+        if len(labels) >= 2 and missing:
+            seen = candidates + touching + finder.in_rows_and_columns(near)
+            slots = _slots(seen, labels, chosen_scheme, (sx, sy))
+            again = reread_slots(image, slots, size, reader, missing)
+            if again:
+                readings = readings + again
+                labels, chosen_scheme = choose_sequence(readings, caption_labels)
+            read += len(slots) * len(SLOT_RENDERINGS)
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
+
+
+def missing_labels(
+    labels: Sequence[PrintedLabel], scheme: str | None, caption_labels: Sequence[str] | None
+) -> list[str]:
+    """Labels of the figure's sequence that were not read: the caption's (when it names the
+    labels read), else those before the last label read."""
+    if not labels or scheme is None:
+        return []
+    found = {lab.text.casefold() for lab in labels}
+    if caption_labels and found <= {x.casefold() for x in caption_labels}:
+        return [x for x in caption_labels if x.casefold() not in found]
+    have = {label_index(lab.text, scheme) for lab in labels}
+    return [label_at(i, scheme, labels[0].text) for i in range(max(have)) if i not in have]
+
+
+def _slots(
+    candidates: Sequence[Candidate], labels: Sequence[PrintedLabel], scheme: str | None, scale: tuple[float, float]
+) -> list[Candidate]:
+    """Candidates standing where an unread label would: of the labels' font size and in a row
+    or a column of the labels read (labels are set at the same corner of panels laid out in
+    rows and columns), at most ``MAX_SLOTS``, best first."""
+    sx, sy = scale
+    work = [(lab.box[0] / sx, lab.box[1] / sy, lab.box[2] / sx, lab.box[3] / sy) for lab in labels]
+    ref = float(np.median([lab.body for lab in labels])) / sy
+    sizes = (1.0, LOWER_EXTENT["b"]) if scheme == "lower" else (1.0,)
+    tol = ALIGN_TOLERANCE * ref
+    out = []
+    for c in candidates:
+        if any(abs(c.box[0] - w[0]) <= tol and abs(c.box[1] - w[1]) <= tol for w in work):
+            continue  # a label read
+        if not any(abs(c.height - k * ref) <= CAPS_SPREAD * k * ref for k in sizes):
+            continue
+        if any(abs(c.box[0] - w[0]) <= tol or abs(c.box[1] - w[1]) <= tol for w in work):
+            out.append(c)
+    return _ranked(out)[:MAX_SLOTS]
+
+
+def reread_slots(
+    image: Image.Image,
+    slots: Sequence[Candidate],
+    work_size: tuple[int, int],
+    reader: LabelReader,
+    missing: Sequence[str],
+) -> list[PrintedLabel]:
+    """The slots read again for the labels still missing: each crop rendered otherwise (grey
+    instead of thresholded, twice the scale: the engine's own binarization and a larger glyph
+    mend what a midpoint threshold and a small glyph broke); a reading counts when it is one of
+    the missing labels, read at ``SLOT_CONFIDENCE``."""
+    if not slots:
+        return []
+    gray = image if image.mode == "L" else image.convert("L")
+    sx, sy = image.width / work_size[0], image.height / work_size[1]
+    wanted = {x.casefold(): x for x in missing}
+    # the scheme's characters, not only the missing ones: told one or two characters, the LSTM
+    # engine answers nothing rather than a doubtful glyph
+    charset = CHARSETS["digit"] if all(x.isdigit() for x in missing) else CHARSETS["alnum"]
+    out: list[PrintedLabel] = []
+    for binarize, height in SLOT_RENDERINGS:
+        left = [c for c in slots if not any(_same_box(c, lab, (sx, sy)) for lab in out)]
+        crops = [crop_for_ocr(gray, c, (sx, sy), binarize, height) for c in left]
+        for cand, (raw, conf) in zip(left, reader.read(crops, charset), strict=True):
+            text = label_text(raw)
+            if text is None or text.casefold() not in wanted or conf < SLOT_CONFIDENCE:
+                continue
+            x1, y1, x2, y2 = cand.box
+            box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+            out.append(PrintedLabel(text=wanted[text.casefold()], box=box, confidence=round(conf, 3)))
+    return out
+
+
+def _same_box(c: Candidate, lab: PrintedLabel, scale: tuple[float, float]) -> bool:
+    return math.floor(c.box[0] * scale[0]) == lab.box[0] and math.floor(c.box[1] * scale[1]) == lab.box[1]

@@ -16,7 +16,11 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
   separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
   the label above and to the left of it, a block holding several labels is parted at their
-  own edges.
+  own edges. Where the caption names two or more panels, its labels include every label read,
+  and the regions are not that many (a label not read leaves its panel joined to a neighbour)
+  while the layout splitter's gutters give a count nearer the caption's, the layout's panels
+  are kept and each label read names the panel it stands in (route ``labels+layout``): a
+  decision is never worse than the gutters alone where the caption can tell.
 * ``caption`` - the caption's panel labels (``captions.split_caption``, ``pairing.panel_labels``).
   They restrict the label readings to the caption's labels and scheme (digits and Roman
   numerals count only where the caption uses them; a caption split wrongly cannot hide two more
@@ -27,7 +31,9 @@ be switched off (``evidence``), so that the benchmark measures what each one add
 * ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
   is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
   strips, axis titles, legends, colour bars and titles join the block beside them. Without
-  this evidence the layout splitter's own answer (``layout.split_panels``) is used.
+  this evidence the layout splitter's own answer (``layout.split_panels``) is used. Here too
+  the caption's panel count arbitrates: the layout's panels are kept (route ``layout``) where
+  their count is nearer the number of panels the caption names.
 * ``kind`` - the concept stage's ``panel_type``: a figure labelled ``single panel`` stays whole
   unless two or more printed labels are read.
 
@@ -62,7 +68,7 @@ from pipelines.panels.regions import Structure, cut, ink_structure, union
 from pipelines.panels.types import Box, Panel
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
-DECISION_VERSION = 1  # results of another version are not carried over to a new release
+DECISION_VERSION = 2  # results of another version are not carried over to a new release
 SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
@@ -75,7 +81,7 @@ class Decision:
     """What ``decide`` found: the panels and the evidence behind them."""
 
     panels: list[Panel]
-    route: str  # labels | structure | layout | single | uniform
+    route: str  # labels | labels+layout | structure | layout | single | uniform
     labels: list[PrintedLabel] = field(default_factory=list)  # the chosen label sequence
     readings: list[PrintedLabel] = field(default_factory=list)  # every reading that is a label
     caption_labels: list[str] | None = None
@@ -143,7 +149,22 @@ def decide(
             parts = fill_missing(sheet, structure, parts, work, scheme, missing, direction)
         decision.route = "labels"
         panels = [Panel(box=sheet.to_original(box), label=text) for box, text in parts]
-        decision.panels = finalize(panels, sheet.width, sheet.height, single=False)
+        panels = finalize(panels, sheet.width, sheet.height, single=False)
+        # the caption's count holds where the labels read are the caption's labels
+        trusted = (
+            named
+            if caption_labels and {lab.text.casefold() for lab in labels} <= {x.casefold() for x in caption_labels}
+            else None
+        )
+        if "structure" in evidence and _off_count(panels, trusted):
+            # labels not read leave panels joined: where the layout's gutters give the count the
+            # caption names and the labels' regions do not, the gutters part the figure and the
+            # labels read name the panels they stand at
+            layout = split_panels(image)
+            if _closer(layout, panels, trusted):
+                decision.route = "labels+layout"
+                panels = _name_panels(layout, labels)
+        decision.panels = panels
         return decision
     single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
     if single_kind:
@@ -157,6 +178,12 @@ def decide(
         boxes = partition_by_structure(sheet, structure, root, min_gap)
         decision.route = "structure"
         panels = [Panel(box=sheet.to_original(box)) for box in boxes]
+        if _off_count(panels, named):
+            # the caption names more (or fewer) panels than the chart structure keeps apart:
+            # the layout's gutters decide when they agree with the caption better
+            layout = split_panels(image)
+            if _closer(layout, panels, named):
+                decision.route, panels = "layout", layout
     else:
         panels = split_panels(image)
     if len(labels) == 1 and len(panels) == 1:
@@ -196,6 +223,34 @@ def figure_decision(
         labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
         route=decision.route,
     )
+
+
+def _name_panels(panels: list[Panel], labels: list[PrintedLabel]) -> list[Panel]:
+    """Each label read given to the panel that holds its centre, else to the nearest panel
+    (labels printed in a gutter or below); a panel keeps the first label that comes to it."""
+    named = [replace(p, label=None) for p in panels]
+    for lab in labels:
+        free = [i for i in range(len(named)) if named[i].label is None]
+        if free:
+            best = min(free, key=lambda i: _distance(named[i].box, lab.centre))
+            named[best] = replace(named[best], label=lab.text)
+    return named
+
+
+def _distance(box: Box, point: tuple[float, float]) -> float:
+    """From a point to a box (0 inside it)."""
+    x, y = point
+    return float(np.hypot(max(box[0] - x, 0, x - box[2]), max(box[1] - y, 0, y - box[3])))
+
+
+def _off_count(panels: list[Panel], named: int | None) -> bool:
+    """Whether the caption names two or more panels and ``panels`` are not that many."""
+    return bool(named) and named >= 2 and len(panels) != named
+
+
+def _closer(candidate: list[Panel], current: list[Panel], named: int) -> bool:
+    """Whether ``candidate`` has a panel count nearer the caption's than ``current``."""
+    return abs(len(candidate) - named) < abs(len(current) - named)
 
 
 def caption_evidence(caption: str) -> tuple[list[str], int]:
