@@ -13,7 +13,6 @@ from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage, shard_check
-from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.mining.regions import TAU_DEFAULT
 from pipelines.mining.stages import (
     BOXES_INSIDE,
@@ -25,6 +24,7 @@ from pipelines.mining.stages import (
     MiningSettings,
     MiningStage,
 )
+from pipelines.vlm.prompts import PROMPT_VERSION
 from resources.compute import RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource

@@ -21,6 +21,8 @@ from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
 from assets.synthetic import synthetic_settings
+from pipelines.core.panel_methods import DECISION, DETR
+from pipelines.core.stage import StageInputError
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
@@ -32,8 +34,6 @@ from pipelines.panels.stages import (
     PanelStage,
 )
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
-from pipelines.panels.types import DECISION, DETR
-from pipelines.stage import StageInputError
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource

@@ -20,6 +20,7 @@ from assets.panels import panel_crops, panels
 from assets.parsing import parsed_articles, pubmed_metadata
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import run_stage
+from pipelines.core.stage import StageInputError
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     NO_MACHINE_PATHS,
@@ -35,7 +36,6 @@ from pipelines.release.stages import (
     license_subsets,
 )
 from pipelines.release.webdataset import ShardLimits
-from pipelines.stage import StageInputError
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource

@@ -19,13 +19,13 @@ from dagster import (
 )
 
 from assets.partitions import partition_of
-from pipelines.acquire.retry import SourceUnavailableError
+from pipelines.compute.ray_pool import ComputeUnavailableError
 from pipelines.concepts.annotations import AnnotationError
-from pipelines.concepts.embed import ComputeUnavailableError
+from pipelines.core.lake import Lake, LakeLayoutError
+from pipelines.core.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
 from pipelines.entrez.client import EntrezUnavailableError
-from pipelines.lake import Lake, LakeLayoutError
+from pipelines.net.retry import SourceUnavailableError
 from pipelines.release.hub import HubLimitError
-from pipelines.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
 from pipelines.vlm.engine import VlmOutage
 
 ERROR_RATE = "error_rate"

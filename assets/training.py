@@ -16,8 +16,10 @@ from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.lake import dataset_dir
 from pipelines.panels.stages import GPU_POOL
-from pipelines.release.webdataset import dataset_dir, missing_subsets
+from pipelines.release.webdataset import missing_subsets
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
     RECIPE_EPOCHS,
@@ -28,7 +30,6 @@ from pipelines.training.clip import (
 )
 from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
-from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource

@@ -32,10 +32,11 @@ import numpy as np
 import psutil
 
 from benchmarks.record import write_results
-from pipelines.concepts.decode import decode_image
+from pipelines.compute.ray_pool import ensure_ray
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
-from pipelines.concepts.embed import embed_images, ensure_ray
-from pipelines.lake import Lake
+from pipelines.concepts.embed import embed_images
+from pipelines.core.lake import Lake
+from pipelines.images.decode import decode_image
 from testing.loopback.sample_mirror import SAMPLE_DIR
 
 RESULTS = Path(__file__).parent / "results" / "embeddings.json"

@@ -59,11 +59,11 @@ from benchmarks.mining import (
     summary,
 )
 from benchmarks.record import write_results
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Partition
 from pipelines.longcap.prompts import LONGCAP
 from pipelines.longcap.stages import LongCapSettings, LongCapStage
 from pipelines.longcap.tokens import TextTokenizer, load_tokenizer
-from pipelines.schemas import Table
-from pipelines.stage import Partition
 from pipelines.vlm.engine import EngineConfig, Sampling
 from pipelines.vlm.grounding import model_frame
 

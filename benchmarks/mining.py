@@ -55,12 +55,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.record import write_results
-from pipelines.lake import Lake
-from pipelines.mining import prompts
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Partition
 from pipelines.mining.stages import MiningSettings, MiningStage
 from pipelines.mining.text import gate
-from pipelines.schemas import Table
-from pipelines.stage import Partition
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame
 from pipelines.vlm.metering import MeteredEngine

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from dagster import DagsterInstance
 
     from assets.partitions import open_release
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from resources.settings import Settings
 
     if args.command == "add-release" and not (args.release.isdigit() and len(args.release) == 4):

@@ -80,7 +80,7 @@ def main() -> int:
             dataset_card,
         )
         from assets.partitions import open_release
-        from pipelines.partitioning import shard_keys
+        from pipelines.core.partitioning import shard_keys
         from resources.profiles import build_resources
 
         settings = Settings.from_env()

@@ -18,9 +18,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import pytest
 
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.source import open_source
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.net.retry import RetryPolicy
 from testing.loopback.faults import FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer

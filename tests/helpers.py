@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipelines.partitioning import shard_keys
+from pipelines.core.partitioning import shard_keys
 from testing.pipeline import acquire_release
 
 N_SHARDS = 4

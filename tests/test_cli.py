@@ -12,7 +12,7 @@ from dagster._core.instance.ref import InstanceRef
 
 from assets.partitions import RELEASES, SHARDS
 from jobs.cli import main
-from pipelines.partitioning import shard_keys
+from pipelines.core.partitioning import shard_keys
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_a_bad_release_name_is_refused(dagster_home, name, capsys):
 
 
 def test_add_release_uses_the_lakes_shard_count(dagster_home, tmp_path):
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
 
     Lake(tmp_path / "lake").ensure_layout(2)  # an existing lake keeps its count; PANELFORGE_SHARDS is 3
     assert main(["add-release", "2027"]) == 0

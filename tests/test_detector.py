@@ -9,7 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.lake import Lake
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.lake import Lake
+from pipelines.images.boxes import Panel, finalize
 from pipelines.panels.detector import (
     Classes,
     Detector,
@@ -31,9 +33,6 @@ from pipelines.panels.detector import (
     to_tensors,
 )
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
-from pipelines.panels.postprocess import finalize
-from pipelines.panels.types import Panel
-from pipelines.weights import ModelUnavailableError
 from testing.loopback.sample_mirror import SAMPLE_DIR
 from tests.panel_fixtures import write_tar
 
@@ -266,7 +265,7 @@ def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path):
         ref.update(pmcid=ref["image_file"].split("/")[0], fig_id=None if i == 3 else f"F{i}", sha256=str(i))
     rows = detect_images(lake, refs, SYNTHETIC, batch_size=2, actors=1)
     assert [r["image_file"] for r in rows] == [m for m, _ in members]
-    assert rows[1]["error"].startswith("undecodable image") and rows[3]["error"].startswith("not an image")
+    assert rows[1]["error"].startswith("unreadable image") and rows[3]["error"].startswith("not an image")
     assert rows[1]["panels"] == [] and rows[3]["label_boxes"] == [] and rows[3]["fig_id"] is None
     local = decode_and_detect(Detector(SYNTHETIC), [d for _, d in members], batch_size=2)
     assert isinstance(local[1], str) and isinstance(local[3], str)

@@ -4,9 +4,9 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.entrez.client import EntrezClient, EntrezUnavailableError
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
+from pipelines.net.retry import RetryPolicy
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -169,7 +169,7 @@ def _parsed(lake, tmp_path, release: str, shard: str, articles: list[dict]) -> D
 
 
 def lake_articles_fields():
-    from pipelines.schemas import ARTICLES
+    from pipelines.core.schemas import ARTICLES
 
     return ARTICLES.names
 

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.lake import Lake
-from pipelines.schemas import TABLES
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES
 
 ROW = {
     "pmcid": "PMC1",
@@ -90,7 +90,7 @@ def _killed_writer(lake: Lake, dest: str) -> subprocess.Popen:
     script = textwrap.dedent(
         f"""
         import sys, time
-        from pipelines.lake import Lake
+        from pipelines.core.lake import Lake
         lake = Lake({str(lake.root)!r})
         with lake.atomic_local_file({dest!r}) as tmp:
             with open(tmp, "wb") as fh:

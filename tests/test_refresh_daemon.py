@@ -49,9 +49,10 @@ from assets.release import (
     webdataset_shards,
 )
 from jobs.automation import AUTOMATION_SENSOR
-from pipelines.concepts.annotations import TEMPLATE_COLUMNS, load_taxonomy
-from pipelines.lake import Lake
-from pipelines.partitioning import shard_keys
+from pipelines.concepts.annotations import TEMPLATE_COLUMNS
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import shard_keys
+from pipelines.core.taxonomy import load_taxonomy
 from resources.profiles import build_resources
 from resources.settings import Settings
 from testing.dagster_dev import LOCATION, DagsterDev

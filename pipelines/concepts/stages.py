@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.concepts.annotations import AnnotationError, load_taxonomy, read_annotations, resolve, template_csv
+from pipelines.concepts.annotations import AnnotationError, read_annotations, resolve, template_csv
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.model import (
     ConceptModel,
@@ -33,12 +33,24 @@ from pipelines.concepts.review import (
     index_html,
     seeded_sample,
 )
-from pipelines.concepts.shard import embed_shard, raw_locations
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.previews import sheet_preview
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.concepts.shard import embed_shard
+from pipelines.core.figures import raw_locations
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import (
+    RELEASE,
+    Check,
+    Compute,
+    Markdown,
+    Partition,
+    Preview,
+    Stage,
+    StageInputError,
+    StageResult,
+)
+from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.previews import sheet_preview
 
 GPU_POOL = "gpu"
 ANNOTATIONS_MATCH = "annotations_match_model"

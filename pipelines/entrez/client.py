@@ -25,10 +25,10 @@ from typing import TypeVar
 
 import requests
 
-from pipelines.acquire.ratelimit import RateLimiter
-from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
+from pipelines.core.lake import Lake
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
-from pipelines.lake import Lake
+from pipelines.net.ratelimit import RateLimiter
+from pipelines.net.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -6,11 +6,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Compute, Partition, Preview, Stage, StageResult
 from pipelines.entrez.client import EntrezClient
 from pipelines.entrez.pubmed import pubmed_rows
-from pipelines.lake import Lake
-from pipelines.schemas import Table
-from pipelines.stage import Compute, Partition, Preview, Stage, StageResult
 
 POOL = "ncbi_eutils"
 

@@ -32,8 +32,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.fingerprints import fingerprint
-from pipelines.panels.captions import normalize_caption
+from pipelines.core.fingerprints import fingerprint
+from pipelines.text.captions import normalize_caption
 from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
 from pipelines.vlm.metering import MeteredEngine

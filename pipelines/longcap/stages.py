@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
+from pipelines.images.plots import figure_png
 from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, pair_negatives
 from pipelines.longcap.prompts import FEASIBLE, PROMPT_VERSION
 from pipelines.longcap.refine import (
@@ -29,9 +32,6 @@ from pipelines.longcap.refine import (
 )
 from pipelines.longcap.tokens import load_tokenizer
 from pipelines.model_stage import Item, ModelRun, ModelStage, Outcome
-from pipelines.release.stats import _png
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
 from pipelines.vlm.canary import canary_check
 from pipelines.vlm.engine import VlmEngine, provenance
 from pipelines.vlm.metering import MeteredEngine
@@ -259,7 +259,7 @@ def token_histogram(before: list[int], after: list[int]) -> str:
     ax.set_xlabel("tokens (text encoder's tokenizer)")
     ax.set_ylabel("figure images")
     ax.legend()
-    return base64.b64encode(_png(fig, plt)).decode()
+    return base64.b64encode(figure_png(fig, plt)).decode()
 
 
 FEASIBILITY, GUARD_REJECTIONS, GAINED_CONTEXT, LONGCAP_CANARY = (

@@ -21,27 +21,26 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from PIL import Image
-
-from pipelines.acquire.rawstore import RawReader, add_member
-from pipelines.concepts.decode import decode_image
-from pipelines.concepts.shard import image_refs
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
-from pipelines.panels.captions import split_caption
+from pipelines.core.figures import image_refs
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.panel_methods import CONSENSUS, DECISION, DETR
+from pipelines.core.rawstore import RawReader, add_member
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.images.boxes import Panel, attach_labels, consensus, crop_panel, finalize, iou
+from pipelines.images.decode import decode_image, reason_kind
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings, crop_gate
+from pipelines.images.jpeg import jpeg_bytes
+from pipelines.images.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.panels.detector import DetectorConfig, detect_images
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings, crop_gate
+from pipelines.panels.inputs import FigureSplit
 from pipelines.panels.labels import get_reader
-from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
-from pipelines.panels.pairing import count_agreement as figure_agreement
-from pipelines.panels.postprocess import attach_labels, consensus, finalize, iou
 from pipelines.panels.split import DECISION_VERSION, figure_decision
-from pipelines.panels.types import CONSENSUS, DECISION, DETR, Box, Panel
-from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
-from pipelines.release.samples import JPEG_QUALITY, caption_of
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.text.captions import caption_of, split_caption
+from pipelines.text.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
+from pipelines.text.pairing import count_agreement as figure_agreement
 
 GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
@@ -177,6 +176,9 @@ class PanelStage(Stage):
                 if item["sha256"] in known:
                     carried[key] = known[item["sha256"]]
                     continue
+                if item.get("image_error"):  # refused when parsed: the same reason, not decoded again
+                    layouts[key] = FigureSplit(reason=item["image_error"])
+                    continue
                 data = reader.read(item["tar_path"], item["offset"], item["size"])
                 layouts[key] = figure_decision(data, item["caption"], panel_type=item["panel_type"], reader=ocr)
         todo = [
@@ -250,7 +252,8 @@ class PanelStage(Stage):
             "settings": self.settings.fingerprint,
         }
         if layout.reason is not None:
-            unreadable = layout.reason.startswith(("unreadable", "too large", "panel decision failed"))
+            # the decoder refused it, or the decision failed: an error, not a skip
+            unreadable = reason_kind(layout.reason) is not None or layout.reason.startswith("panel decision failed")
             figure["status"] = "error" if unreadable else "skipped"
             return figure, []
         detr = None
@@ -406,18 +409,6 @@ def zero_panel_share(figures: list[dict]) -> Check:
 # ---- crops --------------------------------------------------------------------------------
 
 
-def crop_panel(image: Image.Image, box: Box) -> Image.Image:
-    """The panel's pixels, cut from the original image (boxes are original pixels)."""
-    return image.crop(box)
-
-
-def jpeg_bytes(crop: Image.Image) -> bytes:
-    """A crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
-    out = io.BytesIO()
-    crop.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
-    return out.getvalue()
-
-
 def crops_tar(lake: Lake, release: str, shard: str) -> str:
     return lake.path("panels", f"release={release}", f"shard={shard}", "crops.tar")
 
@@ -426,7 +417,7 @@ def crops_tar(lake: Lake, release: str, shard: str) -> str:
 class PanelCropsStage(Stage):
     """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
     4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files.
-    Each crop goes through the release gate (``pipelines.panels.gate``): one that fails it is
+    Each crop goes through the release gate (``pipelines.images.gate``): one that fails it is
     still cut, for inspection, with its reason in ``gate``, and is never released as a panel."""
 
     gate: GateSettings = field(default_factory=GateSettings)

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.lake import Lake, TableWriter
-from pipelines.parse.images import MAX_PIXELS, image_info
+from pipelines.core.lake import Lake, TableWriter
+from pipelines.core.schemas import ARTICLES
+from pipelines.images.decode import MAX_PIXELS
+from pipelines.images.info import image_info
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
-from pipelines.schemas import ARTICLES
 
 PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
 PREVIEW_ROWS = 10  # figure rows kept in the result for the asset's preview

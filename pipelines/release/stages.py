@@ -14,14 +14,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.acquire.rawstore import RawReader
-from pipelines.concepts.annotations import load_taxonomy
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings
-from pipelines.panels.pairing import CAPTION_MATCHES, VLM
-from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import RawReader
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Check, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings
+from pipelines.images.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.release.audit import find_machine_paths
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
@@ -42,8 +43,7 @@ from pipelines.release.webdataset import (
     skipped_subsets,
     write_release_subsets,
 )
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.text.pairing import CAPTION_MATCHES, VLM
 
 BIOMEDICA_FILTERED_CONCEPTS = [
     "Clinical Imaging",

@@ -27,9 +27,9 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.acquire.rawstore import RawReader, add_member, padded_size
-from pipelines.lake import Lake
-from pipelines.schemas import PAIR_SIDECAR, SHARD_SIDECAR, Table
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.core.rawstore import RawReader, add_member, padded_size
+from pipelines.core.schemas import PAIR_SIDECAR, SHARD_SIDECAR, Table
 
 SHARD_NAME = "panelforge"
 LICENSE_SUBSETS = ("commercial", "noncommercial", "other")
@@ -73,11 +73,6 @@ class SubsetResult:
     @property
     def bytes(self) -> int:
         return sum(s["bytes"] for s in self.shards)
-
-
-def dataset_dir(lake: Lake, *parts: str) -> str:
-    """The folder mirrored to the Hub: ``README.md`` and one folder per release."""
-    return lake.path("dataset", *parts)
 
 
 def skipped_path(lake: Lake, release: str, subset: str = "*") -> str:

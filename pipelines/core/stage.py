@@ -23,8 +23,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
 
 RELEASE, SHARD = "release", "shard"
 PROGRESS_INTERVAL_S = 30.0

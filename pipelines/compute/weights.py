@@ -26,6 +26,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors"]  # config, image processor, weights (and their shard index)
+# the ImageNet pixel mean and std the vision backbones we load were trained with (DINOv2, DAB-DETR's ResNet)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class ModelUnavailableError(RuntimeError):
@@ -142,3 +144,22 @@ def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
     return line if len(line) <= 160 else line[:157] + "..."
+
+
+def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | None = None):
+    """``cls.from_pretrained(model)`` from a local directory or the Hugging Face cache first; the
+    hub only when not offline. ``unavailable(exc)`` builds the error raised when neither has it.
+    A folder that exists is loaded as it is, never from the network: what goes wrong there is
+    that folder's error, not "unavailable"."""
+    if Path(model).expanduser().is_dir():
+        return cls.from_pretrained(str(Path(model).expanduser()), local_files_only=True)
+    kwargs = {"revision": revision} if revision else {}
+    try:
+        return cls.from_pretrained(model, local_files_only=True, **kwargs)
+    except OSError as exc:
+        if huggingface_hub.constants.is_offline_mode():
+            raise unavailable(exc) from exc
+    try:
+        return cls.from_pretrained(model, **kwargs)
+    except OSError as exc:
+        raise unavailable(exc) from exc

@@ -1,7 +1,7 @@
 """One way to hash what a result was made from: settings, prompts, inputs, a model's identity.
 
 A stage reuses a result when the fingerprint of its inputs and settings is unchanged (see
-``reusable_results`` in ``pipelines/stage.py``), and reports a hash of those fingerprints as its
+``reusable_results`` in ``pipelines/core/stage.py``), and reports a hash of those fingerprints as its
 data version. Every such hash is :func:`fingerprint` of a JSON-able value, so the same settings
 always give the same key whoever computes it.
 

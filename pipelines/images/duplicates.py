@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from pipelines.parse.images import hamming
+from pipelines.images.info import hamming
 
 NEAR_DISTANCE = 4
 

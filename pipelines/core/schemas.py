@@ -288,7 +288,7 @@ PANEL_CAPTIONS = pa.schema(
         pa.field("label", pa.string()),
         pa.field("text", pa.string()),  # the panel's own text, without the preface
         pa.field("preface", pa.string()),  # caption text shared by every panel
-        pa.field("match", pa.string(), nullable=False),  # label, order, none (pipelines.panels.pairing)
+        pa.field("match", pa.string(), nullable=False),  # label, order, none (pipelines.text.pairing)
         pa.field("scheme", pa.string()),
         pa.field("confidence", pa.float32()),
         pa.field("count_mismatch", pa.bool_()),  # panels and caption labels differ in number
@@ -312,7 +312,7 @@ PANEL_CROPS = pa.schema(
         pa.field("sha256", pa.string(), nullable=False),
         pa.field("width", pa.int32()),
         pa.field("height", pa.int32()),
-        # the release gate (pipelines.panels.gate), added with it; null in tables written before it:
+        # the release gate (pipelines.images.gate), added with it; null in tables written before it:
         pa.field("gate", pa.string()),  # why the crop is not released as a panel; null: it passes
         pa.field("ink", pa.float32()),  # share of the crop's pixels that differ from its background
         pa.field("text_run", pa.float32()),  # the shorter longest run of inked rows/columns, in glyph heights
@@ -648,7 +648,7 @@ def record_type(name: str, schema: pa.Schema, exclude: tuple[str, ...] = (), doc
         return {**dataclasses.asdict(self), **extra}
 
     cls = dataclasses.make_dataclass(name, fields, kw_only=True, namespace={"as_row": as_row})
-    cls.__doc__ = doc or f"A row of {name} (from its Arrow schema in pipelines/schemas.py)."
+    cls.__doc__ = doc or f"A row of {name} (from its Arrow schema in pipelines/core/schemas.py)."
     return cls
 
 

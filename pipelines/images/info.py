@@ -2,9 +2,10 @@
 
 The perceptual hash is a 64-bit difference hash (dHash: grayscale, 9x8 thumbnail, one bit per
 horizontal gradient); two images within a Hamming distance of a few bits are near-duplicates
-(re-encoded, rescaled, slightly cropped). Decoding is bounded: images above
-``MAX_PIXELS`` (or the caller's ``max_pixels``) are refused as decompression bombs before any
-pixel is decoded. An image is read from a stream, so only what the decoder needs is in memory.
+(re-encoded, rescaled, slightly cropped). The figure's usability is decided here first, by the
+one decoder's rule and reasons (:mod:`pipelines.images.decode`: ``too large`` from the header
+before any pixel is decoded, ``not an image``, ``unreadable image``); parsing records it in
+``figures.image_errors``. An image is read from a stream, so only what the decoder needs is in memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from typing import BinaryIO
 
 from PIL import Image, UnidentifiedImageError
 
-MAX_PIXELS = 180_000_000  # about 13,400 x 13,400, PIL's own refusal threshold; PMC figures are far smaller
+from pipelines.images.decode import DECODE_ERRORS, MAX_PIXELS, NOT_AN_IMAGE, UNREADABLE, open_unchecked, too_large
+
+# figure image files by extension, as PMC packages name them
+IMAGE_EXTENSIONS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".tif": "tiff", ".tiff": "tiff"}
 
 
 def dhash(image: Image.Image) -> str:
@@ -38,18 +42,18 @@ def image_info(source: bytes | BinaryIO, max_pixels: int = MAX_PIXELS) -> dict:
     or an ``error`` with the reason."""
     info = {"width": None, "height": None, "format": None, "phash": None, "error": None}
     try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes | bytearray) else source) as image:
+        with open_unchecked(io.BytesIO(source) if isinstance(source, bytes | bytearray) else source) as image:
             info.update(width=image.width, height=image.height, format=(image.format or "").lower() or None)
-            if image.width * image.height > max_pixels:
-                info["error"] = f"decompression bomb refused: {image.width}x{image.height} pixels"
+            info["error"] = too_large(image.width, image.height, max_pixels)
+            if info["error"]:
                 return info
             image.draft("L", (64, 64))  # JPEG: decode at reduced size, much faster
             with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the cap above decides
                 image.seek(0)  # first frame of an animated GIF
                 info["phash"] = dhash(image)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        info["error"] = f"decompression bomb refused: {exc}"
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        info["error"] = f"undecodable image: {type(exc).__name__}: {exc}"
+    except UnidentifiedImageError:
+        info["error"] = f"{NOT_AN_IMAGE} (no format PIL can identify)"
+    except DECODE_ERRORS as exc:
+        info["error"] = f"{UNREADABLE}: {exc}"
     return info

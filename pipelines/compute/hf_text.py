@@ -6,7 +6,7 @@ ModernBERT. OpenCLIP's ``HFTextEncoder`` knows a text model's width only from it
 which has no ``modernbert`` entry, and it always passes ``add_pooling_layer`` to ``AutoModel``, which
 ``ModernBertModel`` rejects (the paper used a fork). :func:`enable_hf_text_towers` adds both, once,
 in whatever process builds the model: this one (WiSE-FT, assembly) and the trainer child, which is
-started as ``python -m pipelines.training.hf_text <open_clip_train args>``.
+started as ``python -m pipelines.compute.hf_text <open_clip_train args>``.
 """
 
 from __future__ import annotations

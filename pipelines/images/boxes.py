@@ -26,12 +26,37 @@ agreeing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
+from PIL import Image
 
-from pipelines.panels.types import Box, Panel
+Box = tuple[int, int, int, int]  # x1, y1, x2, y2 in original pixels; x2 and y2 exclusive
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of a figure. ``label`` is the printed panel label when known ("A", "b", "2",
+    "ii", without brackets or punctuation), else None."""
+
+    box: Box
+    score: float = 1.0
+    label: str | None = None
+
+    @property
+    def width(self) -> int:
+        return self.box[2] - self.box[0]
+
+    @property
+    def height(self) -> int:
+        return self.box[3] - self.box[1]
+
+    @property
+    def area(self) -> int:
+        return max(0, self.width) * max(0, self.height)
+
 
 DUPLICATE_IOU = 0.5
 DUPLICATE_IOS = 0.8
@@ -292,3 +317,24 @@ def consensus(
         out.append(Panel(box=merged, score=overlap, label=d.label or a.label))
         total += overlap
     return reading_order(out), total / max(len(xycut), len(detr))
+
+
+def crop_panel(image: Image.Image, box: Box) -> Image.Image:
+    """The panel's pixels, cut from the original image (boxes are original pixels)."""
+    return image.crop(box)
+
+
+def scale_boxes(boxes: list[Box], image_size: tuple[int, int], width: int, height: int) -> list[Box]:
+    """Boxes found on a reduced decode (``image_size``) in the original ``width x height``."""
+    sx, sy = width / image_size[0], height / image_size[1]
+    if sx == 1 and sy == 1:
+        return list(boxes)
+    return [
+        (
+            math.floor(x1 * sx),
+            math.floor(y1 * sy),
+            min(width, math.ceil(x2 * sx)),
+            min(height, math.ceil(y2 * sy)),
+        )
+        for x1, y1, x2, y2 in boxes
+    ]

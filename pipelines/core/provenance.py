@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-from pipelines.fingerprints import model_identity
+from pipelines.core.fingerprints import model_identity
 
 # A Hugging Face cache snapshot: .../models--<org>--<name>/snapshots/<revision>[/...]
 _HF_SNAPSHOT = re.compile(r"(?:^|[/\\])models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\]([^/\\]+)")

@@ -12,7 +12,7 @@ family and is resolved by ``pipelines.vlm.grounding``.
 
 from __future__ import annotations
 
-from pipelines.fingerprints import fingerprint
+from pipelines.core.fingerprints import fingerprint
 from pipelines.vlm.prompt import Prompt
 
 SYSTEM = (
