@@ -9,7 +9,7 @@ Three measurements in one run on the sample's figure images (JPEG, PNG, TIFF, ex
 * the whole Ray Data pipeline (CPU decode tasks + one model actor) on 1x and 4x the images,
   with the peak memory of Ray's worker processes, to show it does not grow with the input.
 
-Whichever of the first two is slower is the bottleneck. No GPU is used here; see the README
+Whichever of the first two is slower is the bottleneck. No GPU is used here; see docs/gpu-check.md
 for what to run on one.
 
     python -m benchmarks.embeddings [--images 64]

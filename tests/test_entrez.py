@@ -185,7 +185,7 @@ def test_invalid_api_key_raises_without_quoting_the_key(lake):
 
 
 def test_the_demo_profile_answers_from_the_recordings_and_never_asks_ncbi(tmp_path, monkeypatch):
-    """`make demo`, `make ui`, then the README's command-line refresh: `pubmed_metadata` ran with
+    """`make demo`, `make ui`, then the command-line refresh of docs/partitions.md: `pubmed_metadata` ran with
     the demo profile's resources, which pointed at NCBI itself; offline, every shard failed after
     about 19 minutes of retries. The demo profile now serves the recorded answers on loopback for
     every step that uses E-utilities, wherever the step runs. Names other than loopback cannot be
