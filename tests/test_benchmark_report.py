@@ -18,7 +18,8 @@ from benchmarks.catalog import BENCHMARKS, Benchmark, Col, Row, Run, Table
 from benchmarks.record import ROOT, write_results
 from benchmarks.report import PAGE, README, ReportError, fmt, lookup, render, with_panel_quality
 
-NOT_BENCHMARKS = {"__init__", "record", "catalog", "report", "vlm_cost", "mining_report"}  # the machinery, not measurements
+# the machinery, not measurements
+NOT_BENCHMARKS = {"__init__", "record", "catalog", "report", "vlm_cost", "mining_report"}
 
 
 def test_committed_page_is_what_the_results_give():
