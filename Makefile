@@ -36,8 +36,9 @@ ui: $(STAMP)
 screenshots: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m testing.screenshots
 
+# ruff, then the import contracts of pyproject.toml's [tool.importlinter] (docs/architecture.md: Layers)
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .

@@ -7,23 +7,22 @@ from dagster import (
     BackfillPolicy,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
-    asset,
 )
 
 from assets.groups import ACQUISITION
 from assets.partitions import open_release, release_shard_partitions, releases_partitions
 from assets.report import error_rate_check, outage_of, run_stage
-from pipelines.acquire.stages import POOL, AcquireStage, InventoryStage
+from assets.stage_asset import stage_asset
+from pipelines.acquire.stages import AcquireStage, InventoryStage
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    InventoryStage,
     group_name=ACQUISITION,
     kinds={"parquet"},
-    pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
     description=InventoryStage.__doc__ + " Opens the release's shards as partitions.",
     check_specs=[error_rate_check("pmc_inventory", releases_partitions)],
@@ -40,14 +39,12 @@ def pmc_inventory(
     return result
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    AcquireStage,
     deps=[AssetDep(pmc_inventory, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
     group_name=ACQUISITION,
     kinds={"parquet"},
-    pool=POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=AcquireStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             "raw_articles_consistent",

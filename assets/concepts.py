@@ -9,17 +9,16 @@ from dagster import (
     Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
-    asset,
 )
 
 from assets.groups import CONCEPTS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
 from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.stage_asset import stage_asset
 from pipelines.concepts.model import ConceptModelConfig
 from pipelines.concepts.stages import (
     ANNOTATIONS_MATCH,
-    GPU_POOL,
     ClusterLabelsStage,
     ConceptModelStage,
     ConceptReviewStage,
@@ -33,14 +32,12 @@ from resources.quality import QualityResource
 _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    EmbedStage,
     deps=[parsed_articles],
     group_name=CONCEPTS,
     kinds={"parquet", "ray", "pytorch"},
-    pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=EmbedStage.__doc__,
     check_specs=[error_rate_check("figure_embeddings", release_shard_partitions)],
 )
 def figure_embeddings(
@@ -71,12 +68,11 @@ class ConceptModelSettings(Config):
     reuse_previous: bool = True
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    ConceptModelStage,
     deps=[AssetDep(figure_embeddings, partition_mapping=_whole_release)],
     group_name=CONCEPTS,
     kinds={"numpy"},
-    description=ConceptModelStage.__doc__,
 )
 def concept_model(
     context: AssetExecutionContext, config: ConceptModelSettings, lake: LakeResource, models: ModelsResource
@@ -93,12 +89,11 @@ class ReviewSettings(Config):
     seed: int = 0
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    ConceptReviewStage,
     deps=[concept_model],
     group_name=CONCEPTS,
     kinds={"html"},
-    description=ConceptReviewStage.__doc__,
 )
 def concept_review(context: AssetExecutionContext, config: ReviewSettings, lake: LakeResource) -> MaterializeResult:
     return run_stage(context, ConceptReviewStage(list(config.annotators), config.seed), lake.lake())
@@ -110,12 +105,11 @@ class AnnotationSettings(Config):
     directory: str = ""
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    ClusterLabelsStage,
     deps=[concept_review],
     group_name=CONCEPTS,
     kinds={"parquet"},
-    description=ClusterLabelsStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             ANNOTATIONS_MATCH,
@@ -132,13 +126,12 @@ def cluster_labels(
     return run_stage(context, ClusterLabelsStage(config.directory, quality.taxonomy), lake.lake())
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    FigureConceptsStage,
     deps=[figure_embeddings, AssetDep(cluster_labels, partition_mapping=_whole_release)],
     group_name=CONCEPTS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=FigureConceptsStage.__doc__,
 )
 def figure_concepts(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
     return run_stage(context, FigureConceptsStage(), lake.lake())

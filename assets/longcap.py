@@ -1,12 +1,14 @@
 """Long captions (BIOMEDICA-LongCAP) and region hard negatives (RegionMed-CLIP)."""
 
-from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, Failure, MaterializeResult, asset
+from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult
 
+from assets.config import config_from
 from assets.groups import LONG_CAPTIONS
 from assets.mining import pairs
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions
-from assets.report import error_rate_check, outage_of, run_stage, shard_check
+from assets.report import error_rate_check, needs_person, outage_of, run_stage, shard_check
+from assets.stage_asset import stage_asset
 from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION
 from pipelines.longcap.prompts import PROMPT_VERSION
 from pipelines.longcap.stages import (
@@ -36,14 +38,13 @@ class NegativesSettings(Config):
     seed: int = 0
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    NegativesStage,
     deps=[pairs],
     group_name=LONG_CAPTIONS,
     kinds={"parquet"},
     code_version=f"{RULES_VERSION}-{NEGATIVES_PROMPT_VERSION}",  # the rules' and the prompt's versions
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=NegativesStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             NEGATIVES_DIFFER,
@@ -66,22 +67,22 @@ def pair_negatives(
         return run_stage(context, stage, lk, outage=outage_of(vlm))
 
 
-class LongCapRunSettings(Config):
-    """``context_budget``: article context sent to the model, in the text encoder's tokens."""
+LongCapRunSettings = config_from(
+    LongCapSettings,
+    "LongCapRunSettings",
+    """``context_budget``: article context sent to the model, in the text encoder's tokens.""",
+    fields=("context_budget", "figures_per_batch"),  # the tokenizer and its budget: the models resource
+    module=__name__,
+)
 
-    context_budget: int = 1024
-    figures_per_batch: int = 16
 
-
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    LongCapStage,
     deps=[parsed_articles],
     group_name=LONG_CAPTIONS,
     kinds={"parquet", "vllm"},
-    pool="gpu",
     code_version=f"{LONGCAP_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=LongCapStage.__doc__,
     check_specs=[
         shard_check(
             "long_captions", FEASIBILITY, "The model judges a fair share of figures' context visible (FEASIBLE)."
@@ -111,16 +112,11 @@ def long_captions(
     quality: QualityResource,
 ) -> MaterializeResult:
     lk = lake.lake()
-    settings = LongCapSettings(
-        tokenizer=models.text_tokenizer,
-        budget=models.text_context,
-        context_budget=config.context_budget,
-        figures_per_batch=config.figures_per_batch,
-    )
+    settings = config.to_settings(tokenizer=models.text_tokenizer, budget=models.text_context)
     try:  # before the VLM starts: a tokenizer that is not at hand fails now, in one line
         load_tokenizer(models.text_tokenizer, models.text_context)
     except TokenizerUnavailableError as exc:
-        raise Failure(str(exc), allow_retries=False) from None
+        raise needs_person(exc) from None
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
         stage = LongCapStage(engine, settings, actors=vlm.replicas, gpus_per_actor=ray.gpus_per_actor)
         return run_stage(context, stage, lk, quality.max_error_rate, outage_of(vlm))

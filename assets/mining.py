@@ -7,55 +7,48 @@ figure whose engine, prompts, settings and inputs are unchanged). Its data versi
 of those fingerprints, so downstream assets go stale only when the pairs can have changed.
 """
 
-from dagster import AssetExecutionContext, BackfillPolicy, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult
 
+from assets.config import config_from
 from assets.groups import MINING
 from assets.panels import panels
 from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage, shard_check
-from pipelines.mining.prompts import PROMPT_VERSION
-from pipelines.mining.regions import TAU_DEFAULT
+from assets.stage_asset import stage_asset
 from pipelines.mining.stages import (
     BOXES_INSIDE,
     CANARY,
     EXTRACTIVE,
-    GPU_POOL,
     MINING_VERSION,
     PARSE_FAILURES,
     MiningSettings,
     MiningStage,
 )
+from pipelines.vlm.prompts import PROMPT_VERSION
 from resources.compute import RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 from resources.vlm import VlmEngineResource
 
-
-class MiningRunSettings(Config):
+MiningRunSettings = config_from(
+    MiningSettings,
+    "MiningRunSettings",
     """``som_views`` 0 turns Set-of-Mark panel proposals off; ``region_concepts`` lists the global
     concepts whose panels get region mining (empty: the paper's gate, no charts, tables,
-    diagrams, graphs or formulae)."""
-
-    som_views: int = 3
-    describe_panels: bool = True
-    describe_regions: bool = True
-    regions: bool = True
-    region_concepts: list[str] = []
-    tau: float = TAU_DEFAULT
-    max_region_panels: int = 8
-    figures_per_batch: int = 16
-    seed: int = 0
+    diagrams, graphs or formulae).""",
+    exclude=("require_canary",),  # always on in production: a server that ignores schemas is refused
+    overrides={"region_concepts": (list[str], [])},
+    module=__name__,
+)
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    MiningStage,
     deps=[panels],
     group_name=MINING,
     kinds={"parquet", "ray", "vllm"},
-    pool=GPU_POOL,
     code_version=f"{MINING_VERSION}-{PROMPT_VERSION}",
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=MiningStage.__doc__,
     check_specs=[
         shard_check(
             "pairs",
@@ -80,17 +73,7 @@ def pairs(
     quality: QualityResource,
 ) -> MaterializeResult:
     lk = lake.lake()
-    settings = MiningSettings(
-        som_views=config.som_views,
-        describe_panels=config.describe_panels,
-        describe_regions=config.describe_regions,
-        regions=config.regions,
-        region_concepts=tuple(config.region_concepts) or None,
-        tau=config.tau,
-        max_region_panels=config.max_region_panels,
-        figures_per_batch=config.figures_per_batch,
-        seed=config.seed,
-    )
+    settings = config.to_settings(region_concepts=tuple(config.region_concepts) or None)
     if vlm.synthetic:
         context.log.info("VLM: a tiny RANDOM Qwen2.5-VL (synthetic): its pairs are marked synthetic, no quality claim")
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:

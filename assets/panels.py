@@ -9,18 +9,21 @@ from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
     Config,
-    Failure,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
     asset,
 )
 
 from assets.concepts import figure_concepts
+from assets.config import config_from
 from assets.groups import PANELS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import OutageRetry, error_rate_check, run_stage
+from assets.report import OutageRetry, error_rate_check, needs_person, run_stage
+from assets.stage_asset import stage_asset
 from assets.synthetic import synthetic_settings
+from pipelines.core.panel_methods import DECISION, DETR
+from pipelines.core.stage import StageInputError
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.stages import (
     BOXES_INSIDE,
@@ -32,8 +35,6 @@ from pipelines.panels.stages import (
     PanelStage,
 )
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
-from pipelines.panels.types import DECISION, DETR
-from pipelines.stage import StageInputError
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
@@ -43,25 +44,24 @@ from resources.settings import REPO
 _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
-class PanelRunSettings(Config):
+PanelRunSettings = config_from(
+    PanelSettings,
+    "PanelRunSettings",
     """``prefer``: the method whose panels are kept when the figure decision and the detector
     disagree; empty means the detector with real weights, the decision with a random synthetic
-    model."""
+    model. ``ocr``: the engine reading printed panel labels (tesseract, or rapidocr: needs its wheel).""",
+    fields=("prefer", "consensus_min", "batch_size", "ocr"),  # the detector and the Ray pool: resources
+    overrides={"prefer": (str, "")},
+    module=__name__,
+)
 
-    prefer: str = ""
-    consensus_min: float = 0.7
-    batch_size: int = 8
-    ocr: str = "tesseract"  # the engine reading printed panel labels: tesseract, or rapidocr (needs its wheel)
 
-
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PanelStage,
     deps=[parsed_articles, figure_concepts],
     group_name=PANELS,
     kinds={"parquet", "ray", "pytorch"},
-    pool=GPU_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PanelStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             BOXES_INSIDE,
@@ -97,12 +97,9 @@ def panels(
     prefer = config.prefer or (DECISION if detector is None or detector.synthetic else DETR)
     if detector is not None and detector.synthetic:
         context.log.info("panel detector: a tiny RANDOM DAB-DETR (synthetic); the figure decision's panels are kept")
-    settings = PanelSettings(
+    settings = config.to_settings(
         detector=detector,
         prefer=prefer,
-        consensus_min=config.consensus_min,
-        batch_size=config.batch_size,
-        ocr=config.ocr,
         actors=ray.actors,
         gpus_per_actor=ray.gpus_per_actor,
         address=ray.address,
@@ -112,13 +109,12 @@ def panels(
     return run_stage(context, PanelStage(settings), lake.lake(), quality.max_error_rate, retry)
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PanelCropsStage,
     deps=[panels],
     group_name=PANELS,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PanelCropsStage.__doc__,
     check_specs=[error_rate_check("panel_crops", release_shard_partitions)],
 )
 def panel_crops(context: AssetExecutionContext, lake: LakeResource, quality: QualityResource) -> MaterializeResult:
@@ -129,26 +125,21 @@ SYNTHETIC_TRAINING_SET = {"figures": 32}
 SYNTHETIC_DETECTOR_TRAINING = {"steps": 10, "batch_size": 2, "checkpoint_every": 5}
 
 
-class TrainingSetSettings(Config):
-    figures: int = 2000
-    seed: int = 0
-    val_share: float = 0.1
-    commercial_only: bool = False
+TrainingSetSettings = config_from(SyntheticSetStage, "TrainingSetSettings", module=__name__)  # the stage's own fields
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    SyntheticSetStage,
     deps=[AssetDep(figure_concepts, partition_mapping=_whole_release)],
     group_name=PANELS,
     kinds={"coco"},
-    description=SyntheticSetStage.__doc__,
 )
 def panel_training_set(
     context: AssetExecutionContext, config: TrainingSetSettings, lake: LakeResource, models: ModelsResource
 ) -> MaterializeResult:
     if models.synthetic:  # the demo: a set a few CPU steps can train on
         config = synthetic_settings(config, SYNTHETIC_TRAINING_SET)
-    stage = SyntheticSetStage(config.figures, config.seed, config.val_share, config.commercial_only)
+    stage = config.to_settings()
     return run_stage(context, stage, lake.lake())
 
 
@@ -188,7 +179,7 @@ def panel_detector(
     try:
         dataset = latest_training_set(lk, release, config.training_set_version)
     except StageInputError as exc:
-        raise Failure(str(exc), allow_retries=False) from exc
+        raise needs_person(exc) from exc
     detector = models.detector_config() or DetectorConfig(synthetic=models.synthetic)
     real_eval = REPO / config.real_eval if config.real_eval else None
     job = {

@@ -5,17 +5,16 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
-    Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
-    asset,
 )
 
 from assets.acquisition import pmc_raw_articles
+from assets.config import config_from
 from assets.groups import METADATA, PARSING
-from assets.partitions import release_shard_partitions, releases_partitions
+from assets.partitions import release_shard_partitions
 from assets.report import error_rate_check, outage_of, run_stage
-from pipelines.entrez.stage import POOL as EUTILS_POOL
+from assets.stage_asset import stage_asset
 from pipelines.entrez.stage import PubmedStage
 from pipelines.parse.shard import ParseLimits
 from pipelines.parse.stages import DuplicatesStage, ParseStage
@@ -23,52 +22,44 @@ from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
 
-
-class ParseSettings(Config):
+ParseSettings = config_from(
+    ParseLimits,
+    "ParseSettings",
     """Caps on one article's inputs (over a cap: a recorded reason, never read) and the rows per
-    Parquet batch, which bound the run's memory."""
-
-    max_xml_bytes: int = ParseLimits.max_xml_bytes
-    max_image_bytes: int = ParseLimits.max_image_bytes
-    max_image_pixels: int = ParseLimits.max_image_pixels
-    batch_rows: int = ParseLimits.batch_rows
-
-    def limits(self) -> ParseLimits:
-        return ParseLimits(self.max_xml_bytes, self.max_image_bytes, self.max_image_pixels, self.batch_rows)
+    Parquet batch, which bound the run's memory.""",
+    module=__name__,
+)
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    ParseStage,
     deps=[pmc_raw_articles],
     group_name=PARSING,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=ParseStage.__doc__,
     check_specs=[error_rate_check("parsed_articles", release_shard_partitions)],
 )
 def parsed_articles(
     context: AssetExecutionContext, config: ParseSettings, lake: LakeResource, quality: QualityResource
 ) -> MaterializeResult:
-    return run_stage(context, ParseStage(config.limits()), lake.lake(), quality.max_error_rate)
+    return run_stage(context, ParseStage(config.to_settings()), lake.lake(), quality.max_error_rate)
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    DuplicatesStage,
     deps=[AssetDep(parsed_articles, partition_mapping=MultiToSingleDimensionPartitionMapping("release"))],
     group_name=PARSING,
     kinds={"parquet"},
-    description=DuplicatesStage.__doc__,
 )
 def image_duplicates(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
     return run_stage(context, DuplicatesStage(), lake.lake())
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PubmedStage,
     deps=[parsed_articles],
     group_name=METADATA,
     kinds={"parquet"},
-    pool=EUTILS_POOL,
     backfill_policy=BackfillPolicy.multi_run(1),
     description="PubMed records (MeSH, publication types, dates, abstracts) and citing articles, by PMID. "
     "An unreachable NCBI fails the run (to be retried); per-PMID problems are rows.",

@@ -22,8 +22,8 @@ from dagster import (
     MultiPartitionsDefinition,
 )
 
-from pipelines.partitioning import shard_keys
-from pipelines.stage import Partition
+from pipelines.core.partitioning import shard_keys
+from pipelines.core.stage import Partition
 
 RELEASES = "releases"
 SHARDS = "shards"

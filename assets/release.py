@@ -18,8 +18,10 @@ from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
 from assets.panels import panel_crops, panels
 from assets.parsing import parsed_articles, pubmed_metadata
-from assets.partitions import release_shard_partitions, releases_partitions
-from assets.report import run_stage
+from assets.partitions import releases_partitions
+from assets.report import needs_person, run_stage
+from assets.stage_asset import stage_asset
+from pipelines.core.stage import StageInputError
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     NO_MACHINE_PATHS,
@@ -35,7 +37,6 @@ from pipelines.release.stages import (
     license_subsets,
 )
 from pipelines.release.webdataset import ShardLimits
-from pipelines.stage import StageInputError
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -49,13 +50,12 @@ class SamplePlanSettings(Config):
     shuffle_seed: int = 0
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    SamplePlanStage,
     deps=[parsed_articles, pubmed_metadata, figure_concepts],
     group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=SamplePlanStage.__doc__,
 )
 def dataset_samples(
     context: AssetExecutionContext, config: SamplePlanSettings, lake: LakeResource
@@ -105,12 +105,10 @@ class ConceptFilterSettings(ShardSettings):
 def webdataset_concept_filtered(
     context: AssetExecutionContext, config: ConceptFilterSettings, lake: LakeResource, quality: QualityResource
 ) -> MaterializeResult:
-    from dagster import Failure
-
     try:
         subsets = concept_filtered_subsets(list(config.concepts), quality.taxonomy)
     except StageInputError as exc:
-        raise Failure(str(exc)) from exc
+        raise needs_person(exc) from exc
     return _write_subsets(context, lake, "webdataset_concept_filtered", subsets, config, "concept-filtered")
 
 
@@ -140,13 +138,12 @@ class PairPlanSettings(Config):
     include_vlm_text: bool = False
 
 
-@asset(
-    partitions_def=release_shard_partitions,
+@stage_asset(
+    PairPlanStage,
     deps=[dataset_samples, pairs, panel_crops, pair_negatives, long_captions],
     group_name=RELEASE,
     kinds={"parquet"},
     backfill_policy=BackfillPolicy.multi_run(1),
-    description=PairPlanStage.__doc__,
 )
 def pair_samples(context: AssetExecutionContext, config: PairPlanSettings, lake: LakeResource) -> MaterializeResult:
     return run_stage(context, PairPlanStage(include_vlm_text=config.include_vlm_text), lake.lake())
@@ -158,12 +155,11 @@ class PairShardSettings(ShardSettings):
     token_sample: int = 5_000
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    PairWebDatasetStage,
     deps=[AssetDep(pair_samples, partition_mapping=_whole_release)],
     group_name=RELEASE,
     kinds={"webdataset"},
-    description=PairWebDatasetStage.__doc__,
 )
 def webdataset_pairs(
     context: AssetExecutionContext, config: PairShardSettings, lake: LakeResource
@@ -178,23 +174,22 @@ class StatsSettings(Config):
     seed: int = 0
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    ReleaseTablesStage,
     deps=[
         AssetDep(upstream, partition_mapping=_whole_release)
         for upstream in (dataset_samples, panels, pairs, long_captions, pair_negatives)
     ],
     group_name=RELEASE,
     kinds={"parquet"},
-    description=ReleaseTablesStage.__doc__,
 )
 def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake: LakeResource) -> MaterializeResult:
     stage = ReleaseTablesStage(config.reservoir, config.token_sample, config.seed)
     return run_stage(context, stage, lake.lake())
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    DatasetCardStage,
     deps=[
         webdataset_shards,
         webdataset_concept_filtered,
@@ -204,7 +199,6 @@ def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake:
     ],
     group_name=RELEASE,
     kinds={"markdown"},
-    description=DatasetCardStage.__doc__,
     check_specs=[
         AssetCheckSpec(
             NO_MACHINE_PATHS,
@@ -226,8 +220,8 @@ class UploadSettings(Config):
     dry_run: bool = False
 
 
-@asset(
-    partitions_def=releases_partitions,
+@stage_asset(
+    HubUploadStage,
     deps=[dataset_card],
     group_name=RELEASE,
     kinds={"huggingface"},

@@ -19,14 +19,9 @@ from dagster import (
 )
 
 from assets.partitions import partition_of
-from pipelines.acquire.retry import SourceUnavailableError
-from pipelines.concepts.annotations import AnnotationError
-from pipelines.concepts.embed import ComputeUnavailableError
-from pipelines.entrez.client import EntrezUnavailableError
-from pipelines.lake import Lake, LakeLayoutError
-from pipelines.release.hub import HubLimitError
-from pipelines.stage import Check, Markdown, Preview, Stage, StageInputError, StageResult
-from pipelines.vlm.engine import VlmOutage
+from pipelines.core.errors import ServiceUnavailableError, StageInputError
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Check, Markdown, Preview, Stage, StageResult
 
 ERROR_RATE = "error_rate"
 MAX_LOGGED_ERRORS = 50
@@ -151,6 +146,11 @@ def outage_of(resource) -> OutageRetry:
     return OutageRetry(resource.outage_retries, resource.outage_retry_delay_s)
 
 
+def needs_person(exc: StageInputError) -> Failure:
+    """The run's failure for a problem a person must fix: the message alone, never retried."""
+    return Failure(str(exc), allow_retries=False)
+
+
 def run_stage(
     context: AssetExecutionContext,
     stage: Stage,
@@ -160,17 +160,18 @@ def run_stage(
 ) -> MaterializeResult:
     """Run ``stage`` on the run's partition and report it.
 
-    Problems a person must fix (an upstream asset not materialized, annotations for another
-    model, a setting missing) fail the run with their message and are not retried. An outage of
-    the PMC source, NCBI, the VLM engine or the Ray cluster (a node lost mid-partition) is retried
+    Problems a person must fix (:class:`StageInputError`: an upstream asset not materialized,
+    annotations for another model, a setting missing) fail the run with their message and are not
+    retried. An outage (:class:`ServiceUnavailableError`: the PMC source, NCBI, the VLM engine or
+    the Ray cluster, a node lost mid-partition) is retried
     ``outage.retries`` times, ``outage.delay_s`` apart, then fails the run; nothing was written as
     the items' final state. Anything else fails the run
     with its traceback."""
     try:
         result = stage.run(lake, partition_of(context), progress=context.log.info)
-    except (StageInputError, AnnotationError, HubLimitError, LakeLayoutError) as exc:
-        raise Failure(str(exc), allow_retries=False) from exc
-    except (SourceUnavailableError, EntrezUnavailableError, VlmOutage, ComputeUnavailableError) as exc:
+    except StageInputError as exc:
+        raise needs_person(exc) from exc
+    except ServiceUnavailableError as exc:
         context.log.warning(f"{stage.name}[{partition_of(context)}]: service unavailable: {exc}")
         raise RetryRequested(max_retries=outage.retries, seconds_to_wait=outage.delay_s) from exc
     return report(context, result, max_error_rate)

@@ -16,8 +16,10 @@ from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
-from pipelines.panels.stages import GPU_POOL
-from pipelines.release.webdataset import dataset_dir, missing_subsets
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.lake import dataset_dir
+from pipelines.core.stage import GPU_POOL
+from pipelines.release.webdataset import missing_subsets
 from pipelines.training.clip import (
     LONGCLIP_CONTEXTS,
     RECIPE_EPOCHS,
@@ -28,7 +30,6 @@ from pipelines.training.clip import (
 )
 from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
-from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
@@ -198,7 +199,7 @@ def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLaunche
 
 class MultilevelTrainingSettings(Config):
     """Zoom-in (Panel2Patch) or region-aware (RegionMed-CLIP) training
-    (``pipelines/training/multilevel.py``) on one license group's figure, panel and region subsets.
+    (``pipelines/training/multilevel/``) on one license group's figure, panel and region subsets.
     A field left unset keeps the preset's value; ``overrides``: a JSON object of any other
     ``MultilevelConfig`` field (schedule, loss_weights, curriculum, negative_loss, ...)."""
 

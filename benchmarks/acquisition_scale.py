@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 from benchmarks.record import write_results
-from pipelines.acquire.ratelimit import densest_window
 from pipelines.acquire.source import CLOUD_POLICY, S3_GET_PER_PREFIX, open_source
 from pipelines.acquire.stages import AcquireStage, InventoryStage
-from pipelines.lake import Lake
-from pipelines.partitioning import shard_keys
-from pipelines.stage import Partition
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import shard_keys
+from pipelines.core.stage import Partition
+from pipelines.net.ratelimit import densest_window
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.record import write_results
-from pipelines.panels.captions import caption_agreement, normalize_caption, phrase_agreement, split_caption
+from pipelines.text.captions import caption_agreement, normalize_caption, phrase_agreement, split_caption
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "captions.json"
@@ -60,9 +60,9 @@ def load_cases(directory: Path, splits: list[str]) -> tuple[list[dict], dict[str
 
 
 def baseline_splitter(revision: str) -> Callable:
-    """``split_caption`` of ``pipelines/panels/captions.py`` at ``revision``."""
+    """``split_caption`` of ``pipelines/text/captions.py`` at ``revision``."""
     source = subprocess.run(
-        ["git", "show", f"{revision}:pipelines/panels/captions.py"],
+        ["git", "show", f"{revision}:pipelines/text/captions.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -35,8 +35,8 @@ import numpy as np
 
 from benchmarks.embeddings import sample_images
 from benchmarks.record import write_results
-from pipelines.concepts.decode import decode_image
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, prepare
+from pipelines.images.decode import decode_image
 
 RESULTS = Path(__file__).parent / "results" / "dinov2_pad.json"
 BINS = ((0.0, 1.25, "near-square (< 1.25)"), (1.25, 2.0, "1.25 to 2"), (2.0, float("inf"), "elongated (>= 2)"))

@@ -9,7 +9,7 @@ Three measurements in one run on the sample's figure images (JPEG, PNG, TIFF, ex
 * the whole Ray Data pipeline (CPU decode tasks + one model actor) on 1x and 4x the images,
   with the peak memory of Ray's worker processes, to show it does not grow with the input.
 
-Whichever of the first two is slower is the bottleneck. No GPU is used here; see the README
+Whichever of the first two is slower is the bottleneck. No GPU is used here; see docs/gpu-check.md
 for what to run on one.
 
     python -m benchmarks.embeddings [--images 64]
@@ -32,10 +32,11 @@ import numpy as np
 import psutil
 
 from benchmarks.record import write_results
-from pipelines.concepts.decode import decode_image
+from pipelines.compute.ray_pool import ensure_ray
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
-from pipelines.concepts.embed import embed_images, ensure_ray
-from pipelines.lake import Lake
+from pipelines.concepts.embed import embed_images
+from pipelines.core.lake import Lake
+from pipelines.images.decode import decode_image
 from testing.loopback.sample_mirror import SAMPLE_DIR
 
 RESULTS = Path(__file__).parent / "results" / "embeddings.json"

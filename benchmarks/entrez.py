@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.record import write_results
+from pipelines.core.lake import Lake
 from pipelines.entrez.client import EFETCH_BATCH, ELINK_BATCH, EntrezClient
-from pipelines.lake import Lake
 from testing.loopback.eutils_server import EutilsLoopbackServer
 from testing.loopback.faults import FaultPlan
 

@@ -97,7 +97,7 @@ class Run:
 
 def figures(n: int = SAMPLE_FIGURES):
     from benchmarks.embeddings import sample_images
-    from pipelines.concepts.decode import decode_image
+    from pipelines.images.decode import decode_image
 
     out = []
     for data in sample_images():

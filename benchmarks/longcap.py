@@ -26,7 +26,7 @@ band, and at the production band with image tokens exact (``model_frame``: w/28 
 image) and text tokens from the tiny tokenizer (an approximation of Qwen's); completion tokens
 between the tiny model's capped answers and the prompt's budget; CPU seconds of the tiny model
 (labelled, not GPU seconds); a projection to 24M figures with the throughputs ASSUMED in
-benchmarks/mining.py (its ``h100_hours``).
+benchmarks/vlm_cost.py (its ``h100_hours``, shared with the mining benchmark).
 
     python -m benchmarks.longcap [--shards 000 001 002 003] [--replicate 50] [--figures 24000000]
 """
@@ -45,7 +45,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.mining import (
+from benchmarks.record import write_results
+from benchmarks.vlm_cost import (
     DECODE_TPS,
     FORMULA,
     PREFILL_TPS,
@@ -58,12 +59,11 @@ from benchmarks.mining import (
     production_prompt_tokens,
     summary,
 )
-from benchmarks.record import write_results
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Partition
 from pipelines.longcap.prompts import LONGCAP
 from pipelines.longcap.stages import LongCapSettings, LongCapStage
 from pipelines.longcap.tokens import TextTokenizer, load_tokenizer
-from pipelines.schemas import Table
-from pipelines.stage import Partition
 from pipelines.vlm.engine import EngineConfig, Sampling
 from pipelines.vlm.grounding import model_frame
 

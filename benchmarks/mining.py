@@ -51,24 +51,37 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.mining_report import markdown
 from benchmarks.record import write_results
-from pipelines.lake import Lake
-from pipelines.mining import prompts
+from benchmarks.vlm_cost import (
+    DECODE_TPS,
+    FORMULA,
+    PATCH,
+    PREFILL_TPS,
+    PRODUCTION,
+    Record,
+    Recorder,
+    assumption,
+    chars_per_token,
+    h100_hours,
+    image_tokens,
+    production_prompt_tokens,
+    summary,
+)
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Partition
 from pipelines.mining.stages import MiningSettings, MiningStage
 from pipelines.mining.text import gate
-from pipelines.schemas import Table
-from pipelines.stage import Partition
-from pipelines.vlm.engine import EngineConfig, Sampling, VlmEngine, VlmRequest, VlmResponse
+from pipelines.vlm import prompts
+from pipelines.vlm.engine import EngineConfig, Sampling, VlmRequest
 from pipelines.vlm.grounding import model_frame
-from pipelines.vlm.metering import MeteredEngine
 
 RESULTS = Path(__file__).parent / "results" / "mining.json"
 MARKDOWN = Path(__file__).parent / "results" / "mining.md"
 RELEASE = "2026"
-PREFILL_TPS, DECODE_TPS = 20_000, 2_000  # ASSUMED H100 throughputs (see ``assumption``)
 SHARDS = ("000", "001", "002", "003")
 BASELINE_SHARDS = SHARDS
 TIMING_CAVEAT = (
@@ -80,74 +93,8 @@ TIMING_CAVEAT = (
     "under such load, not because of shard 003; batching is now measured by an alternating replay"
 )
 LEFT_OUT_NOTE = "shards not in --shards (the default runs every shard)"
-PATCH = 28  # Qwen2.5-VL: 14 px patches merged 2x2 into one visual token
-PRODUCTION = EngineConfig()  # Qwen2.5-VL's processor band: 256 to 1280 visual tokens per image
 PANEL2PATCH_H100_HOURS = 2900
 NOTE = "synthetic tiny random model; CPU; seconds are not GPU seconds"
-
-
-def image_tokens(width: int, height: int) -> int:
-    """Tokens of one image in the model's frame: one per 28x28 block, plus vision start/end."""
-    return (width // PATCH) * (height // PATCH) + 2
-
-
-@dataclass
-class Record:
-    """One request as the engine saw it, with what the projection and prefix analysis need."""
-
-    figure: str
-    prompt: str
-    prompt_tokens: int
-    completion_tokens: int
-    seconds: float
-    image_sizes: list[tuple[int, int]]  # original pixels of every image sent
-    frames: list[tuple[int, int]]  # the same in the model's frame at the measured band
-    text: str
-    system: str | None
-
-
-class Recorder(MeteredEngine):
-    """The stage's own metering (``pipelines.vlm.metering``), keeping one ``Record`` per request
-    too (the stage's counters are per figure and per prompt totals; percentiles per request
-    need each one). The first ``keep`` mining requests are kept whole, to be replayed at another
-    batch size."""
-
-    def __init__(self, engine: VlmEngine, keep: int = 0):
-        super().__init__(engine)
-        self.records: list[Record] = []
-        self.keep, self.kept = keep, []
-
-    def record(self, request: VlmRequest, response: VlmResponse) -> None:
-        super().record(request, response)
-        if len(self.kept) < self.keep and request.prompt_name != "canary":
-            self.kept.append(request)
-        self.records.append(
-            Record(
-                figure=request.id.split("|", 1)[0] if "|" in request.id else "?",
-                prompt=request.prompt_name or "other",
-                prompt_tokens=response.prompt_tokens,
-                completion_tokens=response.completion_tokens,
-                seconds=response.seconds,
-                image_sizes=[image.size for image in request.images],
-                frames=list(response.image_sizes),
-                text=request.prompt,
-                system=request.system,
-            )
-        )
-
-
-def summary(values: Sequence[float], digits: int = 2) -> dict:
-    """mean, p50, p90 (nearest-rank free: statistics.quantiles' inclusive method), n."""
-    if not values:
-        return {"n": 0}
-    values = sorted(values)
-    deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-    return {
-        "n": len(values),
-        "mean": round(statistics.fmean(values), digits),
-        "p50": round(statistics.median(values), digits),
-        "p90": round(deciles[8], digits),
-    }
 
 
 def prepare_lake(root: Path, shards: Sequence[str]) -> Lake:
@@ -457,21 +404,6 @@ def _fields(template: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(template) if f]
 
 
-def chars_per_token(texts: Sequence[str], tokenizer) -> dict:
-    """Characters per text token of ``tokenizer`` over ``texts`` (no chat scaffolding, no image
-    tokens). The tiny model's BPE has a few hundred tokens, so it splits text much finer than
-    Qwen's 151k vocabulary: its text-token counts overstate a real model's by roughly the ratio
-    of the two figures, and Qwen's is not measured here."""
-    chars = sum(len(t) for t in texts)
-    tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
-    return {
-        "texts": len(texts),
-        "characters": chars,
-        "tokens": tokens,
-        "chars_per_token": round(chars / max(1, tokens), 3),
-    }
-
-
 def text_density(run: dict, processor) -> dict:
     """Characters per token of the tiny tokenizer on the text of every mining request, per prompt."""
     by: dict[str, list[str]] = defaultdict(list)
@@ -490,48 +422,6 @@ def text_density(run: dict, processor) -> dict:
 
 
 # ---- projection -----------------------------------------------------------------------------
-
-
-def production_prompt_tokens(record: Record) -> int:
-    """The request's prompt tokens at the production band: text tokens as measured (prompt tokens
-    less the image tokens at the measured band) plus every image's tokens in the production frame."""
-    measured_images = sum(image_tokens(w, h) for w, h in record.frames)
-    production_images = sum(image_tokens(*model_frame(w, h, PRODUCTION)) for w, h in record.image_sizes)
-    return record.prompt_tokens - measured_images + production_images
-
-
-def h100_hours(
-    prompt_tokens_per_figure: float,
-    completion_tokens_per_figure: float,
-    figures: int,
-    prefill_tps: float,
-    decode_tps: float,
-) -> dict:
-    """Prefill and decode tokens over ``figures`` and the H100-hours they take at the assumed
-    throughputs (shared with benchmarks/longcap.py, so both stages are projected alike)."""
-    total_in, total_out = prompt_tokens_per_figure * figures, completion_tokens_per_figure * figures
-    return {
-        "prefill_tokens": round(total_in),
-        "decode_tokens": round(total_out),
-        "h100_hours": round(total_in / prefill_tps / 3600 + total_out / decode_tps / 3600),
-    }
-
-
-FORMULA = (
-    "h100_hours = figures x (prompt_tokens_per_figure / prefill_tps + completion_tokens_per_figure / decode_tps) / 3600"
-)
-
-
-def assumption(prefill_tps: float, decode_tps: float) -> dict:
-    return {
-        "prefill_tps": prefill_tps,
-        "decode_tps": decode_tps,
-        "what": "ASSUMED aggregate throughput of Qwen2.5-VL-7B (bf16) with vLLM on one H100, batched, not "
-        "measured (no GPU here) and not sourced: public reports found (e.g. QwenLM/Qwen3-VL#1378, vllm#21873) "
-        "are usage questions, not saturated H100 figures. prefill 20k tok/s ~ 40% of H100 bf16 dense peak "
-        "(989 TFLOP/s) at ~2 x 7.6B FLOP per token plus the ViT; decode 2k tok/s aggregate at large batch. "
-        "Scale linearly: hours are inversely proportional to both",
-    }
 
 
 def projection(run: dict, production: dict, figures_total: int, prefill_tps: float, decode_tps: float) -> dict:
@@ -584,72 +474,7 @@ def projection(run: dict, production: dict, figures_total: int, prefill_tps: flo
     }
 
 
-# ---- report ---------------------------------------------------------------------------------
-
-
-def markdown(result: dict) -> str:
-    base, bt = result["baseline"]["throughput"], result["batching"]
-    b1, bn = bt["batch_1"], next(v for k, v in bt.items() if k.startswith("batch_") and k != "batch_1")
-    mix = ", ".join(f"{n} {k}" for k, n in bt["requests_by_prompt"].items())
-    per_round = ", ".join(
-        f"{w8 / w1:.2f}" for w1, w8 in zip(b1["wall_seconds_per_round"], bn["wall_seconds_per_round"], strict=True)
-    )
-    ratio = next(v for k, v in bn.items() if k.startswith("seconds_per_request_over"))
-    fig = result["per_figure"]["all_prompts"]
-    pf, px, pj = result["prefilter"], result["prefix_caching"], result["projection_24m"]
-    cpt = result["text_chars_per_token"]["all"]["chars_per_token"]
-    shards = ", ".join(
-        f"{s}: {v['figures']} figures, {v['requests']} requests, {v['stage_wall_seconds']:.0f} s"
-        for s, v in result["per_shard"].items()
-    )
-    rows = [
-        f"Timing caveat: {result['timing_caveat']}; load average (1, 5, 15 min) at start "
-        f"{result['load_average_1_5_15_at_start']}, at end {result['load_average_1_5_15_at_end']}.",
-        "",
-        "**Mining** ([benchmarks/results/mining.json](benchmarks/results/mining.json)): the Panel2Patch stage on the "
-        f"sample release, shards {', '.join(result['shards'])} ({result['figures']} figure images"
-        + (f"; shard(s) {', '.join(result['shards_left_out'])} left out" if result["shards_left_out"] else "")
-        + ") with the **synthetic tiny random model on the CPU** (seconds are not GPU seconds):",
-        "",
-        "| | value |",
-        "|---|---|",
-        f"| requests / prompt tokens / completion tokens per figure (mean, p50, p90), measured | "
-        f"{fig['vlm_requests']['mean']}, {fig['vlm_requests']['p50']}, {fig['vlm_requests']['p90']} / "
-        f"{fig['prompt_tokens']['mean']:.0f}, {fig['prompt_tokens']['p50']:.0f}, {fig['prompt_tokens']['p90']:.0f} / "
-        f"{fig['completion_tokens']['mean']:.0f}, {fig['completion_tokens']['p50']:.0f}, "
-        f"{fig['completion_tokens']['p90']:.0f} |",
-        f"| baseline (engine batch 1), measured | {base['requests']} requests, {base['requests_per_vlm_second']} "
-        f"requests/s; per shard: {shards} |",
-        f"| seconds per request, the same {bn['requests']} requests ({mix}) at batch 8 vs 1, median of "
-        f"{len(b1['wall_seconds_per_round'])} alternating rounds, measured | {bn['seconds_per_request']} vs "
-        f"{b1['seconds_per_request']} (**{ratio}x** per request; the demo profile's note says 6.6x) |",
-        f"| figures that skip SoM / regions / both, measured | {pf['share_skipping_som']:.0%} / "
-        f"{pf['share_skipping_regions']:.0%} / {pf['share_skipping_both']:.0%} |",
-        f"| requests, prompt tokens without / with the pre-filter (estimate) | "
-        f"{pf['ratio_without_over_with']['requests']}x, {pf['ratio_without_over_with']['prompt_tokens']}x |",
-        f"| prompt tokens a prefix cache can reuse, strict / fixed-text upper bound (computed) | "
-        f"{px['strict_share_production_band']:.1%} / {px['fixed_text_share_production_band']:.1%} |",
-        f"| characters per text token, tiny tokenizer (measured; Qwen's: unknown) | {cpt} |",
-        f"| 24M figures, Qwen2.5-VL-7B, assumed {pj['assumption']['prefill_tps']:,.0f} / "
-        f"{pj['assumption']['decode_tps']:,.0f} tok/s prefill/decode | "
-        f"{pj['low_completion']['h100_hours']:,}-{pj['budget_completion']['h100_hours']:,} H100-hours "
-        f"(Panel2Patch, 72B: ~{PANEL2PATCH_H100_HOURS:,}) |",
-        "",
-        "Measured: requests, tokens and CPU seconds per figure and per prompt, per shard, and the batch-8/batch-1 "
-        f"replay (the same requests through one engine per batch size, rounds alternating; batch 8 / batch 1 per "
-        f"round: {per_round}; on 2 CPU cores with a 0.4M-parameter model it says nothing about a GPU). Tokens per "
-        "figure are at the reduced pixel band of the run (64-256 visual tokens per image); the projection "
-        "recomputes image tokens exactly at the production band "
-        f"(256-1280): {pj['prompt_tokens_per_figure_production']:,.0f} prompt tokens per figure.",
-        "Estimated: the cost without the pre-filter (measured mean cost per request of each prompt times the "
-        "requests that would have been sent). Computed, not measured: prefix-cache shares, with the tiny "
-        "tokenizer (images come before the text in the turn, so only the system turn is a true shared prefix).",
-        "Assumed: H100 throughputs (no GPU here); completion lengths are bounded between the tiny model's capped "
-        "answers and each prompt's budget; text tokens are the tiny tokenizer's, whose vocabulary of a few hundred "
-        f"tokens gives {cpt} characters per token, so text-token counts likely overstate Qwen's (Qwen's own "
-        "ratio on this text is not measured and no source was found for it).",
-    ]
-    return "\n".join(rows) + "\n"
+# ---- where the time goes ----------------------------------------------------------------------
 
 
 def shard_times(run: dict) -> dict:

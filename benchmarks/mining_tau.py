@@ -37,10 +37,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from benchmarks.record import write_results
+from pipelines.images.boxes import iou
 from pipelines.mining.markers import ARROW, ARROWHEAD, BOX, CIRCLE, KINDS, Marker, detect_markers
 from pipelines.mining.regions import LONE_MARKER_SCALE, fuse_regions
 from pipelines.panels.evaluate import match_at_iou, recall_precision
-from pipelines.panels.postprocess import iou
 from testing.markers import draw_arrow, draw_arrowhead, draw_asterisk, draw_box, draw_circle
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -52,7 +52,8 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.record import write_results
-from pipelines.panels.captions import caption_agreement, phrase_agreement, split_caption
+from pipelines.core.panel_methods import XYCUT
+from pipelines.images.boxes import Panel, scale_boxes
 from pipelines.panels.evaluate import (
     label_reading,
     load_eval_figures,
@@ -61,10 +62,10 @@ from pipelines.panels.evaluate import (
     recall_precision,
     score_figures,
 )
-from pipelines.panels.inputs import prepare_image, scale_boxes
+from pipelines.panels.inputs import prepare_image
 from pipelines.panels.layout import split_panels
-from pipelines.panels.pairing import assign_captions
-from pipelines.panels.types import XYCUT, Panel
+from pipelines.text.captions import caption_agreement, phrase_agreement, split_caption
+from pipelines.text.pairing import assign_captions
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
@@ -152,7 +153,7 @@ class DetrMethod:
         self.detector = detector
 
     def __call__(self, image: Image.Image) -> list[Panel]:
-        from pipelines.panels.postprocess import finalize
+        from pipelines.images.boxes import finalize
 
         found = self.detector.detect([image], 1)[0]
         labels = [(b.box, b.label) for b in found.label_boxes if b.label]

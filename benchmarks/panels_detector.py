@@ -32,8 +32,8 @@ from pathlib import Path
 
 from benchmarks.embeddings import sample_images
 from benchmarks.record import write_results
-from pipelines.concepts.decode import decode_image
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.images.decode import decode_image
 from pipelines.panels.detector import (
     OPENPMC_BATCH,
     Detector,
@@ -81,7 +81,7 @@ def measure(architecture: str, data: list[bytes]) -> dict:
 
 
 def ray_pipeline(data: list[bytes], batch: int) -> dict:
-    from pipelines.concepts.embed import ensure_ray
+    from pipelines.compute.ray_pool import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count())
     with tempfile.TemporaryDirectory() as tmp:

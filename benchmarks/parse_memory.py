@@ -44,10 +44,10 @@ PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
 def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str | None) -> dict[str, int]:
     """The parse step before streaming (PanelForge ca0ff67^): every row of the four tables in
     lists, previous partitions read whole for carry-over, images read whole, then written."""
-    from pipelines.acquire.rawstore import read_raw_file
-    from pipelines.parse.images import image_info
+    from pipelines.core.rawstore import read_raw_file
+    from pipelines.core.schemas import ARTICLES
+    from pipelines.images.info import image_info
     from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
-    from pipelines.schemas import ARTICLES
 
     def error_row(pmcid: str, error: str) -> dict:
         row = {name: None for name in ARTICLES.names}
@@ -138,7 +138,7 @@ def replicate(lake, copies: int, release: str, status: str) -> int:
 def child(variant: str, root: str, release: str, previous: str | None) -> None:
     import warnings
 
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from pipelines.parse import images, nxml, shard  # noqa: F401 - imported before the baseline RSS
 
     warnings.simplefilter("ignore")

@@ -45,8 +45,8 @@ BENCH_RELEASE = "bench"
 def build_lake(root: Path) -> tuple[object, list[dict], float]:
     """The sample acquired and parsed as the pipeline does it, then planned; returns the lake,
     the planned sample rows and the planning CPU seconds."""
+    from pipelines.core.stage import Partition
     from pipelines.release.stages import SamplePlanStage
-    from pipelines.stage import Partition
     from testing.pipeline import sample_lake
 
     lake = sample_lake(root)
@@ -83,7 +83,7 @@ def child_panelforge(lake_root: str, limit: int) -> dict:
     """Write the first ``limit`` samples (in shuffle order) as one subset; report time and memory."""
     from itertools import islice
 
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from pipelines.release.webdataset import ShardLimits, shuffled_samples, write_subset
 
     lake = Lake(lake_root)
@@ -109,8 +109,8 @@ def child_biomedica_style(lake_root: str, limit: int) -> dict:
     import webdataset as wds
     from PIL import Image
 
-    from pipelines.acquire.rawstore import RawReader
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
+    from pipelines.core.rawstore import RawReader
     from pipelines.release.webdataset import shuffled_samples
 
     lake = Lake(lake_root)

@@ -3,6 +3,7 @@
     python -m jobs.cli setup-instance            # once per DAGSTER_HOME: instance file, pool limits
                                                  # (cluster profile: PostgreSQL, DAGSTER_PG_* variables)
     python -m jobs.cli add-release 2027          # adds release 2027 and its shards (idempotent)
+    python -m jobs.cli materialize pmc_inventory --partition 2027   # one asset, one partition, here
     python -m jobs.cli pools                     # each pool's limit, the runs holding it, who waits
     python -m jobs.cli free-slots RUN_ID         # give back the slots of a run that died (kill -9)
     dagster asset materialize -m jobs.definitions --select pmc_inventory --partition 2027
@@ -12,9 +13,13 @@ With the daemon running (``dagster dev`` or ``dagster-daemon run``), the invento
 automation sensor ``panelforge_automation`` carries the release through every other stage.
 (``dg launch --assets ... --partition ...`` is the same launch where dagster-dg-cli is installed.)
 
-``add-release`` uses the shard count of the lake (or ``PANELFORGE_SHARDS`` for a new lake) and
-records it in ``DAGSTER_HOME``'s instance, which ``dagster asset materialize`` and ``dagster dev``
-read; without it, ``--partition 2027`` fails because the partition does not exist.
+``add-release`` opens the release with ``PANELFORGE_SHARDS`` shards (refused when the lake was
+created with another count) and records it in ``DAGSTER_HOME``'s instance, which ``dagster asset
+materialize`` and ``dagster dev`` read; without it, ``--partition 2027`` fails because the partition
+does not exist (``materialize`` says so, and to run ``add-release``).
+
+A bad setting, a lake of another shard count or an instance that cannot be opened is one line on
+stderr (exit status 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -46,26 +51,90 @@ def main(argv: list[str] | None = None) -> int:
         help="also for a run the instance still thinks in progress (a command-line run killed with -9): "
         "marks it failed first",
     )
+    mat = sub.add_parser(
+        "materialize",
+        help="materialize one asset (one partition) in this process, in DAGSTER_HOME's instance "
+        "(like `dagster asset materialize`, but a partition that is not open says so)",
+    )
+    mat.add_argument("asset", help="the asset's name, e.g. pmc_inventory")
+    mat.add_argument("--partition", help="a release (2027) or a release and shard (2027|000)")
     args = parser.parse_args(argv)
+    if args.command == "add-release" and not (args.release.isdigit() and len(args.release) == 4):
+        parser.error(f"a release is named by its year (e.g. 2027), got {args.release!r}")
+
+    from dagster import DagsterError
+
+    from pipelines.core.errors import StageInputError
+
+    try:
+        return _command(args)
+    except (StageInputError, DagsterError) as exc:  # settings, the lake's layout, the instance
+        print(f"{parser.prog} {args.command}: {_first_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _command(args) -> int:
     if args.command in ("pools", "free-slots"):
         return pools_command(args)
 
     from dagster import DagsterInstance
 
     from assets.partitions import open_release
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from resources.settings import Settings
 
-    if args.command == "add-release" and not (args.release.isdigit() and len(args.release) == 4):
-        parser.error(f"a release is named by its year (e.g. 2027), got {args.release!r}")
     settings = Settings.from_env()
     if args.command == "setup-instance":
         return setup_instance(settings)
-    n_shards = Lake(settings.home).n_shards() or settings.shards
+    if args.command == "materialize":
+        return materialize(args.asset, args.partition)
+    Lake(settings.home).check_layout(settings.shards)  # another count than the lake's is refused
     with DagsterInstance.get() as instance:
-        open_release(instance, args.release, n_shards)
-    print(f"release {args.release} is open with {n_shards} shards")
+        open_release(instance, args.release, settings.shards)
+    print(f"release {args.release} is open with {settings.shards} shards")
     return 0
+
+
+def missing_partition(instance, partition: str) -> str | None:
+    """Why ``partition`` (``2027`` or ``2027|000``) cannot be materialized in ``instance``: the
+    release or the shard is not open (None when both are)."""
+    from assets.partitions import RELEASES, SHARDS
+
+    release, _, shard = partition.partition("|")
+    if release not in instance.get_dynamic_partitions(RELEASES):
+        return f"release {release} is not open in this instance: run `python -m jobs.cli add-release {release}` first"
+    if shard and shard not in instance.get_dynamic_partitions(SHARDS):
+        return (
+            f"shard {shard} does not exist in this instance (shards are opened with their release): "
+            f"run `python -m jobs.cli add-release {release}` first"
+        )
+    return None
+
+
+def materialize(asset: str, partition: str | None) -> int:
+    """Run one asset's partition in this process against ``DAGSTER_HOME``'s instance."""
+    from dagster import AssetKey, DagsterInstance
+
+    from jobs.definitions import defs
+
+    key = AssetKey(asset)
+    if not defs.resolve_asset_graph().has(key):
+        print(f"no asset named {asset!r}", file=sys.stderr)
+        return 2
+    with DagsterInstance.get() as instance:
+        if partition is not None and (why := missing_partition(instance, partition)):
+            print(why, file=sys.stderr)
+            return 2
+        job = defs.get_implicit_global_asset_job_def()
+        result = job.execute_in_process(
+            instance=instance, asset_selection=[key], partition_key=partition, raise_on_error=False
+        )
+    print(f"{asset}{f'[{partition}]' if partition else ''}: {'succeeded' if result.success else 'failed'}")
+    return 0 if result.success else 1
 
 
 def pools_command(args) -> int:

@@ -6,7 +6,7 @@ value fails the load with the variable's name, and nothing is read at import tim
 
 from __future__ import annotations
 
-from dagster import Definitions
+from dagster import AssetsDefinition, Definitions, MultiPartitionsDefinition
 
 from assets.acquisition import pmc_inventory, pmc_raw_articles
 from assets.concepts import (
@@ -75,6 +75,33 @@ ASSETS = [
     clip_continual_pretraining,
     multilevel_training,
 ]
+
+
+def materialization_order(definitions: Definitions) -> list[AssetsDefinition]:
+    """Every asset of ``definitions`` in an order that materializes each after its parents: the
+    graph's topological levels; within a level the per-shard assets first (so consecutive ones can
+    share a run per shard), then by name. The demo and the tests walk the graph this way instead
+    of listing it again."""
+    graph = definitions.resolve_asset_graph()
+    assets = [
+        graph.get(key).assets_def
+        for level in graph.toposorted_asset_keys_by_level
+        for key in sorted(level, key=lambda k: k.to_user_string())
+    ]
+    level_of = {key: i for i, level in enumerate(graph.toposorted_asset_keys_by_level) for key in level}
+    return sorted(assets, key=lambda a: (level_of[a.key], not per_shard(a), a.key.to_user_string()))
+
+
+def unbound(assets: list[AssetsDefinition]) -> list[AssetsDefinition]:
+    """``assets`` as ``ASSETS`` holds them, without the resources ``Definitions`` bound to them:
+    what ``materialize`` takes with resources of its own (the demo's, a test's)."""
+    by_key = {a.key: a for a in ASSETS}
+    return [by_key[a.key] for a in assets]
+
+
+def per_shard(asset: AssetsDefinition) -> bool:
+    """The asset runs per release × shard (else per release)."""
+    return isinstance(asset.partitions_def, MultiPartitionsDefinition)
 
 
 def build_definitions(settings: Settings | None = None) -> Definitions:

@@ -24,11 +24,21 @@ DEMO_CONCEPT_MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed":
 DEMO_HELDOUT_SHARE = 0.2  # of the 38 articles, held out for clip_evaluation
 
 
+def demo_config(repo: Path) -> dict[str, dict]:
+    """The run configuration of the assets whose defaults are production sizes; the launched jobs
+    run at demo sizes on the tiny local models anyway (the synthetic profile's, assets/synthetic.py)."""
+    return {
+        "concept_model": DEMO_CONCEPT_MODEL,
+        "cluster_labels": {"directory": str(repo / "sample" / "annotations")},  # the sample's annotations
+        "hf_upload": {"dry_run": True},
+        "clip_evaluation": {"share": DEMO_HELDOUT_SHARE},  # records the release's held-out split first
+    }
+
+
 def main() -> int:
     from resources.settings import REPO
 
-    global DEMO_ANNOTATIONS
-    DEMO_ANNOTATIONS = REPO / "sample" / "annotations"
+    config = demo_config(REPO)
     warnings.filterwarnings("ignore", category=BetaWarning)
     os.environ.setdefault("PANELFORGE_PROFILE", "demo")
     from jobs.instance import prepare_instance
@@ -51,146 +61,43 @@ def main() -> int:
         os.environ["NCBI_EUTILS_URL"] = eutils.url
         print(f"serving the sample release (PMC Cloud layout) at {server.url}")
         print(f"serving recorded E-utilities answers at {eutils.url}")
-        from dagster import DagsterInstance, MultiPartitionKey, materialize
+        from dagster import DagsterInstance, materialize
 
-        from assets.acquisition import pmc_inventory, pmc_raw_articles
-        from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
-        from assets.longcap import long_captions, pair_negatives
-        from assets.mining import pairs
-        from assets.panels import panel_crops, panels
-        from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
-        from assets.release import (
-            dataset_card,
-            dataset_samples,
-            hf_upload,
-            pair_samples,
-            release_parquet,
-            webdataset_concept_balanced,
-            webdataset_concept_filtered,
-            webdataset_pairs,
-            webdataset_shards,
-        )
-
-        RELEASE_ASSETS = (  # noqa: N806
-            webdataset_shards,
-            webdataset_concept_filtered,
-            webdataset_concept_balanced,
-            webdataset_pairs,
-            release_parquet,
-            dataset_card,
-        )
-        from assets.partitions import open_release
-        from pipelines.partitioning import shard_keys
+        from assets.partitions import open_release, release_shard_keys
+        from jobs.automation import STARTED_BY_A_PERSON, UPLOAD
+        from jobs.definitions import build_definitions, materialization_order, per_shard, unbound
+        from pipelines.core.partitioning import shard_keys
         from resources.profiles import build_resources
 
         settings = Settings.from_env()
         instance = DagsterInstance.get()
         open_release(instance, DEMO_RELEASE, settings.shards)
-        shards = shard_keys(settings.shards)
+        keys = release_shard_keys(DEMO_RELEASE, shard_keys(settings.shards))
         resources = build_resources(settings)
         quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-        result = materialize(
-            [pmc_inventory], partition_key=DEMO_RELEASE, instance=instance, resources=resources, run_config=quiet
-        )
-        if not result.success:
-            return 1
-        print(f"  materialized pmc_inventory[{DEMO_RELEASE}]")
-        for shard in shards:
-            key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
-            result = materialize(
-                [pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings],
-                partition_key=key,
-                instance=instance,
-                resources=resources,
-                run_config=quiet,
-            )
-            print(f"  materialized pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings [{key}]")
-            if not result.success:
-                return 1
-        result = materialize(
-            [image_duplicates], partition_key=DEMO_RELEASE, instance=instance, resources=resources, run_config=quiet
-        )
-        print(f"  materialized image_duplicates[{DEMO_RELEASE}]")
-        if not result.success:
-            return 1
-        concepts = {
-            "ops": {
-                "concept_model": {"config": DEMO_CONCEPT_MODEL},
-                "cluster_labels": {"config": {"directory": str(DEMO_ANNOTATIONS)}},
-            },
-            **quiet,
-        }
-        for asset_def in (concept_model, concept_review, cluster_labels):
-            result = materialize(
-                [asset_def],
-                partition_key=DEMO_RELEASE,
-                instance=instance,
-                resources=resources,
-                run_config={"ops": {k: v for k, v in concepts["ops"].items() if k == asset_def.key.path[-1]}, **quiet},
-            )
-            print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]")
-            if not result.success:
-                return 1
-        for asset_def in (
-            figure_concepts,
-            dataset_samples,
-            panels,
-            panel_crops,
-            pairs,
-            pair_negatives,
-            long_captions,
-            pair_samples,
-        ):
-            for shard in shards:
-                key = MultiPartitionKey({"release": DEMO_RELEASE, "shard": shard})
+        # every asset of the code location, parents first; consecutive per-shard assets run
+        # together, one run per shard
+        runs: list[list] = []
+        for asset_def in unbound(materialization_order(build_definitions(settings))):
+            if runs and per_shard(asset_def) and per_shard(runs[-1][0]):
+                runs[-1].append(asset_def)
+            else:
+                runs.append([asset_def])
+        for group in runs:
+            names = [a.key.path[-1] for a in group]
+            run_config = {"ops": {n: {"config": config[n]} for n in names if n in config}, **quiet}
+            step = time.time()
+            for key in keys if per_shard(group[0]) else [DEMO_RELEASE]:
                 result = materialize(
-                    [asset_def], partition_key=key, instance=instance, resources=resources, run_config=quiet
+                    group, partition_key=key, instance=instance, resources=resources, run_config=run_config
                 )
                 if not result.success:
                     return 1
-            print(f"  materialized {asset_def.key.path[-1]} (every shard)")
-        upload = {"ops": {"hf_upload": {"config": {"dry_run": True}}}, **quiet}
-        from assets.evaluation import clip_evaluation
-        from assets.panels import panel_detector, panel_training_set
-        from assets.training import clip_continual_pretraining, multilevel_training
-
-        # the launched jobs, on the tiny local models at demo sizes (the synthetic profile's,
-        # assets/synthetic.py); the evaluation records the release's held-out split first
-        TRAINING_ASSETS = (  # noqa: N806
-            panel_training_set,
-            panel_detector,
-            clip_continual_pretraining,
-            multilevel_training,
-            clip_evaluation,
-        )
-        evaluation = {"ops": {"clip_evaluation": {"config": {"share": DEMO_HELDOUT_SHARE}}}, **quiet}
-        for asset_def in (*RELEASE_ASSETS, hf_upload):
-            result = materialize(
-                [asset_def],
-                partition_key=DEMO_RELEASE,
-                instance=instance,
-                resources=resources,
-                run_config=upload if asset_def is hf_upload else quiet,
-            )
-            print(
-                f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}]"
-                + (" (dry run)" if asset_def is hf_upload else "")
-            )
-            if not result.success:
-                return 1
-        for asset_def in TRAINING_ASSETS:
-            step = time.time()
-            result = materialize(
-                [asset_def],
-                partition_key=DEMO_RELEASE,
-                instance=instance,
-                resources=resources,
-                run_config=evaluation if asset_def is clip_evaluation else quiet,
-            )
-            print(f"  materialized {asset_def.key.path[-1]}[{DEMO_RELEASE}] (tiny local model, synthetic; "
-                  f"{time.time() - step:.0f}s)")  # fmt: skip
-            if not result.success:
-                return 1
+            where = " (every shard)" if per_shard(group[0]) else f"[{DEMO_RELEASE}]"
+            note = " (dry run)" if names == [UPLOAD] else ""
+            if set(names) <= STARTED_BY_A_PERSON:
+                note = f" (tiny local model, synthetic; {time.time() - step:.0f}s)"
+            print(f"  materialized {', '.join(names)}{where}{note}")
     print_summary(resources["lake"].lake(), time.time() - started)
     return 0
 

@@ -18,7 +18,7 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 
 from pipelines.acquire.stages import POOL as PMC_POOL
-from pipelines.concepts.stages import GPU_POOL
+from pipelines.core.stage import GPU_POOL
 from pipelines.entrez.stage import POOL as EUTILS_POOL
 from resources.settings import REPO, Settings
 

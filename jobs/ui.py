@@ -3,8 +3,9 @@ running when it stops.
 
 Offline: the demo profile reads the sample mirror from disk (built here when ``make demo`` has not
 run yet) and answers E-utilities from the recordings in ``sample/entrez``, served on loopback for
-each step that asks (``resources/eutils.py``); the models are the tiny random ones. So the README's
-command-line refresh (``jobs.cli add-release 2027``, then materialize) runs here without a network.
+each step that asks (``resources/eutils.py``); the models are the tiny random ones. So the
+command-line refresh of docs/partitions.md (``jobs.cli add-release 2027``, then materialize) runs here
+without a network.
 
 Nothing left behind: ``dagster dev`` leaves its code servers, and the run workers they started,
 running after it exits while a run is in progress (the code server waits for the run, which may
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in _what_is_served(settings):
         print(line)
     print(
-        "From another terminal (the README's command-line refresh):\n"
+        "From another terminal (the command-line refresh of docs/partitions.md):\n"
         f"  export DAGSTER_HOME={home} PANELFORGE_PROFILE={settings.profile} HF_HUB_OFFLINE=1"
     )
     session = UiSession(args.workspace, args.host, args.port)

@@ -53,8 +53,8 @@ from dagster_pipes import (
 )
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines.lake import hold_lock, sweep_temporaries
-from pipelines.stage import PROGRESS_INTERVAL_S, Progress
+from pipelines.core.lake import hold_lock, sweep_temporaries
+from pipelines.core.stage import PROGRESS_INTERVAL_S, Progress
 
 FSSPEC_URL_KEY = "fsspec_url"  # message params key: write numbered chunks under this fsspec URL
 CHECKPOINT_RE = re.compile(r"^ckpt-(\d{8})\.[A-Za-z0-9]+$")

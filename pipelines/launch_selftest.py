@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import fsspec
 
+from pipelines.core.stage import PROGRESS_INTERVAL_S
 from pipelines.launch import (
     JobConfig,
     LaunchInfo,
@@ -33,7 +34,6 @@ from pipelines.launch import (
     report_progress,
     save_checkpoint,
 )
-from pipelines.stage import PROGRESS_INTERVAL_S
 
 FAILED_MARKER = "failed-once.marker"
 EXIT_INJECTED = 3

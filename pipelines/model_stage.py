@@ -24,11 +24,10 @@ from typing import ClassVar
 
 from PIL import Image
 
-from pipelines.acquire.rawstore import RawReader
-from pipelines.concepts.decode import decode_image
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.stage import (
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import RawReader
+from pipelines.core.stage import (
     IMAGE_LINK,
     Checkpoints,
     Partition,
@@ -39,6 +38,7 @@ from pipelines.stage import (
     fingerprint_unless_error,
     reusable_results,
 )
+from pipelines.images.decode import decode_image
 from pipelines.vlm.canary import CanaryResult, require_structured_outputs
 from pipelines.vlm.engine import VlmEngine, engine_fingerprint
 from pipelines.vlm.metering import MeteredEngine
@@ -223,7 +223,9 @@ class ModelStage(Stage):
                     item = run.items[index]
                     if item.ref is not None:
                         ref = item.ref
-                        image, reason = decode_image(reader.read(ref["tar_path"], ref["offset"], ref["size"]))
+                        image, reason = None, ref.get("image_error")  # refused when parsed: that reason
+                        if reason is None:
+                            image, reason = decode_image(reader.read(ref["tar_path"], ref["offset"], ref["size"]))
                         if image is None:
                             run.outcomes[index] = self.unreadable(item, reason)
                             unsaved.append(index)

@@ -6,11 +6,11 @@ import os
 
 from dagster import ConfigurableResource, Failure, InitResourceContext
 
+from pipelines.compute.weights import ModelUnavailableError
 from pipelines.concepts.dinov2 import DEFAULT_MODEL, EmbedderConfig
 from pipelines.concepts.dinov2 import check_weights as check_dinov2
 from pipelines.panels.detector import DEFAULT_MODEL as DEFAULT_DETECTOR
 from pipelines.panels.detector import DetectorConfig, check_weights
-from pipelines.weights import ModelUnavailableError
 
 
 class RayResource(ConfigurableResource):

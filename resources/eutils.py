@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 from dagster import ConfigurableResource, InitResourceContext
 
+from pipelines.core.lake import Lake
 from pipelines.entrez.client import DEFAULT_EUTILS_URL, EntrezClient
-from pipelines.lake import Lake
 
 
 class EutilsResource(ConfigurableResource):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pipelines.lake import Lake
-from pipelines.partitioning import DEFAULT_SHARDS
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import DEFAULT_SHARDS
 
 
 class LakeResource(ConfigurableResource):

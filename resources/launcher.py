@@ -66,6 +66,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError, DagsterPipesE
 from dagster_pipes import PipesExtras, PipesParams
 from pydantic import Field
 
+from pipelines.core.errors import StageInputError
 from pipelines.launch import CONFIG_FILE, FSSPEC_URL_KEY, atomic_write, checkpoint_dir, run_dir
 
 BACKENDS = ("subprocess", "ray", "kubernetes")
@@ -73,7 +74,7 @@ RAY_TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")  # a Ray job's final states
 TORCHRUN = ("-m", "torch.distributed.run")  # what the torchrun script runs, with the job's own interpreter
 
 
-class LauncherUnavailableError(RuntimeError):
+class LauncherUnavailableError(StageInputError):
     """The chosen backend cannot launch here (a missing optional package, a missing setting)."""
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dagster import ConfigurableResource
 
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.source import PmcSource, open_source
+from pipelines.net.retry import RetryPolicy
 
 
 class PmcSourceResource(ConfigurableResource):

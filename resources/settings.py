@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.acquire.source import S3_GET_PER_PREFIX, SourcePolicy, source_policy
+from pipelines.core.errors import StageInputError
 
 PROFILES = ("demo", "local", "cluster")
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ VLM_BACKENDS = ("transformers", "openai", "ray")  # where the mining model runs 
 DEFAULT_VLM = "Qwen/Qwen2.5-VL-7B-Instruct"  # where training and evaluation jobs run (resources/launcher.py)
 
 
-class SettingsError(ValueError):
+class SettingsError(StageInputError, ValueError):
     """A variable has a value PanelForge cannot use; the message names it."""
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from dagster import Definitions, asset, define_asset_job
 
 from jobs.pools import with_pool_waits
-from pipelines.concepts.stages import GPU_POOL
+from pipelines.core.stage import GPU_POOL
 
 MARKER = "PANELFORGE_TEST_GPU_MARKER"  # where hold_gpu writes "<its pid> <its run worker's pid>"
 

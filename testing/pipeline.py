@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pipelines.acquire.source import open_source
 from pipelines.acquire.stages import AcquireStage, InventoryStage
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Partition, StageResult
 from pipelines.parse.stages import ParseStage
-from pipelines.stage import Partition, StageResult
 from testing.loopback.sample_mirror import build_cloud_mirror
 
 

@@ -1,4 +1,4 @@
-"""``make screenshots``: the README's pictures of the UI, taken from the demo's instance.
+"""``make screenshots``: the pictures of the UI in docs/ui.md, taken from the demo's instance.
 
 Starts the web server alone (no daemon: looking launches nothing) over ``.demo/dagster_home`` and
 the demo's lake, opens it in headless Chromium and takes the steps of ``tests/e2e/test_ui_browser.py``

@@ -1,5 +1,5 @@
 """What a user does in the Dagster UI, driven in headless Chromium by Playwright: the browser test
-and ``make screenshots`` take the same steps, so the pictures in the README are what the test saw.
+and ``make screenshots`` take the same steps, so the pictures in docs/ui.md are what the test saw.
 
 Playwright cannot download its own browser here, so it drives Debian's Chromium
 (``testing.system.chromium()``), which is a few releases older than the one Playwright 1.65

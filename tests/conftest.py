@@ -31,7 +31,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from testing.loopback.faults import FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer

@@ -8,10 +8,10 @@ import json
 import shutil
 from pathlib import Path
 
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.source import open_source
-from pipelines.lake import Lake
-from pipelines.partitioning import shard_keys
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import shard_keys
+from pipelines.net.retry import RetryPolicy
 from testing.pipeline import acquire_release
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,11 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pipelines.acquire.layouts import StagedArticle
-from pipelines.acquire.rawstore import verify_raw, write_part
-from pipelines.acquire.retry import PermanentError, SourceUnavailableError
 from pipelines.acquire.source import PmcSource
-from pipelines.lake import Lake
-from pipelines.stage import Progress
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import verify_raw, write_part
+from pipelines.core.stage import Progress
+from pipelines.net.retry import PermanentError, SourceUnavailableError
 
 log = logging.getLogger(__name__)
 DONE = ("ok", "carried")

@@ -12,7 +12,8 @@ import posixpath
 import re
 from collections.abc import Iterable
 
-IMAGE_EXTENSIONS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".gif": "gif", ".tif": "tiff", ".tiff": "tiff"}
+from pipelines.images.info import IMAGE_EXTENSIONS
+
 XML_EXTENSIONS = {".nxml", ".xml"}
 # Extensions we know are not figures: never fetched from sources that list files individually.
 KNOWN_OTHER = {

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from pipelines.acquire.source import PmcSource
-from pipelines.partitioning import shard_of
+from pipelines.core.partitioning import shard_of
 
 
 @dataclass
@@ -32,7 +32,7 @@ def build_inventory(
     """List ``source`` and classify every article as added, changed, unchanged or retracted;
     articles of ``previous_rows`` that are no longer listed are reported as removed.
 
-    An unreachable source raises :class:`~pipelines.acquire.retry.SourceUnavailableError`
+    An unreachable source raises :class:`~pipelines.net.retry.SourceUnavailableError`
     (from the transport) rather than giving an empty or partial inventory."""
     previous = {row["pmcid"]: row for row in previous_rows}
     records, problems = source.inventory(previous)

@@ -29,11 +29,11 @@ from pipelines.acquire.files import (
     is_article_xml,
     needs_content,
 )
-from pipelines.acquire.licenses import normalize_license
 from pipelines.acquire.packages import extract_package
-from pipelines.acquire.retry import PermanentError
 from pipelines.acquire.transports import Transport
-from pipelines.schemas import InventoryFields
+from pipelines.core.licenses import normalize_license
+from pipelines.core.schemas import InventoryFields
+from pipelines.net.retry import PermanentError
 
 PMCID = re.compile(r"^PMC\d{1,10}$")
 ARTICLE_KEY = re.compile(r"^(PMC\d{1,10})\.(\d{1,4})/(.+)$")

@@ -14,7 +14,7 @@ import zlib
 from pathlib import Path
 
 from pipelines.acquire.files import classify, drop_gif_thumbnails
-from pipelines.acquire.retry import PermanentError
+from pipelines.net.retry import PermanentError
 
 MAX_MEMBER_BYTES = 1 << 30
 MAX_MEMBERS = 20_000

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.acquire.layouts import CloudLayout, InventoryProblem, InventoryRecord, LegacyLayout, StagedArticle
-from pipelines.acquire.ratelimit import RateLimiter
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.transports import FtpTransport, HttpTransport, LocalTransport, Transport
+from pipelines.net.ratelimit import RateLimiter
+from pipelines.net.retry import RetryPolicy
 
 # AWS documents "at least 5,500 GET/HEAD requests per second per partitioned prefix" for S3
 # (docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance.html).

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.inventory import build_inventory
-from pipelines.acquire.rawstore import verify_raw
 from pipelines.acquire.source import PmcSource
-from pipelines.lake import Lake
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import verify_raw
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
 
 POOL = "pmc_source"  # one concurrency pool for every stage that talks to the PMC source
 

@@ -26,8 +26,8 @@ import requests
 import urllib3
 from lxml import etree
 
-from pipelines.acquire.ratelimit import RateLimiter
-from pipelines.acquire.retry import (
+from pipelines.net.ratelimit import RateLimiter
+from pipelines.net.retry import (
     RETRYABLE_STATUS,
     PermanentError,
     RetryPolicy,

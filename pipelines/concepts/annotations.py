@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipelines.core.errors import StageInputError
+from pipelines.core.taxonomy import Taxonomy, normalize_label
 
 TAXONOMY_FILE = Path(__file__).with_name("taxonomy.json")
 FIELDS = ("panel_type", "global_concept", "local_concepts")
@@ -39,36 +40,7 @@ TEMPLATE_COLUMNS = [
 ]
 
 
-def normalize_label(label: str) -> str:
-    return re.sub(r"[\s\-\u2010-\u2015]+", "", label.strip().lower())
-
-
-@dataclass
-class Taxonomy:
-    panel_types: list[str]
-    local_concepts: dict[str, list[str]]
-
-    @property
-    def global_concepts(self) -> list[str]:
-        return list(self.local_concepts)
-
-    def local_index(self) -> dict[str, str]:
-        """normalised local label -> its display form."""
-        return {normalize_label(local): local for locals_ in self.local_concepts.values() for local in locals_}
-
-
-def load_taxonomy(extra: str | None = None) -> Taxonomy:
-    """The shipped taxonomy, extended by the JSON file ``extra`` (``PANELFORGE_TAXONOMY``) when given."""
-    data = json.loads(TAXONOMY_FILE.read_text())
-    if extra:
-        more = json.loads(Path(extra).read_text())
-        data["panel_types"] = list(dict.fromkeys(data["panel_types"] + more.get("panel_types", [])))
-        for concept, locals_ in more.get("local_concepts", {}).items():
-            data["local_concepts"][concept] = list(dict.fromkeys(data["local_concepts"].get(concept, []) + locals_))
-    return Taxonomy(data["panel_types"], data["local_concepts"])
-
-
-class AnnotationError(ValueError):
+class AnnotationError(StageInputError, ValueError):
     """One or more annotation rows are invalid; the message names every file and line."""
 
 

@@ -26,17 +26,20 @@ here that measurement cannot say which of the two groups figures better (docs/di
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import huggingface_hub.constants
 import numpy as np
 from PIL import Image
 
-from pipelines.weights import ModelUnavailableError, Weights  # noqa: F401 - ModelUnavailableError: re-exported
+from pipelines.compute.weights import (  # noqa: F401 - ModelUnavailableError: re-exported
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ModelUnavailableError,
+    Weights,
+    from_pretrained_offline_first,
+)
 
 DEFAULT_MODEL = "facebook/dinov2-large"
 SETTING = "PANELFORGE_DINOV2_MODEL"
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # the config's model_type -> the transformers class that has its weights
 MODEL_CLASSES = {"dinov2": "Dinov2Model", "dinov2_with_registers": "Dinov2WithRegistersModel"}
 # facebookresearch/dinov2's torch hub names -> their Hugging Face ids
@@ -105,25 +108,6 @@ def check_weights(config: EmbedderConfig) -> None:
         return
     weights = weights_of(config)
     model_class(json.loads(weights.config_file().read_text()), f"{SETTING}={config.model!r}")
-
-
-def from_pretrained_offline_first(cls, model: str, unavailable, revision: str | None = None):
-    """``cls.from_pretrained(model)`` from a local directory or the Hugging Face cache first; the
-    hub only when not offline. ``unavailable(exc)`` builds the error raised when neither has it.
-    A folder that exists is loaded as it is, never from the network: what goes wrong there is
-    that folder's error, not "unavailable"."""
-    if Path(model).expanduser().is_dir():
-        return cls.from_pretrained(str(Path(model).expanduser()), local_files_only=True)
-    kwargs = {"revision": revision} if revision else {}
-    try:
-        return cls.from_pretrained(model, local_files_only=True, **kwargs)
-    except OSError as exc:
-        if huggingface_hub.constants.is_offline_mode():
-            raise unavailable(exc) from exc
-    try:
-        return cls.from_pretrained(model, **kwargs)
-    except OSError as exc:
-        raise unavailable(exc) from exc
 
 
 def load_processor(config: EmbedderConfig):

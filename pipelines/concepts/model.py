@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 
 KMEANS_BACKENDS = ("auto", "faiss", "sklearn")
 # faiss's ClusteringParameters.min_points_per_centroid: below k * 39 points it warns on stderr

@@ -13,9 +13,9 @@ from collections import defaultdict
 
 from PIL import Image, ImageDraw
 
-from pipelines.acquire.rawstore import read_raw_file
-from pipelines.concepts.decode import decode_image
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import read_raw_file
+from pipelines.images.decode import decode_image
 
 SHEET_SIZE, THUMB, COLUMNS = 30, 160, 6
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.embed import embed_images
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
-from pipelines.stage import Partition, reusable_results
+from pipelines.core.figures import image_refs, raw_locations  # noqa: F401 - used by the embedding stage
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Partition, reusable_results
 
 # Bump when a change to how images are decoded or embedded changes the vectors of the same image.
 EMBED_VERSION = "1"
@@ -26,39 +27,6 @@ class EmbeddedShard:
     embedded: int
     carried: int
     errors: int
-
-
-def raw_locations(lake: Lake, release: str, shard: str) -> dict[tuple[str, str], dict]:
-    """Where each raw file of the partition lies, by (pmcid, file name)."""
-    files = lake.read_table("raw_files", release, shard)
-    return {(f["pmcid"], f["name"]): f for f in (files.to_pylist() if files is not None else [])}
-
-
-def image_refs(lake: Lake, release: str, shard: str, figures: list[dict] | None = None) -> list[dict]:
-    """One reference per resolved figure image of the partition (where it lies in the raw tars);
-    ``figures``: the partition's figure rows when the caller has them already."""
-    if figures is None:
-        table = lake.read_table("figures", release, shard)
-        if table is None:
-            raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-        figures = table.to_pylist()
-    by_name = raw_locations(lake, release, shard)
-    refs = []
-    for fig in figures:
-        for name in fig["image_files"] or []:
-            raw = by_name[(fig["pmcid"], name)]
-            refs.append(
-                {
-                    "pmcid": fig["pmcid"],
-                    "fig_id": fig["fig_id"],
-                    "image_file": name,
-                    "sha256": raw["sha256"],
-                    "tar_path": raw["tar_path"],
-                    "offset": raw["offset"],
-                    "size": raw["size"],
-                }
-            )
-    return refs
 
 
 def embedder_identity(config: EmbedderConfig) -> dict:
@@ -101,7 +69,10 @@ def embed_shard(
     reused = reusable_results(lake, "embeddings", Partition(release, shard), _reusable_key(config, identity))
     known = {fp: row for fp, (row, _) in reused.items()}
     fps = {r["sha256"]: fingerprint({**identity, "sha256": r["sha256"]}) for r in refs}
-    todo = [r for r in refs if fps[r["sha256"]] not in known]
+    refused = {(r["pmcid"], r["fig_id"], r["image_file"]): r["image_error"] for r in refs if r.get("image_error")}
+    todo = [
+        r for r in refs if fps[r["sha256"]] not in known and (r["pmcid"], r["fig_id"], r["image_file"]) not in refused
+    ]
     fresh = embed_images(lake, todo, config, batch_size, actors, gpus_per_actor, address, actor_resources)
     by_key: dict[tuple, list[dict]] = defaultdict(list)
     for row in fresh:
@@ -109,7 +80,10 @@ def embed_shard(
     rows = []
     for ref in refs:
         key = (ref["pmcid"], ref["fig_id"], ref["image_file"])
-        source = known.get(fps[ref["sha256"]]) or by_key[key][0]
+        if key in refused:  # decided when parsed: the same reason as every other stage
+            source = {"dim": None, "vector": None, "error": refused[key]}
+        else:
+            source = known.get(fps[ref["sha256"]]) or by_key[key][0]
         rows.append(
             {
                 "pmcid": ref["pmcid"],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.concepts.annotations import AnnotationError, load_taxonomy, read_annotations, resolve, template_csv
+from pipelines.concepts.annotations import AnnotationError, read_annotations, resolve, template_csv
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.model import (
     ConceptModel,
@@ -33,14 +33,26 @@ from pipelines.concepts.review import (
     index_html,
     seeded_sample,
 )
-from pipelines.concepts.shard import embed_shard, raw_locations
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.previews import sheet_preview
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Compute, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.concepts.shard import embed_shard
+from pipelines.core.figures import raw_locations
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import (
+    GPU_POOL,
+    RELEASE,
+    Check,
+    Compute,
+    Markdown,
+    Partition,
+    Preview,
+    Stage,
+    StageInputError,
+    StageResult,
+)
+from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.previews import sheet_preview
 
-GPU_POOL = "gpu"
 ANNOTATIONS_MATCH = "annotations_match_model"
 
 
@@ -96,9 +108,7 @@ class EmbedStage(Stage):
     reads = (Table.FIGURES, Table.RAW_FILES, Table.EMBEDDINGS)
     writes = (Table.EMBEDDINGS,)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "pytorch"))
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard

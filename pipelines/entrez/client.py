@@ -25,10 +25,11 @@ from typing import TypeVar
 
 import requests
 
-from pipelines.acquire.ratelimit import RateLimiter
-from pipelines.acquire.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
+from pipelines.core.errors import ServiceUnavailableError
+from pipelines.core.lake import Lake
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
-from pipelines.lake import Lake
+from pipelines.net.ratelimit import RateLimiter
+from pipelines.net.retry import RETRYABLE_STATUS, PermanentError, RetryPolicy, TransientError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ _TRANSPORT_ERRORS = (
 )
 
 
-class EntrezUnavailableError(RuntimeError):
+class EntrezUnavailableError(ServiceUnavailableError):
     """E-utilities could not be used at all: unreachable, retries exhausted on disconnects,
     timeouts, 429 or 5xx, or the endpoint refused us. Says nothing about any article: callers
     let it propagate (the run fails and is retried later) and never record it per article."""

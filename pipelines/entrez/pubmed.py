@@ -8,8 +8,8 @@ otherwise: not found, an error, or citations not fetched; ``citations_problem`` 
 
 from __future__ import annotations
 
+from pipelines.core.schemas import PUBMED
 from pipelines.entrez.client import EntrezClient
-from pipelines.schemas import PUBMED
 
 UNKNOWN_COUNT = -1
 

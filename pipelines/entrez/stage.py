@@ -6,11 +6,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import Compute, Partition, Preview, Stage, StageResult
 from pipelines.entrez.client import EntrezClient
 from pipelines.entrez.pubmed import pubmed_rows
-from pipelines.lake import Lake
-from pipelines.schemas import Table
-from pipelines.stage import Compute, Partition, Preview, Stage, StageResult
 
 POOL = "ncbi_eutils"
 
@@ -29,8 +29,7 @@ class PubmedStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
-        table = lake.read_table(Table.ARTICLES, release, shard)
-        articles = table.select(["pmcid", "pmid"]).to_pylist() if table is not None else []
+        articles = lake.require(Table.ARTICLES, release, shard).select(["pmcid", "pmid"]).to_pylist()
         client = self.client_for(lake, release)
         rows = pubmed_rows(client, articles)
         lake.write_table(Table.PUBMED, release, shard, rows)

@@ -23,9 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.acquire.files import IMAGE_EXTENSIONS
-from pipelines.lake import Lake
-from pipelines.release.webdataset import dataset_dir
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.images.info import IMAGE_EXTENSIONS
 
 CLASSIFICATION, VQA, RETRIEVAL = "classification", "vqa", "retrieval"
 TASKS = (CLASSIFICATION, VQA, RETRIEVAL)

@@ -40,12 +40,12 @@ def load_clip(spec: str, pretrained: str | None = None, name: str | None = None,
 
     A BMC-LongCLIP export has a Hugging Face text tower (BioClinical ModernBERT) that stock
     OpenCLIP 3.3 cannot build (``ModernBertModel`` rejects OpenCLIP's ``add_pooling_layer``), so
-    the towers :mod:`pipelines.training.hf_text` teaches OpenCLIP are enabled first; its
+    the towers :mod:`pipelines.compute.hf_text` teaches OpenCLIP are enabled first; its
     tokenizer is read from the export's own folder, its text tower's config from
     ``hf_model_name`` (the Hugging Face cache, or the Hub when not offline)."""
     import open_clip
 
-    from pipelines.training.hf_text import enable_hf_text_towers
+    from pipelines.compute.hf_text import enable_hf_text_towers
 
     enable_hf_text_towers()
     model, _, preprocess = open_clip.create_model_and_transforms(spec, pretrained=pretrained, device=device)
@@ -218,7 +218,7 @@ def _plot(rows: list[MetricRow], report: Report) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipelines.release.stats import _png
+    from pipelines.images.plots import figure_png
 
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(rows)), dpi=100)
     y = np.arange(len(rows))
@@ -236,7 +236,7 @@ def _plot(rows: list[MetricRow], report: Report) -> bytes:
     ax.set_xlim(0, 1)
     ax.set_title(rows[0].dataset + (" (synthetic)" if rows[0].synthetic else ""))
     ax.legend(fontsize=7)
-    return _png(fig, plt)
+    return figure_png(fig, plt)
 
 
 def evaluate(

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipelines import launch
+from pipelines.core.lake import Lake
 from pipelines.evaluation.benchmarks_formats import load_benchmarks
 from pipelines.evaluation.harness import evaluate_release, load_clip
-from pipelines.lake import Lake
 
 
 @dataclass(frozen=True)

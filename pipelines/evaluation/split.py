@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from pipelines.lake import Lake
-from pipelines.schemas import Table
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
 
 DEFAULT_SHARE = 0.01
 DEFAULT_KEY = "panelforge-heldout-v1"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from pipelines.longcap.tokens import TextTokenizer, split_sentences
-from pipelines.panels.captions import normalize_caption
+from pipelines.text.captions import normalize_caption
 
 SOURCES = ("caption", "mentions", "title", "abstract", "sections")
 

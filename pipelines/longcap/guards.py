@@ -20,7 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from pipelines.longcap.tokens import TextTokenizer, split_sentences
-from pipelines.panels.captions import normalize_caption, split_caption
+from pipelines.text.captions import normalize_caption, split_caption
 
 UNITS = (
     "%",

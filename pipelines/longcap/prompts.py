@@ -15,10 +15,10 @@ more than a 512-token text encoder reads of the long caption anyway.
 
 from __future__ import annotations
 
-from pipelines.fingerprints import fingerprint
-from pipelines.mining.prompts import SYSTEM
+from pipelines.core.fingerprints import fingerprint
 from pipelines.vlm.budget import answer_budget
 from pipelines.vlm.prompt import Prompt
+from pipelines.vlm.prompts import SYSTEM
 
 SUPPORTED, NOT_VISIBLE, UNVERIFIABLE = "SUPPORTED", "NOT_VISIBLE", "UNVERIFIABLE"
 FEASIBLE, NOT_FEASIBLE = "FEASIBLE", "NOT_FEASIBLE"

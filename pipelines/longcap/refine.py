@@ -12,18 +12,17 @@ from dataclasses import asdict, dataclass
 
 from PIL import Image
 
-from pipelines.concepts.shard import image_refs
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
+from pipelines.core.figures import image_refs
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES, Table
+from pipelines.core.stage import StageInputError
 from pipelines.longcap.acronyms import find_definitions, used_acronyms
 from pipelines.longcap.context import Context, assemble_context
 from pipelines.longcap.guards import check_refinement, fit_long_caption, fold
 from pipelines.longcap.prompts import FEASIBLE, LONGCAP
 from pipelines.longcap.tokens import TextTokenizer
-from pipelines.panels.captions import normalize_caption
-from pipelines.release.samples import caption_of
-from pipelines.schemas import TABLES, Table
-from pipelines.stage import StageInputError
+from pipelines.text.captions import caption_of, normalize_caption
 from pipelines.vlm.engine import VlmRequest, VlmResponse
 from pipelines.vlm.grounding import parse_json
 

@@ -4,7 +4,7 @@ Both read what earlier stages wrote (the `pairs` table; the article's text and m
 keep every original: a negative is a new row next to its pair, a long caption is a new column
 next to the caption, which is always kept. Both run in the model-stage loop
 (``pipelines/model_stage.py``): reuse by fingerprint, the canary, batches, progress and
-checkpoints; the logic is in ``negatives.py`` and ``refine.py``.
+checkpoints; the logic is in ``negatives/`` and ``refine.py``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import GPU_POOL, Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
+from pipelines.images.plots import figure_png
 from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, pair_negatives
 from pipelines.longcap.prompts import FEASIBLE, PROMPT_VERSION
 from pipelines.longcap.refine import (
@@ -29,14 +32,10 @@ from pipelines.longcap.refine import (
 )
 from pipelines.longcap.tokens import load_tokenizer
 from pipelines.model_stage import Item, ModelRun, ModelStage, Outcome
-from pipelines.release.stats import _png
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
 from pipelines.vlm.canary import canary_check
 from pipelines.vlm.engine import VlmEngine, provenance
 from pipelines.vlm.metering import MeteredEngine
 
-GPU_POOL = "gpu"
 # Bump when a change to the long-caption logic (context, guards, rows) changes what is written
 # for the same inputs, engine and prompt (the prompt has its own version, PROMPT_VERSION); a new
 # version recomputes what earlier ones made. 2: the token budget cuts the refinement's added
@@ -65,9 +64,9 @@ class NegativesStage(ModelStage):
     reads = (Table.PAIRS, Table.NEGATIVE_ITEMS, Table.PAIR_NEGATIVES)
     writes = (Table.PAIR_NEGATIVES, Table.NEGATIVE_ITEMS)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(pool=GPU_POOL) if self.engine is not None else Compute()
+    # no pool: by default the rules alone run (use_vlm off); the VLM path shares the engine the
+    # ``vlm`` resource opened, as mining and long captions do
+    compute = Compute()
 
     def hashed_settings(self) -> dict:
         prompt = NEGATIVES_PROMPT_VERSION if self.engine is not None else None
@@ -160,9 +159,7 @@ class LongCapStage(ModelStage):
     reads = (Table.FIGURES, Table.ARTICLES, Table.MENTIONS, Table.RAW_FILES, Table.LONG_CAPTIONS)
     writes = (Table.LONG_CAPTIONS,)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("vllm",))
 
     def hashed_settings(self) -> dict:
         settings = self.settings.as_dict()
@@ -259,7 +256,7 @@ def token_histogram(before: list[int], after: list[int]) -> str:
     ax.set_xlabel("tokens (text encoder's tokenizer)")
     ax.set_ylabel("figure images")
     ax.legend()
-    return base64.b64encode(_png(fig, plt)).decode()
+    return base64.b64encode(figure_png(fig, plt)).decode()
 
 
 FEASIBILITY, GUARD_REJECTIONS, GAINED_CONTEXT, LONGCAP_CANARY = (

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.panels.captions import normalize_caption
-from pipelines.provenance import public_model_name
+from pipelines.core.errors import StageInputError
+from pipelines.core.provenance import public_model_name
+from pipelines.text.captions import normalize_caption
 
 # Words whose trailing period is not a sentence end (compared lowercased, without the period).
 ABBREVIATIONS = frozenset(
@@ -183,7 +184,7 @@ TOKENIZER_SETTING = "PANELFORGE_TEXT_TOKENIZER"
 DEFAULT_HF_TOKENIZER = "thomas-sounack/BioClinical-ModernBERT-base"  # BMC-LongCLIP's text tower
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(StageInputError):
     """The tokenizer is neither local nor downloadable: a person must provide it."""
 
 
@@ -193,8 +194,7 @@ class HfTokenizer(TextTokenizer):
     def __init__(self, name_or_path: str, context_length: int, revision: str | None = None):
         from transformers import AutoTokenizer
 
-        from pipelines.concepts.dinov2 import from_pretrained_offline_first
-        from pipelines.weights import Weights
+        from pipelines.compute.weights import Weights, from_pretrained_offline_first
 
         what = "the text encoder's tokenizer"
         weights = Weights(TOKENIZER_SETTING, name_or_path, DEFAULT_HF_TOKENIZER, what, revision)

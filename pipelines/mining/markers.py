@@ -516,7 +516,7 @@ def _to_image_scale(m: Marker, scale: float, size: tuple[int, int]) -> Marker:
 def _suppress(markers: list[Marker]) -> list[Marker]:
     """Best score first; a marker overlapping one already kept (outline and fill of the same
     mark found by two masks) is dropped."""
-    from pipelines.panels.postprocess import ios, iou
+    from pipelines.images.boxes import ios, iou
 
     kept: list[Marker] = []
     for m in sorted(markers, key=lambda m: -m.score):

@@ -15,22 +15,20 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
-from pipelines.concepts.shard import image_refs
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.mining import prompts
+from pipelines.core.figures import image_refs
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES, Table
+from pipelines.core.stage import StageInputError
+from pipelines.images.boxes import Box, Panel, iou
 from pipelines.mining.markers import detect_markers
 from pipelines.mining.phrases import MarkerPhrase, find_marker_phrases
 from pipelines.mining.regions import TAU_DEFAULT, fuse_regions
 from pipelines.mining.som import IMAGE, panel_views, propose_panels, reconcile
 from pipelines.mining.text import gate, panel_texts
-from pipelines.panels.captions import normalize_caption, split_caption
-from pipelines.panels.pairing import NONE
-from pipelines.panels.postprocess import iou
-from pipelines.panels.types import Box, Panel
-from pipelines.release.samples import caption_of
-from pipelines.schemas import TABLES, Table
-from pipelines.stage import StageInputError
+from pipelines.text.captions import caption_of, normalize_caption, split_caption
+from pipelines.text.pairing import NONE
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import VlmRequest
 from pipelines.vlm.grounding import parse_boxes, parse_json
 from pipelines.vlm.metering import Meter, MeteredEngine

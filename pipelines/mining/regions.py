@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipelines.images.boxes import Box, iou
 from pipelines.mining.markers import ARROW, ARROWHEAD, ASTERISK, BOX, CIRCLE, Marker
-from pipelines.panels.postprocess import iou
-from pipelines.panels.types import Box
 
 TAU_DEFAULT = 0.15  # chosen by benchmarks/mining_tau.py (max F1 on the synthetic sweep)
 LONE_MARKER_SCALE = 0.2  # side of a lone arrow's / asterisk's region, as a share of the panel diagonal

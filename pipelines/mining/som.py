@@ -38,9 +38,8 @@ from dataclasses import dataclass, field, replace
 
 from PIL import Image
 
-from pipelines.mining import prompts
-from pipelines.panels.postprocess import SINGLE_PANEL_COVER, iou, match_panels, reading_order, suppress
-from pipelines.panels.types import Box, Panel
+from pipelines.images.boxes import SINGLE_PANEL_COVER, Box, Panel, iou, match_panels, reading_order, suppress
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import VlmEngine, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame, parse_boxes, to_original
 

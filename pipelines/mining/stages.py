@@ -25,7 +25,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import GPU_POOL, Check, Compute, Partition, Preview, StageResult
 from pipelines.mining.mine import (
     GLOBAL,
     LEVELS,
@@ -39,16 +41,13 @@ from pipelines.mining.mine import (
     inputs_fingerprint,
     mine,
 )
-from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.model_stage import Item, ModelRun, ModelStage, Outcome
-from pipelines.panels.pairing import MATCHES, NONE
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Partition, Preview, StageResult
+from pipelines.text.pairing import MATCHES, NONE
 from pipelines.vlm.canary import canary_check
 from pipelines.vlm.engine import VlmEngine, provenance
 from pipelines.vlm.metering import MeteredEngine
+from pipelines.vlm.prompts import PROMPT_VERSION
 
-GPU_POOL = "gpu"
 # The mining logic's version: bump it when a change to pipelines/mining/ changes what is written
 # for the same inputs, engine and prompts (prompts have their own version, PROMPT_VERSION).
 MINING_VERSION = "1"
@@ -79,9 +78,7 @@ class MiningStage(ModelStage):
     )
     writes = (Table.PAIRS, Table.MINING_FIGURES)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        return Compute(ray_actors=self.actors, gpus_per_actor=self.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "vllm"))
 
     def hashed_settings(self) -> dict:
         return {"prompts": PROMPT_VERSION, "settings": self.settings.as_dict()}

@@ -13,14 +13,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
-from pathlib import Path
 
 from PIL import Image
 
-from pipelines.mining import prompts
-from pipelines.panels.captions import normalize_caption, split_caption
-from pipelines.panels.pairing import NONE, VLM, assign_captions
-from pipelines.panels.types import CaptionSplit, Panel
+from pipelines.core.taxonomy import TAXONOMY_FILE
+from pipelines.images.boxes import Panel
+from pipelines.text.captions import CaptionSplit, normalize_caption, split_caption
+from pipelines.text.pairing import NONE, VLM, assign_captions
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import VlmEngine
 from pipelines.vlm.grounding import parse_json
 
@@ -32,7 +32,7 @@ class PanelText:
     """One panel's own caption text. ``source``: "caption_split" (the rules), "vlm" (asked the
     model), None (nobody could give one; ``reason`` says why). ``extractive``: ``text`` is a
     substring of the normalised caption (always, when ``text`` is set). ``match``: how the text
-    was matched to the panel (``pipelines.panels.pairing``: label, order, vlm, none);
+    was matched to the panel (``pipelines.text.pairing``: label, order, vlm, none);
     ``count_agreement``: the figure's panels against the caption's labels."""
 
     panel_index: int
@@ -178,7 +178,7 @@ def _description(text: str) -> tuple[str | None, str | None]:
 
 # --- the classifier gate --------------------------------------------------------------------
 
-TAXONOMY = Path(__file__).resolve().parents[1] / "concepts" / "taxonomy.json"
+TAXONOMY = TAXONOMY_FILE
 # Panel2Patch mined regions only in photographic panels: a region of a bar chart or a diagram
 # is not an object a caption phrase points at.
 NOT_PHOTOGRAPHIC = (

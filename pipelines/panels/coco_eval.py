@@ -82,7 +82,7 @@ def evaluate_detector(detector, coco_dir: str, batch_size: int = 8, threshold: f
     threshold is lowered to ``threshold`` for the evaluation (mAP ranks by score)."""
     from dataclasses import replace
 
-    from pipelines.concepts.decode import decode_image
+    from pipelines.images.decode import decode_image
     from pipelines.panels.detector import Detector, DetectorConfig
 
     if isinstance(detector, DetectorConfig):

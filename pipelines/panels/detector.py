@@ -24,7 +24,7 @@ score > 0.2, their NMS at IoU 0.2) is kept as :func:`openpmc_detect`, a named ba
 benchmark only.
 
 Production loads weights by hub id (optionally a revision) or local directory, the Hugging Face
-cache before the network, and a local folder never through it (``pipelines.weights``). Configs
+cache before the network, and a local folder never through it (``pipelines.compute.weights``). Configs
 saved by transformers 4.x name their backbone as a string (``"backbone": "resnet50"`` with
 ``backbone_kwargs``), which transformers 5 would look up on the hub; :func:`model_config` turns
 it into an explicit timm backbone config with the same ``out_indices`` and ``output_stride``
@@ -44,11 +44,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from pipelines.concepts.decode import decode_image
-from pipelines.concepts.dinov2 import IMAGENET_MEAN, IMAGENET_STD
-from pipelines.panels.types import Box, Panel
-from pipelines.stage import Progress
-from pipelines.weights import Weights
+from pipelines.compute.weights import IMAGENET_MEAN, IMAGENET_STD, Weights
+from pipelines.core.stage import Progress
+from pipelines.images.boxes import Box, Panel
+from pipelines.images.decode import decode_image
 
 DEFAULT_MODEL = "vector-institute/pmc-18m-dab-detr"
 SETTING = "PANELFORGE_PANEL_DETECTOR"  # the setting that names the weights, in every loading error
@@ -507,8 +506,8 @@ REF_KEYS = ("tar_path", "offset", "size")
 
 def _prepare_batch(batch: dict, lake_root: str, input_size: int) -> dict:
     """CPU stage: raw bytes -> decoded RGB -> resized and padded uint8, or an error for that image."""
-    from pipelines.acquire.rawstore import RawReader
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
+    from pipelines.core.rawstore import RawReader
 
     pixels, widths, heights, errors = [], [], [], []
     with RawReader(Lake(lake_root)) as reader:
@@ -583,7 +582,7 @@ def detect_images(
     """
     if not refs:
         return []
-    from pipelines.concepts.embed import actor_pool_batches
+    from pipelines.compute.ray_pool import actor_pool_batches
 
     cfg = asdict(config)
     batches = actor_pool_batches(

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.panels.postprocess import iou
-from pipelines.panels.types import Box
+from pipelines.images.boxes import Box, iou
 
 LABEL_MARGIN = 0.05
 
@@ -150,7 +149,7 @@ def _matches(pred: Sequence[Box], truth: Sequence[Box], iou_min: float = 0.5) ->
 
 
 def _phrase_in(phrase: str, text: str | None) -> bool:
-    from pipelines.panels.captions import normalize_caption
+    from pipelines.text.captions import normalize_caption
 
     return bool(text) and normalize_caption(phrase) in normalize_caption(text)
 

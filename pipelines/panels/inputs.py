@@ -1,20 +1,13 @@
 """Figure images as the panel methods take them, and bad input turned into a recorded reason.
 
-``prepare_image(data)`` opens bytes (or takes a PIL image) and returns ``(image, width,
-height)``: ``image`` is RGB; ``width``/``height`` are the figure's **original** size. A huge
-JPEG is decoded reduced (``draft``: libjpeg's 1/2, 1/4 or 1/8 DCT scaling), so ``image`` may be
-smaller than ``width x height``; map boxes back with ``scale_boxes``. Bad input raises
-``PanelInputError(reason)``:
-
-* not an image / truncated: ``"unreadable image: ..."``;
-* a side under ``MIN_SIDE`` (32) pixels: ``"too small: WxH px ..."``;
-* more than ``MAX_DECODE_PIXELS`` (50 Mpx) that cannot be decoded reduced (anything but JPEG),
-  or a JPEG still above the cap at 1/8 scale: ``"too large: WxH px ..."``. Nothing is decoded
-  at full size above the cap; PIL's own decompression-bomb guard is turned into this reason.
-
-Modes: transparency (RGBA, LA, PA, P or L/RGB with a transparent colour) is composited on
-white; CMYK, YCbCr, LAB, HSV are converted; 16- and 32-bit greys (I;16, I;16B, I, F) are
-stretched min-max to 8 bits; 1-bit to grey; an animated image gives its first frame.
+``prepare_image(data)`` opens bytes (or takes a PIL image) through the one decoder
+(:func:`pipelines.images.decode.open_figure`, its rule and reasons: ``not an image``, ``too
+large``, ``unreadable image``) and returns ``(image, width, height)``: ``image`` is RGB;
+``width``/``height`` are the figure's **original** size. A large JPEG is decoded reduced
+(``DRAFT_SIDE``: libjpeg's 1/2, 1/4 or 1/8 DCT scaling), so ``image`` may be smaller than
+``width x height``; map boxes back with ``scale_boxes``. Bad input raises
+``PanelInputError(reason)`` (the decoder's ``UnusableFigureError``); besides the decoder's reasons,
+a side under ``MIN_SIDE`` (32) pixels is ``"too small: WxH px ..."``: nothing to split.
 
 ``split_figure(data)`` runs the splitter and never raises for bad input: it returns a
 ``FigureSplit`` with panels or with a ``reason`` (``"uniform image"`` for a one-colour figure).
@@ -22,31 +15,18 @@ stretched min-max to 8 bits; 1-bit to grey; an animated image gives its first fr
 
 from __future__ import annotations
 
-import io
-import math
-import struct
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from PIL import Image, JpegImagePlugin
+from PIL import Image
 
-from pipelines.concepts.decode import to_rgb
-from pipelines.panels.types import Box, Panel
+from pipelines.images.boxes import Panel, scale_boxes
+from pipelines.images.decode import OpenedFigure, UnusableFigureError, is_loaded, open_figure, open_image, to_rgb
+from pipelines.panels.layout import DRAFT_SIDE, split_panels, work_copy
 
 MIN_SIDE = 32
-MAX_DECODE_PIXELS = 50_000_000
-DRAFT_SIDE = 2048  # a drafted JPEG is decoded at the smallest scale keeping this side
 UNIFORM_TOL = 30  # grey-level spread under which a figure is one colour
 
-_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
-
-
-class PanelInputError(ValueError):
-    """A figure the panel methods cannot take; ``reason`` says why (recorded, never raised on)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+PanelInputError = UnusableFigureError  # the name the panel modules and their callers know
 
 
 @dataclass
@@ -59,100 +39,35 @@ class FigureSplit:
     route: str | None = None  # how the figure decision split it (split.Decision.route)
 
 
-def normalize_mode(im: Image.Image) -> Image.Image:
-    """The image as ``L`` or ``RGB``: grey and colour images as they are, anything else by the
-    decoding rules every stage shares (:func:`pipelines.concepts.decode.to_rgb`: transparency on
-    white, 16-bit stretched, CMYK and palettes converted, first frame of animations)."""
-    if im.mode in ("L", "RGB") and "transparency" not in im.info:
-        return im
-    return to_rgb(im)
-
-
-def _open(data: bytes) -> Image.Image:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            return Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        if data[:3] == b"\xff\xd8\xff":  # a JPEG can still be decoded reduced
-            return JpegImagePlugin.JpegImageFile(io.BytesIO(data))
-        if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-            width, height = struct.unpack(">II", data[16:24])
-            raise PanelInputError(
-                f"too large: {width}x{height} px = {width * height:,} px over the cap of "
-                f"{MAX_DECODE_PIXELS:,} px, and only JPEG can be decoded reduced"
-            ) from exc
-        raise PanelInputError(f"too large: {exc}") from exc
-    except _PIL_ERRORS as exc:
-        raise PanelInputError(f"unreadable image: {exc}") from exc
-
-
-def _is_loaded(im: Image.Image) -> bool:
-    """Whether the pixels are already decoded (an opened file is not until ``load``)."""
-    try:
-        return im.im is not None
-    except (AssertionError, AttributeError):  # Pillow >= 11: ``im.im`` asserts when not loaded
-        return False
-
-
 def prepare_image(data: bytes | Image.Image) -> tuple[Image.Image, int, int]:
     """An RGB image and the figure's original width and height (module doc), or
-    ``PanelInputError``."""
-    im = _open(bytes(data)) if isinstance(data, bytes | bytearray | memoryview) else data
-    width, height = im.size
-    if min(width, height) < MIN_SIDE:
+    ``PanelInputError``. An image already decoded is taken as it is (it is in memory already);
+    one only opened (``Image.open``) is decoded by the one decoder's rule."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        figure = open_figure(bytes(data), draft_side=DRAFT_SIDE)
+    elif is_loaded(data):
+        figure = OpenedFigure(None, *data.size)
+    else:
+        figure = open_image(data, draft_side=DRAFT_SIDE)
+    width, height = figure.width, figure.height
+    if figure.reason is None and min(width, height) < MIN_SIDE:
         raise PanelInputError(f"too small: {width}x{height} px (a side under {MIN_SIDE} px)")
-    loaded = _is_loaded(im)
-    if width * height > MAX_DECODE_PIXELS and not loaded:
-        if im.format == "JPEG":
-            im.draft("RGB", (DRAFT_SIDE, DRAFT_SIDE))
-            if im.size[0] * im.size[1] > MAX_DECODE_PIXELS:
-                raise PanelInputError(
-                    f"too large: {width}x{height} px, still {im.size[0]}x{im.size[1]} at the "
-                    f"smallest JPEG scale (cap {MAX_DECODE_PIXELS:,} px)"
-                )
-        else:
-            raise PanelInputError(
-                f"too large: {width}x{height} px = {width * height:,} px over the cap of "
-                f"{MAX_DECODE_PIXELS:,} px, and only JPEG can be decoded reduced"
-            )
-    try:
-        if getattr(im, "n_frames", 1) > 1:
-            im.seek(0)
-        im.load()
-        rgb = normalize_mode(im)
-        rgb = rgb.convert("RGB") if rgb.mode != "RGB" else rgb
-    except _PIL_ERRORS as exc:
-        raise PanelInputError(f"unreadable image: {exc}") from exc
-    return rgb, width, height
-
-
-def scale_boxes(boxes: list[Box], image_size: tuple[int, int], width: int, height: int) -> list[Box]:
-    """Boxes found on a reduced decode (``image_size``) in the original ``width x height``."""
-    sx, sy = width / image_size[0], height / image_size[1]
-    if sx == 1 and sy == 1:
-        return list(boxes)
-    return [
-        (
-            math.floor(x1 * sx),
-            math.floor(y1 * sy),
-            min(width, math.ceil(x2 * sx)),
-            min(height, math.ceil(y2 * sy)),
-        )
-        for x1, y1, x2, y2 in boxes
-    ]
+    if figure.reason is not None:
+        raise PanelInputError(figure.reason)
+    if figure.image is None:  # decoded by the caller
+        return to_rgb(data), width, height
+    return figure.image, width, height
 
 
 def is_uniform(image: Image.Image) -> bool:
-    from pipelines.panels.layout import work_copy
-
     lo, hi = work_copy(image, 256).getextrema()
     return hi - lo <= UNIFORM_TOL
 
 
-def open_figure(data: bytes | Image.Image) -> tuple[Image.Image, int, int] | FigureSplit:
+def prepare_figure(data: bytes | Image.Image) -> tuple[Image.Image, int, int] | FigureSplit:
     """``prepare_image``, and a one-colour figure refused: the image and its original size, or
-    a ``FigureSplit`` with the reason (never an exception for bad input)."""
+    a ``FigureSplit`` with the reason (never an exception for bad input). One place for the
+    layout splitter and the figure decision."""
     try:
         image, width, height = prepare_image(data)
     except PanelInputError as exc:
@@ -163,12 +78,8 @@ def open_figure(data: bytes | Image.Image) -> tuple[Image.Image, int, int] | Fig
 
 
 def split_figure(data: bytes | Image.Image) -> FigureSplit:
-    """``open_figure`` then ``split_panels``; bad input is a ``reason``, never an exception."""
-    from dataclasses import replace
-
-    from pipelines.panels.layout import split_panels
-
-    opened = open_figure(data)
+    """``prepare_figure`` then ``split_panels``; bad input is a ``reason``, never an exception."""
+    opened = prepare_figure(data)
     if isinstance(opened, FigureSplit):
         return opened
     image, width, height = opened

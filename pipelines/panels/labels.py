@@ -56,7 +56,7 @@ from typing import Protocol
 import numpy as np
 from PIL import Image
 
-from pipelines.panels.types import Box
+from pipelines.images.boxes import Box
 
 DARK = 140
 LIGHT = 150

@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
 
-from pipelines.panels.postprocess import finalize
-from pipelines.panels.types import Panel
+from pipelines.images.boxes import Panel, finalize, scale_boxes
+from pipelines.images.decode import UnusableFigureError, is_loaded, normalize_mode, open_image
 
 WORK_SIDE = 1024
+DRAFT_SIDE = 2048  # a large JPEG is decoded at the smallest scale keeping both sides at least this
 INK_TOL = 16
 BLANK_SHARE = 0.003
 DIVIDER_CONTRAST = 0.5
@@ -67,8 +68,6 @@ class _Params:
 def work_copy(image: Image.Image, side: int = WORK_SIDE) -> Image.Image:
     """A grayscale copy whose longest side is at most ``side`` (box filter: thin gutters stay
     light)."""
-    from pipelines.panels.inputs import normalize_mode
-
     im = normalize_mode(image)
     gray = im.convert("L") if im.mode != "L" else im.copy()
     if max(gray.size) > side:
@@ -266,7 +265,19 @@ def make_sheet(image: Image.Image) -> Sheet:
 
 def split_panels(image: Image.Image) -> list[Panel]:
     """The panels of a figure by recursive XY-cut on uniform gutters (module doc), in reading
-    order, boxes in the original image's pixels."""
+    order, boxes in the original image's pixels.
+
+    An image only opened (``Image.open(path)``) is decoded by the one decoder's rule
+    (:func:`pipelines.images.decode.open_image`): a large JPEG reduced, and a file that is truncated,
+    corrupt or over the pixel cap raises ``UnusableFigureError`` (a ``ValueError``) with the reason
+    every stage records for it, before any pixel is decoded where the size alone refuses it."""
+    if not is_loaded(image):
+        figure = open_image(image, draft_side=DRAFT_SIDE)
+        if figure.reason is not None:
+            raise UnusableFigureError(figure.reason)
+        panels = split_panels(figure.image)
+        boxes = scale_boxes([p.box for p in panels], figure.image.size, figure.width, figure.height)
+        return [replace(p, box=b) for p, b in zip(panels, boxes, strict=True)]
     sheet = make_sheet(image)
     gray, colour_masks, all_masks, params = sheet.gray, sheet.colour_masks, sheet.masks, sheet.params
     h, w = gray.shape

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.images.boxes import Box
 from pipelines.panels.layout import Sheet, divider_runs, gutter_runs, trim_box
-from pipelines.panels.types import Box
 
 GRAPHIC_TEXT_HEIGHTS = 2.5
 MINOR_AREA = 0.12

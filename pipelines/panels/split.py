@@ -51,8 +51,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from PIL import Image
 
-from pipelines.panels.captions import split_caption
-from pipelines.panels.inputs import MIN_SIDE, FigureSplit, normalize_mode, open_figure, scale_boxes
+from pipelines.images.boxes import Box, Panel, finalize, scale_boxes
+from pipelines.images.decode import UnusableFigureError, is_loaded, normalize_mode, open_image
+from pipelines.panels.inputs import MIN_SIDE, FigureSplit, prepare_figure
 from pipelines.panels.labels import (
     LabelReader,
     PrintedLabel,
@@ -62,10 +63,9 @@ from pipelines.panels.labels import (
     read_labels,
 )
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
-from pipelines.panels.pairing import panel_labels
-from pipelines.panels.postprocess import finalize
 from pipelines.panels.regions import Structure, cut, ink_structure, union
-from pipelines.panels.types import Box, Panel
+from pipelines.text.captions import split_caption
+from pipelines.text.pairing import panel_labels
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
 DECISION_VERSION = 2  # results of another version are not carried over to a new release
@@ -120,7 +120,14 @@ def decide(
     reader: LabelReader | None = None,
     evidence: Collection[str] = EVIDENCE,
 ) -> Decision:
-    """``panels_for_figure`` with the evidence it used."""
+    """``panels_for_figure`` with the evidence it used. An image only opened (``Image.open``) is
+    decoded by the one decoder's rule first: a truncated, corrupt or over-the-cap file raises
+    ``UnusableFigureError`` (a ``ValueError``) with the reason every stage records, never ``OSError``."""
+    if not is_loaded(image):
+        figure = open_image(image)
+        if figure.reason is not None:
+            raise UnusableFigureError(figure.reason)
+        image = figure.image
     if min(image.size) < MIN_SIDE:
         return Decision(panels=[], route="too small")
     image = normalize_mode(image)
@@ -205,7 +212,7 @@ def figure_decision(
     original pixels (a huge JPEG is decoded reduced). Bad input is a ``reason``, never an
     exception; so is a failure of the decision on one figure (its type and message), so that a
     batch always completes."""
-    opened = open_figure(data)
+    opened = prepare_figure(data)
     if isinstance(opened, FigureSplit):
         return opened
     image, width, height = opened

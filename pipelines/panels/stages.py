@@ -21,29 +21,44 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from PIL import Image
-
-from pipelines.acquire.rawstore import RawReader, add_member
-from pipelines.concepts.decode import decode_image
-from pipelines.concepts.shard import image_refs
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.lake import Lake
-from pipelines.panels.captions import split_caption
+from pipelines.core.figures import image_refs
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.lake import Lake
+from pipelines.core.panel_methods import CONSENSUS, DECISION, DETR
+from pipelines.core.rawstore import RawReader, add_member
+from pipelines.core.schemas import Table
+from pipelines.core.stage import (
+    GPU_POOL,
+    Check,
+    Compute,
+    Markdown,
+    Partition,
+    Preview,
+    Stage,
+    StageResult,
+    reusable_results,
+)
+from pipelines.images.boxes import (
+    Panel,
+    attach_labels,
+    consensus,
+    crop_panel,
+    finalize,
+    iou,
+)
+from pipelines.images.decode import decode_image, reason_kind
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings, crop_gate
+from pipelines.images.jpeg import jpeg_bytes
+from pipelines.images.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.panels.detector import DetectorConfig, detect_images
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings, crop_gate
+from pipelines.panels.inputs import FigureSplit
 from pipelines.panels.labels import get_reader
-from pipelines.panels.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
-from pipelines.panels.pairing import count_agreement as figure_agreement
-from pipelines.panels.postprocess import attach_labels, consensus, finalize, iou
 from pipelines.panels.split import DECISION_VERSION, figure_decision
-from pipelines.panels.types import CONSENSUS, DECISION, DETR, Box, Panel
-from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
-from pipelines.release.samples import JPEG_QUALITY, caption_of
-from pipelines.schemas import Table
-from pipelines.stage import Check, Compute, Markdown, Partition, Preview, Stage, StageResult, reusable_results
+from pipelines.text.captions import caption_of, split_caption
+from pipelines.text.pairing import COUNT_AGREEMENTS, MATCHES, VLM, assign_captions, panel_labels
+from pipelines.text.pairing import count_agreement as figure_agreement
 
-GPU_POOL = "gpu"
 SINGLE_PANEL = "single panel"
 CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge into consensus panels
 # The panel logic's version: bump it when a change to how figures are split (layout, detector use,
@@ -94,10 +109,7 @@ class PanelSettings:
 def _figure_images(lake: Lake, release: str, shard: str) -> Iterator[dict]:
     """One item per resolved figure image: its raw location, its figure's caption and its
     concept label."""
-    figures = lake.read_table(Table.FIGURES, release, shard)
-    if figures is None:
-        raise FileNotFoundError(f"release {release} shard {shard} is not parsed yet")
-    figures = figures.to_pylist()
+    figures = lake.require(Table.FIGURES, release, shard).to_pylist()
     captions = {(f["pmcid"], f["fig_id"]): caption_of(f) for f in figures}
     concepts_table = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
     concepts = {
@@ -149,11 +161,7 @@ class PanelStage(Stage):
     reads = (Table.FIGURES, Table.RAW_FILES, Table.FIGURE_CONCEPTS, Table.PANEL_FIGURES, Table.PANELS)
     writes = (Table.PANEL_FIGURES, Table.PANELS, Table.PANEL_CAPTIONS)
 
-    @property
-    def compute(self) -> Compute:  # type: ignore[override]
-        if self.settings.detector is None:
-            return Compute()
-        return Compute(ray_actors=self.settings.actors, gpus_per_actor=self.settings.gpus_per_actor, pool=GPU_POOL)
+    compute = Compute(pool=GPU_POOL, kinds=("ray", "pytorch"))
 
     def _previous(self, lake: Lake, partition: Partition) -> dict[str, tuple[dict, list[dict]]]:
         """Results made with the same settings, by image sha256: the previous release's, then
@@ -176,6 +184,9 @@ class PanelStage(Stage):
                 splits[key] = split_caption(item["caption"])
                 if item["sha256"] in known:
                     carried[key] = known[item["sha256"]]
+                    continue
+                if item.get("image_error"):  # refused when parsed: the same reason, not decoded again
+                    layouts[key] = FigureSplit(reason=item["image_error"])
                     continue
                 data = reader.read(item["tar_path"], item["offset"], item["size"])
                 layouts[key] = figure_decision(data, item["caption"], panel_type=item["panel_type"], reader=ocr)
@@ -250,7 +261,8 @@ class PanelStage(Stage):
             "settings": self.settings.fingerprint,
         }
         if layout.reason is not None:
-            unreadable = layout.reason.startswith(("unreadable", "too large", "panel decision failed"))
+            # the decoder refused it, or the decision failed: an error, not a skip
+            unreadable = reason_kind(layout.reason) is not None or layout.reason.startswith("panel decision failed")
             figure["status"] = "error" if unreadable else "skipped"
             return figure, []
         detr = None
@@ -406,18 +418,6 @@ def zero_panel_share(figures: list[dict]) -> Check:
 # ---- crops --------------------------------------------------------------------------------
 
 
-def crop_panel(image: Image.Image, box: Box) -> Image.Image:
-    """The panel's pixels, cut from the original image (boxes are original pixels)."""
-    return image.crop(box)
-
-
-def jpeg_bytes(crop: Image.Image) -> bytes:
-    """A crop as JPEG with the release's settings (quality 95, 4:4:4), deterministic."""
-    out = io.BytesIO()
-    crop.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
-    return out.getvalue()
-
-
 def crops_tar(lake: Lake, release: str, shard: str) -> str:
     return lake.path("panels", f"release={release}", f"shard={shard}", "crops.tar")
 
@@ -426,8 +426,10 @@ def crops_tar(lake: Lake, release: str, shard: str) -> str:
 class PanelCropsStage(Stage):
     """Every panel of the partition cut from its original image into one tar (JPEG, quality 95,
     4:4:4), indexed by ``panel_crops``: crops are derived once, never millions of loose files.
-    Each crop goes through the release gate (``pipelines.panels.gate``): one that fails it is
-    still cut, for inspection, with its reason in ``gate``, and is never released as a panel."""
+    Each crop goes through the release gate (``pipelines.images.gate``): one that fails it is
+    still cut, for inspection, with its reason in ``gate``, and is never released as a panel.
+    Its items are panels: ``ok`` the crops cut, ``error`` the panels of images that could not be
+    decoded (the reason is recorded once per image)."""
 
     gate: GateSettings = field(default_factory=GateSettings)
 
@@ -440,17 +442,15 @@ class PanelCropsStage(Stage):
         import tarfile
 
         release, shard = partition.release, partition.shard
-        panels = lake.read_table(Table.PANELS, release, shard)
-        files = lake.read_table(Table.RAW_FILES, release, shard)
-        if panels is None or files is None:
-            raise FileNotFoundError(f"release {release} shard {shard} has no panels yet")
+        panels = lake.require(Table.PANELS, release, shard)
+        files = lake.require(Table.RAW_FILES, release, shard)
         where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
         by_image: dict[tuple[str, str], list[dict]] = {}
         for row in panels.to_pylist():
             by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
         dest = crops_tar(lake, release, shard)
         relative = lake.relative(dest)
-        rows, errors, written = [], [], 0
+        rows, errors, written, uncut = [], [], 0, 0
         sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
@@ -464,6 +464,7 @@ class PanelCropsStage(Stage):
                     image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
                     if image is None:
                         errors.append((f"{pmcid} {image_file}", reason))
+                        uncut += len(image_panels)  # the unit is the panel, like ``ok``
                         continue
                     for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
                         box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
@@ -497,10 +498,11 @@ class PanelCropsStage(Stage):
         result = self.result(
             partition,
             ok=len(rows),
-            error=len(errors),
+            error=uncut,
             bytes=written,
             counts={
                 "crops": len(rows),
+                "panels_uncut": uncut,
                 "images_unreadable": len(errors),
                 "gate_passed": sum(1 for r in rows if r["gate"] is None),
                 **{f"gate_{reason}": sum(1 for r in rows if r["gate"] == reason) for reason in GATE_REASONS},

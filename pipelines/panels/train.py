@@ -121,7 +121,7 @@ class CocoDataset:
     def __getitem__(self, index: int) -> tuple[np.ndarray, Frame, np.ndarray, np.ndarray]:
         """(padded uint8 pixels, frame, class indices (k,), cxcywh boxes (k, 4) normalised by the
         visible image)."""
-        from pipelines.concepts.decode import decode_image
+        from pipelines.images.decode import decode_image
 
         info = self.images[index]
         with self.fs.open(f"{self.root}/images/{info['file_name']}", "rb") as fh:
@@ -370,8 +370,8 @@ def evaluate_on_real_figures(detector, boxes_json: str) -> dict:
 
     from PIL import Image
 
+    from pipelines.images.boxes import finalize
     from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
-    from pipelines.panels.postprocess import finalize
 
     root = Path(boxes_json).resolve().parents[2]  # <repo>/sample/panels/boxes.json
     figures = load_eval_set(boxes_json, root)

@@ -10,12 +10,12 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import TMP_DIR, Lake
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import TMP_DIR, Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Partition, Stage, StageInputError, StageResult
 from pipelines.panels.layout import split_panels
 from pipelines.panels.synthetic import source_panels, write_coco_dataset
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Partition, Stage, StageInputError, StageResult
 
 
 def is_single_by_layout(image) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lxml import etree
 
-from pipelines.acquire.licenses import normalize_license
+from pipelines.core.licenses import normalize_license
 
 XLINK = "{http://www.w3.org/1999/xlink}href"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"

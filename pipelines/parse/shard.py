@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.lake import Lake, TableWriter
-from pipelines.parse.images import MAX_PIXELS, image_info
+from pipelines.core.errors import UpstreamMissingError
+from pipelines.core.lake import Lake, TableWriter, writer_of
+from pipelines.core.schemas import ARTICLES
+from pipelines.images.decode import MAX_PIXELS
+from pipelines.images.info import image_info
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
-from pipelines.schemas import ARTICLES
 
 PARSE_TABLES = ("articles", "figures", "mentions", "other_graphics")
 PREVIEW_ROWS = 10  # figure rows kept in the result for the asset's preview
@@ -217,7 +219,7 @@ def _parse_one(raw: _RawFiles, pmcid: str, files: dict[str, dict], limits: Parse
 def _manifest(lake: Lake, release: str, shard: str) -> list[tuple[str, str]]:
     """(pmcid, status) of the partition's articles, in manifest order."""
     if not lake.exists(lake.table_path("raw_manifest", release, shard)):
-        raise FileNotFoundError(f"no raw_manifest for release {release} shard {shard}")
+        raise UpstreamMissingError("raw_manifest", release, shard, writer_of("raw_manifest"))
     out = []
     for batch in lake.iter_batches("raw_manifest", release, shard, columns=["pmcid", "status"]):
         out.extend(zip(batch.column("pmcid").to_pylist(), batch.column("status").to_pylist(), strict=True))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipelines.lake import Lake
-from pipelines.parse.duplicates import find_duplicates
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Partition, Preview, Stage, StageResult
+from pipelines.images.duplicates import find_duplicates
 from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Partition, Preview, Stage, StageResult
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A released file must never hold a path of the machine that built it (``/home/me/data/models/...``):
 it is useless to a reader and says who built it where. Provenance columns name models by id
-(``pipelines.provenance``); this audit is the net under that rule. It reads every file of the
+(``pipelines.core.provenance``); this audit is the net under that rule. It reads every file of the
 folder: JSON, Markdown and text files whole, the text members of every WebDataset tar (the
 ``.json``, ``.txt`` and ``.neg.txt`` of each sample, never the images), and every string value of
 every Parquet file (nested lists and structs included, and the file's key-value metadata).

@@ -12,11 +12,10 @@ import json
 
 import yaml
 
-from pipelines.lake import Lake
-from pipelines.panels.gate import GateSettings
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.images.gate import GateSettings
 from pipelines.release.pairs import JSON_FIELDS_OF, LONGCAP, PANEL, REGION
 from pipelines.release.samples import JSON_FIELDS
-from pipelines.release.webdataset import dataset_dir
 
 SUBSET_LICENSES = {
     "commercial": "CC0, CC BY, CC BY-SA, CC BY-ND: commercial use allowed, with attribution (except CC0)",

@@ -15,9 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.lake import Lake
-from pipelines.provenance import public_model_name
-from pipelines.release.webdataset import dataset_dir
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.core.provenance import public_model_name
 
 EXPORTED = {
     "articles": "articles",

@@ -15,13 +15,15 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.core.errors import StageInputError
+
 MAX_ENTRIES_PER_FOLDER = 10_000
 MAX_FILES_PER_REPO = 100_000
 MAX_FILE_BYTES = 50 * 10**9
 RECOMMENDED_FILE_BYTES = 20 * 10**9
 
 
-class HubLimitError(ValueError):
+class HubLimitError(StageInputError, ValueError):
     """The folder cannot be uploaded as it is; the message says what to change."""
 
 

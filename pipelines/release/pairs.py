@@ -10,8 +10,8 @@ with an underscore; its fixed width keeps keys unique within a level. A long cap
 figure itself with another text, so its key is the figure's key.
 
 A panel sample ships only a caption-matched text by default (matched by printed label or by
-reading order, ``pipelines.panels.pairing``; texts the VLM associated on request) and only a crop
-that passes the release gate (``pipelines.panels.gate``); the others are excluded with a reason.
+reading order, ``pipelines.text.pairing``; texts the VLM associated on request) and only a crop
+that passes the release gate (``pipelines.images.gate``); the others are excluded with a reason.
 
 Images are derived once, here: a panel pair reuses its crop from ``panel_crops`` (the bytes, not
 re-encoded) when its box is that panel's box; a panel the model proposed and every region are
@@ -29,15 +29,16 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from pipelines.acquire.rawstore import RawReader
-from pipelines.concepts.decode import decode_image
-from pipelines.lake import Commit, Lake
-from pipelines.panels.gate import GateSettings, crop_gate
-from pipelines.panels.pairing import CAPTION_MATCHES, VLM
-from pipelines.panels.stages import crop_panel, jpeg_bytes
-from pipelines.provenance import public_model_name
+from pipelines.core.lake import Commit, Lake
+from pipelines.core.provenance import public_model_name
+from pipelines.core.rawstore import RawReader
+from pipelines.core.schemas import PAIR_SAMPLES, Table
+from pipelines.images.boxes import crop_panel
+from pipelines.images.decode import decode_image
+from pipelines.images.gate import GateSettings, crop_gate
+from pipelines.images.jpeg import jpeg_bytes
 from pipelines.release.samples import _KEY_UNSAFE, json_text, shuffle_key, write_images
-from pipelines.schemas import PAIR_SAMPLES, Table
+from pipelines.text.pairing import CAPTION_MATCHES, VLM
 
 PANEL, REGION, LONGCAP = "panel", "region", "longcap"
 PAIR_LEVELS = (PANEL, REGION, LONGCAP)
@@ -49,7 +50,7 @@ REASONS = (
     "bad_box",  # a box empty or outside the image
     "undecodable_image",  # the raw image could not be decoded to cut a crop
     "vlm_text",  # a panel whose text the VLM associated (match "vlm"): shipped only when asked for
-    "crop_gate",  # a panel crop that fails the release gate (pipelines.panels.gate; the detail says why)
+    "crop_gate",  # a panel crop that fails the release gate (pipelines.images.gate; the detail says why)
 )
 PANEL_CROPS, CUT, FIGURE = "panel_crops", "cut", "figure"
 
@@ -172,9 +173,7 @@ def plan_pair_shard(
     caption-matched ones, ``label`` and ``order``; add ``vlm`` for the texts the VLM associated)
     and its crop passes the release gate: ``panel_crops.gate`` for a crop reused from there,
     ``gate`` (its settings) measured here for a crop cut from the raw image."""
-    samples = lake.read_table(Table.SAMPLES, release, shard)
-    if samples is None:
-        raise FileNotFoundError(f"release {release} shard {shard} has no sample plan: materialize dataset_samples")
+    samples = lake.require(Table.SAMPLES, release, shard)
     absent: list[str] = []
     figures = {
         (r["pmcid"], r["image_file"]): _Figure(r, json.loads(r["meta_json"]) if r["meta_json"] else {})

@@ -20,13 +20,12 @@ import tarfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from pipelines.acquire.rawstore import RawReader, add_member
-from pipelines.concepts.decode import decode_image
-from pipelines.lake import Commit, Lake
-from pipelines.schemas import SAMPLES
+from pipelines.core.lake import Commit, Lake
+from pipelines.core.rawstore import RawReader, add_member
+from pipelines.core.schemas import SAMPLES
+from pipelines.images.jpeg import JPEG_MAGIC, to_jpeg
+from pipelines.text.captions import caption_of
 
-JPEG_MAGIC = b"\xff\xd8\xff"
-JPEG_QUALITY = 95  # conversions of PNG/TIFF/GIF figures: 4:4:4 chroma, no visible loss on line art
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 # The sample JSON: every field, always present, with a fixed type and never null ("" and -1 mean
@@ -110,22 +109,6 @@ def shuffle_key(seed: int, key: str) -> str:
     return hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).hexdigest()
 
 
-def caption_of(figure: dict) -> str:
-    """Caption title and text joined by a space (the label, "Figure 2", carries no content)."""
-    parts = [(figure.get("caption_title") or "").strip(), (figure.get("caption_text") or "").strip()]
-    return " ".join(p for p in parts if p)
-
-
-def to_jpeg(data: bytes) -> tuple[bytes | None, str | None]:
-    """The image re-encoded as baseline JPEG (RGB by PanelForge's decoding rules), or a reason."""
-    image, reason = decode_image(data)
-    if image is None:
-        return None, reason
-    out = io.BytesIO()
-    image.save(out, format="JPEG", quality=JPEG_QUALITY, subsampling=0, optimize=False)
-    return out.getvalue(), None
-
-
 def _article_fields(article: dict, pubmed: dict | None) -> dict:
     mesh = (pubmed or {}).get("mesh") or []
     return {
@@ -154,9 +137,9 @@ def plan_shard(lake: Lake, release: str, shard: str, seed: int, converted_tar: s
     so it is published with the plan that points into it)."""
 
     def table(name: str) -> list[dict]:
+        if name in ("figures", "articles", "raw_files"):
+            return lake.require(name, release, shard).to_pylist()
         found = lake.read_table(name, release, shard)
-        if found is None and name in ("figures", "articles", "raw_files"):
-            raise FileNotFoundError(f"release {release} shard {shard} has no {name} table: parse it first")
         return found.to_pylist() if found is not None else []
 
     articles = _by(table("articles"), "pmcid")

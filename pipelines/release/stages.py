@@ -14,14 +14,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.acquire.rawstore import RawReader
-from pipelines.concepts.annotations import load_taxonomy
-from pipelines.fingerprints import fingerprint
-from pipelines.lake import Lake
-from pipelines.panels.gate import REASONS as GATE_REASONS
-from pipelines.panels.gate import GateSettings
-from pipelines.panels.pairing import CAPTION_MATCHES, VLM
-from pipelines.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
+from pipelines.core.fingerprints import fingerprint
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import RawReader
+from pipelines.core.schemas import Table
+from pipelines.core.stage import RELEASE, Check, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.core.taxonomy import load_taxonomy
+from pipelines.images.gate import REASONS as GATE_REASONS
+from pipelines.images.gate import GateSettings
+from pipelines.images.previews import SHEET_ITEMS, captioned_sheet, sheet_preview
 from pipelines.release.audit import find_machine_paths
 from pipelines.release.card import write_card, write_release_json
 from pipelines.release.export import export_tables
@@ -42,8 +43,7 @@ from pipelines.release.webdataset import (
     skipped_subsets,
     write_release_subsets,
 )
-from pipelines.schemas import Table
-from pipelines.stage import RELEASE, Check, Markdown, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.text.pairing import CAPTION_MATCHES, VLM
 
 BIOMEDICA_FILTERED_CONCEPTS = [
     "Clinical Imaging",
@@ -210,11 +210,8 @@ class PairPlanStage(Stage):
         release, shard = partition.release, partition.shard
         crops = lake.path("release_crops", f"release={release}", f"shard={shard}", "crops.tar")
         with lake.commit(self.name, release, shard) as commit:
-            try:
-                matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
-                plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
-            except FileNotFoundError as exc:
-                raise StageInputError(str(exc)) from exc
+            matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
+            plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
             if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
                 raise StageInputError(
                     f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
@@ -301,19 +298,16 @@ class PairWebDatasetStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
         subsets, levels = pair_level_subsets()
-        try:
-            results = write_release_subsets(
-                lake,
-                release,
-                subsets,
-                self.limits,
-                self.shard_name,
-                table=Table.PAIR_SAMPLES,
-                levels=levels,
-                empty_reasons={subset: empty_reason(subset) for subset in subsets},
-            )
-        except FileNotFoundError as exc:
-            raise StageInputError(str(exc)) from exc
+        results = write_release_subsets(
+            lake,
+            release,
+            subsets,
+            self.limits,
+            self.shard_name,
+            table=Table.PAIR_SAMPLES,
+            levels=levels,
+            empty_reasons={subset: empty_reason(subset) for subset in subsets},
+        )
         stats = pair_stats(
             included_pair_samples(lake, release),
             included_figure_keys(lake, release),

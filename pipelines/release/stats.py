@@ -12,12 +12,13 @@ their token sample is ``FULL_TEXT_TOKEN_SAMPLE``.
 
 from __future__ import annotations
 
-import io
 import json
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipelines.images.plots import figure_png
 
 TOKENIZER = "OpenCLIP SimpleTokenizer (CLIP BPE, 49,408 tokens, open_clip_torch)"
 CLIP_TEXT_TOKENS = 75
@@ -155,7 +156,7 @@ class ReleaseStats:
                 HISTOGRAM_Y.get(unit, "samples") + ("" if res.count <= res.size else f" (sample of {res.size:,})")
             )
             ax.set_title(f"{name.replace('_', ' ')}: n = {res.count:,}{mark}")
-            pngs[f"{name}.png"] = _png(fig, plt, synthetic)
+            pngs[f"{name}.png"] = figure_png(fig, plt, synthetic)
         for name, counter in self.counts.items():
             if not counter:
                 continue
@@ -164,7 +165,7 @@ class ReleaseStats:
             ax.barh(labels, values, color="#55a868")
             ax.set_xlabel("samples (figures)")
             ax.set_title(f"samples per {name}{mark}")
-            pngs[f"per_{name}.png"] = _png(fig, plt, synthetic)
+            pngs[f"per_{name}.png"] = figure_png(fig, plt, synthetic)
         return pngs
 
 
@@ -204,18 +205,6 @@ def log_bins(values: np.ndarray, edges: int = 40) -> np.ndarray:
     if high < low * 1.1:
         low, high = low / 1.1, high * 1.1
     return np.geomspace(low, high, edges)
-
-
-def _png(fig, plt, synthetic: str | None = None) -> bytes:
-    """The figure as PNG bytes; ``synthetic`` adds a red footer saying what in it is synthetic."""
-    fig.tight_layout()
-    if synthetic:
-        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.1)
-        fig.text(0.01, 0.01, synthetic, color="#c0392b", fontsize=7, fontweight="bold", ha="left", va="bottom")
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    plt.close(fig)
-    return out.getvalue()
 
 
 def release_stats(samples, articles, reservoir: int = 100_000, token_sample: int = 5_000, seed: int = 0):

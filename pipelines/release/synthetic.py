@@ -16,9 +16,9 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pipelines.lake import Lake
-from pipelines.panels.types import CONSENSUS, DECISION, DETR, XYCUT
-from pipelines.schemas import Table
+from pipelines.core.lake import Lake
+from pipelines.core.panel_methods import CONSENSUS, DECISION, DETR, XYCUT
+from pipelines.core.schemas import Table
 
 MARK = "SYNTHETIC TEST BUILD"
 

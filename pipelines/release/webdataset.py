@@ -27,9 +27,10 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.acquire.rawstore import RawReader, add_member, padded_size
-from pipelines.lake import Lake
-from pipelines.schemas import PAIR_SIDECAR, SHARD_SIDECAR, Table
+from pipelines.core.errors import UpstreamMissingError
+from pipelines.core.lake import Lake, dataset_dir, writer_of
+from pipelines.core.rawstore import RawReader, add_member, padded_size
+from pipelines.core.schemas import PAIR_SIDECAR, SHARD_SIDECAR, Table
 
 SHARD_NAME = "panelforge"
 LICENSE_SUBSETS = ("commercial", "noncommercial", "other")
@@ -73,11 +74,6 @@ class SubsetResult:
     @property
     def bytes(self) -> int:
         return sum(s["bytes"] for s in self.shards)
-
-
-def dataset_dir(lake: Lake, *parts: str) -> str:
-    """The folder mirrored to the Hub: ``README.md`` and one folder per release."""
-    return lake.path("dataset", *parts)
 
 
 def skipped_path(lake: Lake, release: str, subset: str = "*") -> str:
@@ -131,8 +127,7 @@ def shuffled_samples(lake: Lake, release: str, batch_size: int = 1024, table: st
     """Every included sample of ``release`` in shuffle order (a merge of the sorted partitions)."""
     paths = sorted(lake.fs.glob(lake.path("tables", table, f"release={release}", "shard=*", "data.parquet")))
     if not paths:
-        asset = "dataset_samples" if table == Table.SAMPLES else table
-        raise FileNotFoundError(f"release {release} has no {table} plan: materialize {asset} first")
+        raise UpstreamMissingError(table, release, None, writer_of(table))
     columns = plan_columns(table)
     seed = None
     rows = (_plan_rows(lake, p, batch_size, columns) for p in paths)

@@ -52,8 +52,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from pipelines import launch, weights
-from pipelines.training import hf_text, memory
+from pipelines import launch
+from pipelines.compute import hf_text, weights
+from pipelines.training import memory
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
 # BIOMEDICA's base model: CommonPool XL filtered by CLIP score (76.4% ImageNet zero-shot, against
@@ -69,7 +70,7 @@ LONGCLIP_TEXT = "thomas-sounack/BioClinical-ModernBERT-base"  # BioClinical Mode
 LONGCLIP_CONTEXTS = (77, 154, 512)
 LONGCLIP_RECIPE = dict(batch_size=1024, accum_freq=1, gpus=8, lr=5e-4, warmup=1000, epochs=20, beta1=0.9, beta2=0.95,
                        grad_clip_norm=1.0, precision="fp32", wise_ft_alpha=1.0)  # fmt: skip
-TRAINER_MODULE = "pipelines.training.hf_text"  # open_clip_train.main with ModernBERT enabled
+TRAINER_MODULE = "pipelines.compute.hf_text"  # open_clip_train.main with ModernBERT enabled
 SHARD_NAME = "panelforge"
 RUN_NAME = "train"  # OpenCLIP's --name: <logs>/train/{out.log,checkpoints/}
 LOCAL_DIR = "local-dir:"
@@ -261,7 +262,7 @@ def trainer_args(config: ClipTrainConfig, data: TrainData, logs_dir: str) -> lis
 
 
 def trainer_command(python: str, args: list[str], gpus: int) -> list[str]:
-    """``python -m open_clip_train.main <args>`` (through :mod:`pipelines.training.hf_text`, which
+    """``python -m open_clip_train.main <args>`` (through :mod:`pipelines.compute.hf_text`, which
     enables ModernBERT), under torchrun (one process per GPU) above one GPU.
     The child inherits this environment: its torchrun sets every rank and rendezvous variable
     for its workers anew, so a launcher's torchrun around this module does not leak into them."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipelines.mining.prompts import CANARY, CANARY_TOKEN
 from pipelines.vlm.engine import VlmEngine, VlmOutage
+from pipelines.vlm.prompts import CANARY, CANARY_TOKEN
 
 
 @dataclass
@@ -29,7 +29,7 @@ def run_canary(engine: VlmEngine) -> CanaryResult:
     unreachable: retry later), and so does ``StageInputError`` (the engine refused to start, e.g.
     a server with another pixel band: its own message says what to fix); anything else is a
     failed canary with the reason."""
-    from pipelines.stage import StageInputError
+    from pipelines.core.stage import StageInputError
 
     request = CANARY.request("canary")
     try:
@@ -64,7 +64,7 @@ def judge(answer: str | None) -> CanaryResult:
 def require_structured_outputs(engine: VlmEngine, required: bool = True) -> CanaryResult:
     """The canary at the start of a run that needs the model: refuses to go on (a person must
     fix the server) when the engine does not apply JSON schemas, unless ``required`` is off."""
-    from pipelines.stage import StageInputError
+    from pipelines.core.stage import StageInputError
 
     result = run_canary(engine)
     if not result.passed and required:
@@ -77,7 +77,7 @@ def require_structured_outputs(engine: VlmEngine, required: bool = True) -> Cana
 
 def canary_check(name: str, result: CanaryResult | None):
     """The asset check of a run's canary (None: nothing needed the model, no request was sent)."""
-    from pipelines.stage import Check
+    from pipelines.core.stage import Check
 
     if result is None:
         return Check(name, passed=True, description="no request sent: every item reused or needing no model")

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 from PIL import Image
 
-from pipelines.fingerprints import fingerprint, model_identity
-from pipelines.provenance import public_model
+from pipelines.core.errors import ServiceUnavailableError
+from pipelines.core.fingerprints import fingerprint, model_identity
+from pipelines.core.provenance import public_model
 
 QWEN2_VL, QWEN2_5_VL, QWEN3_VL = "qwen2_vl", "qwen2_5_vl", "qwen3_vl"
 FAMILIES = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
@@ -32,7 +33,7 @@ DEFAULT_MIN_PIXELS = 256 * 28 * 28
 DEFAULT_MAX_PIXELS = 1280 * 28 * 28
 
 
-class VlmOutage(RuntimeError):  # noqa: N818 (an outage, not an error of the item)
+class VlmOutage(ServiceUnavailableError):  # noqa: N818 (an outage, not an error of the item)
     """The engine cannot be reached or died: the run fails and is retried; no item is failed."""
 
 
@@ -202,7 +203,7 @@ def in_order(responses: Iterable[tuple[int, VlmResponse]], n: int) -> list[VlmRe
 def provenance(engine: VlmEngine, prompt_version: str) -> dict:
     """The provenance columns every table written with a model's answers carries: the model by its
     id, a local directory by its folder's name and its revision by the content hash of its files
-    (``pipelines.provenance.public_model``): released data never holds a machine's path."""
+    (``pipelines.core.provenance.public_model``): released data never holds a machine's path."""
     info = engine.info()
     model, revision = public_model(info["model"], info["revision"])
     return {

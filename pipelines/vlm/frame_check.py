@@ -103,7 +103,7 @@ def require_frame(
 ) -> FrameResult:
     """The frame check at the start of a run: refuses to go on (a person must restart the server
     or change the band) when the server at ``where`` resizes otherwise."""
-    from pipelines.stage import StageInputError
+    from pipelines.core.stage import StageInputError
 
     result = check_frame(config, generate)
     if not result.passed:

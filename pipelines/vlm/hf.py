@@ -30,19 +30,18 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
-from pipelines.concepts.dinov2 import from_pretrained_offline_first
-from pipelines.stage import StageInputError
+from pipelines.compute.weights import Weights, from_pretrained_offline_first
+from pipelines.core.stage import StageInputError
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmRequest, VlmResponse, in_order
 from pipelines.vlm.grounding import smart_resize
 from pipelines.vlm.structured import JsonSchemaLogitsProcessor, SchemaError, compile_schema, ll_tokenizer
 from pipelines.vlm.tiny import is_synthetic
-from pipelines.weights import Weights
 
 VLM_SETTING = "PANELFORGE_VLM_MODEL"
 
 
 def vlm_weights(model: str, revision: str | None = None) -> Weights:
-    """The VLM setting as :class:`pipelines.weights.Weights`: its one-line errors name the setting
+    """The VLM setting as :class:`pipelines.compute.weights.Weights`: its one-line errors name the setting
     and the ``hf download`` command."""
     return Weights(VLM_SETTING, model, EngineConfig.model, "the vision-language model", revision)
 

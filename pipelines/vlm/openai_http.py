@@ -28,7 +28,7 @@ parameter may ignore it silently; ``pipelines.vlm.canary`` is the check for that
 Failures: a refused connection, a request past its deadline, 429 or 5xx is retried with
 exponential backoff, and when the retries run out the whole call raises :class:`VlmOutage` (no
 item is failed: the run is retried later). ``timeout_s`` is the deadline of one request *as a
-whole* (``pipelines.acquire.deadline``), not of each socket read: a server that trickles bytes
+whole* (``pipelines.net.deadline``), not of each socket read: a server that trickles bytes
 cannot hold a call (and the run's GPU slot) past it. A silent server is given up after
 ``(retries + 1) x timeout_s`` plus the backoff: about 6 minutes with the defaults (120 s, 2
 retries); raise ``timeout_s`` for answers that take longer than that to generate.
@@ -53,8 +53,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 import requests
 from PIL import Image
 
-from pipelines.acquire.deadline import DeadlineExceeded, DeadlineSession
-from pipelines.acquire.retry import PermanentError, RetryPolicy, TransientError
+from pipelines.net.deadline import DeadlineExceeded, DeadlineSession
+from pipelines.net.retry import PermanentError, RetryPolicy, TransientError
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest, VlmResponse, in_order
 from pipelines.vlm.frame_check import FrameResult, require_frame
 from pipelines.vlm.grounding import model_frame

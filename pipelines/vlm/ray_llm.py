@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
+from pipelines.compute.ray_pool import actor_init_failed, is_outage
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest, VlmResponse
 from pipelines.vlm.grounding import model_frame
 
@@ -141,8 +142,8 @@ def pinned_chat_template(config: EngineConfig) -> str | None:
         return None
     from transformers import AutoProcessor
 
-    from pipelines.concepts.dinov2 import from_pretrained_offline_first
-    from pipelines.stage import StageInputError
+    from pipelines.compute.weights import from_pretrained_offline_first
+    from pipelines.core.stage import StageInputError
 
     def unavailable(exc: Exception) -> StageInputError:
         return StageInputError(
@@ -263,46 +264,6 @@ def finalize(row: dict) -> dict:
     return {name: row.get(name) for name in OUTPUT_COLUMNS}
 
 
-# Ray failures that mean the cluster or an engine went away, not that a request was bad.
-_OUTAGE_NAMES = (
-    "ActorDiedError",
-    "ActorUnavailableError",
-    "NodeDiedError",
-    "WorkerCrashedError",
-    "LocalRayletDiedError",
-    "ObjectLostError",
-    "OwnerDiedError",
-    "RaySystemError",
-    "GetTimeoutError",
-    "OutOfMemoryError",
-    "RuntimeEnvSetupError",
-)
-
-
-def _chain(exc: BaseException | None):
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _init_failed(exc: BaseException) -> bool:
-    import ray.exceptions as rex
-
-    return any(isinstance(e, rex.RayActorError) and e.actor_init_failed for e in _chain(exc))
-
-
-def is_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it wraps) is the cluster failing rather than our code or setup.
-
-    An actor that failed in its constructor (vLLM missing from the workers, a model that does
-    not load) is a setup error a person must fix: retrying the run would fail the same way."""
-    if _init_failed(exc):
-        return False
-    return any(isinstance(e, ConnectionError) or type(e).__name__ in _OUTAGE_NAMES for e in _chain(exc))
-
-
 class RayVllmEngine(VlmEngine):
     """vLLM engines as Ray Data actors: each ``generate`` call runs one dataset through
     ``build_processor``'s pipeline and waits for all of it (engines start per call, so give it
@@ -350,7 +311,7 @@ class RayVllmEngine(VlmEngine):
         except Exception as exc:
             if is_outage(exc):
                 raise VlmOutage(f"Ray vLLM engine unavailable: {type(exc).__name__}: {exc}") from exc
-            if _init_failed(exc):
+            if actor_init_failed(exc):
                 raise RuntimeError(
                     "a Ray vLLM stage could not start (is vLLM in the workers' environment? see "
                     f"RayVllmSettings.runtime_env and docs/vlm-backends.md): {exc}"
@@ -365,7 +326,7 @@ class RayVllmEngine(VlmEngine):
             return []
         import ray
 
-        from pipelines.concepts.embed import ensure_ray
+        from pipelines.compute.ray_pool import ensure_ray
 
         ensure_ray(self.settings.address)
         ds = self.processor()(ray.data.from_items(rows)).map(finalize)

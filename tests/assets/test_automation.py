@@ -23,39 +23,22 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster._core.definitions.partitions.context import partition_loading_context
 
 from assets.partitions import open_release
-from jobs.automation import AUTOMATION_SENSOR, STARTED_BY_THE_SENSOR, UPLOAD
-from jobs.definitions import build_definitions
+from jobs.automation import AUTOMATION_SENSOR, STARTED_BY_A_PERSON, STARTED_BY_THE_SENSOR, UPLOAD
+from jobs.definitions import build_definitions, materialization_order, per_shard
 from pipelines.concepts.stages import ANNOTATIONS_MATCH
 from resources.settings import Settings
 
 RELEASE = "2027"
 SHARDS = ("000", "001")
-SHARD_LEVEL = {
-    "pmc_raw_articles",
-    "parsed_articles",
-    "pubmed_metadata",
-    "figure_embeddings",
-    "figure_concepts",
-    "dataset_samples",
-    "panels",
-    "panel_crops",
-    "pairs",
-    "pair_negatives",
-    "long_captions",
-    "pair_samples",
-}
-RELEASE_LEVEL = {
-    "image_duplicates",
-    "concept_model",
-    "concept_review",
-    "cluster_labels",
-    "webdataset_shards",
-    "webdataset_concept_filtered",
-    "webdataset_concept_balanced",
-    "webdataset_pairs",
-    "release_parquet",
-    "dataset_card",
-}
+# every asset automation carries (all but what the sensor or a person starts, and the upload),
+# per shard or per release: the graph as Definitions has it, not listed again here
+_AUTOMATED = [
+    a
+    for a in materialization_order(build_definitions(Settings(shards=len(SHARDS))))
+    if a.key.path[-1] not in {STARTED_BY_THE_SENSOR, UPLOAD, *STARTED_BY_A_PERSON}
+]
+SHARD_LEVEL = {a.key.path[-1] for a in _AUTOMATED if per_shard(a)}
+RELEASE_LEVEL = {a.key.path[-1] for a in _AUTOMATED if not per_shard(a)}
 
 
 class Refresh:

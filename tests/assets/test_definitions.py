@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from dagster import EnvVar
+from dagster import AssetKey, EnvVar
 
 from jobs.definitions import defs
 from pipelines.acquire.source import open_source
@@ -159,3 +159,41 @@ def test_vlm_and_text_encoder_settings_are_validated():
         Settings.from_env({"PANELFORGE_TEXT_TOKENIZER": "hf:/models/bioclinical"}).text_tokenizer
         == "hf:/models/bioclinical"
     )
+
+
+def test_the_materialization_order_puts_every_asset_after_its_parents():
+    from jobs.definitions import materialization_order
+
+    graph = defs.resolve_asset_graph()
+    order = [a.key for a in materialization_order(defs)]
+    assert sorted(order) == sorted(graph.get_all_asset_keys())  # each asset once
+    for position, key in enumerate(order):
+        assert all(order.index(parent) < position for parent in graph.get(key).parent_keys), key
+
+
+def _diagram() -> str:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text[text.index("## How data flows") :]
+    return section.split("```")[1]
+
+
+def test_the_docs_diagram_is_the_graph_of_definitions():
+    """docs/architecture.md draws the asset graph by hand: every asset of the code location is in
+    it, every name with an underscore in it is an asset (``webdataset_*``: the figure-level
+    WebDataset subsets), and an arrow between two names is a dependency of the graph."""
+    import fnmatch
+    import re
+
+    graph = defs.resolve_asset_graph()
+    assets = {key.to_user_string() for key in graph.get_all_asset_keys()}
+    diagram = _diagram()
+    names = set(re.findall(r"[a-z][a-z0-9_]*\*?", diagram))
+    drawn = {a for a in assets if a in names or ("webdataset_*" in names and fnmatch.fnmatch(a, "webdataset_*"))}
+    assert drawn == assets, sorted(assets - drawn)
+    assert {n for n in names if "_" in n and n != "webdataset_*"} <= assets
+    edges = re.findall(r"([a-z][a-z0-9_]*)\s*─+[┬┴┼]?─*▶\s*(?=([a-z][a-z0-9_]*))", diagram)
+    edges += [(b, a) for a, b in re.findall(r"([a-z][a-z0-9_]*)\s*◀─+\s*(?=([a-z][a-z0-9_]*))", diagram)]
+    assert len(edges) > 15
+    for parent, child in edges:
+        if parent in assets and child in assets:
+            assert AssetKey(parent) in graph.get(AssetKey(child)).parent_keys, f"{parent} ─▶ {child}"

@@ -4,9 +4,9 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.entrez.client import EntrezClient, EntrezUnavailableError
 from pipelines.entrez.records import EntrezAnswerError, parse_citedin, parse_pubmed_articles
+from pipelines.net.retry import RetryPolicy
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource
@@ -169,7 +169,7 @@ def _parsed(lake, tmp_path, release: str, shard: str, articles: list[dict]) -> D
 
 
 def lake_articles_fields():
-    from pipelines.schemas import ARTICLES
+    from pipelines.core.schemas import ARTICLES
 
     return ARTICLES.names
 
@@ -185,7 +185,7 @@ def test_invalid_api_key_raises_without_quoting_the_key(lake):
 
 
 def test_the_demo_profile_answers_from_the_recordings_and_never_asks_ncbi(tmp_path, monkeypatch):
-    """`make demo`, `make ui`, then the README's command-line refresh: `pubmed_metadata` ran with
+    """`make demo`, `make ui`, then the command-line refresh of docs/partitions.md: `pubmed_metadata` ran with
     the demo profile's resources, which pointed at NCBI itself; offline, every shard failed after
     about 19 minutes of retries. The demo profile now serves the recorded answers on loopback for
     every step that uses E-utilities, wherever the step runs. Names other than loopback cannot be

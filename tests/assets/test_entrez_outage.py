@@ -10,10 +10,10 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.parsing import pubmed_metadata
-from pipelines.acquire.retry import RetryPolicy
+from pipelines.core.schemas import ARTICLES
 from pipelines.entrez.client import EntrezClient, EntrezUnavailableError
 from pipelines.entrez.pubmed import UNKNOWN_COUNT, pubmed_rows
-from pipelines.schemas import ARTICLES
+from pipelines.net.retry import RetryPolicy
 from resources.eutils import EutilsResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource

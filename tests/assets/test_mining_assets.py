@@ -7,11 +7,11 @@ from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
+from pipelines.core.stage import Partition
 from pipelines.longcap.stages import GUARD_REJECTIONS, LONGCAP_CANARY
-from pipelines.mining.prompts import PROMPT_VERSION
 from pipelines.mining.stages import BOXES_INSIDE, CANARY, EXTRACTIVE
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.stage import Partition
+from pipelines.vlm.prompts import PROMPT_VERSION
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.profiles import SYNTHETIC_VLM, build_resources

@@ -1,13 +1,13 @@
 """Progress a person can follow in the run log: long stages write a line at least every 30 seconds
-and one at the end (pipelines/stage.py ``Progress``), into the run log when an asset runs them."""
+and one at the end (pipelines/core/stage.py ``Progress``), into the run log when an asset runs them."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
-from pipelines.lake import Lake
-from pipelines.stage import SHARD, Partition, Progress, Stage, StageResult
+from pipelines.core.lake import Lake
+from pipelines.core.stage import SHARD, Partition, Progress, Stage, StageResult
 
 
 class FakeClock:

@@ -20,10 +20,9 @@ from assets.release import (
     webdataset_concept_filtered,
     webdataset_shards,
 )
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake, dataset_dir
 from pipelines.release import hub
 from pipelines.release.hub import HubLimitError, plan_upload, release_patterns
-from pipelines.release.webdataset import dataset_dir
 from resources.hub import HuggingFaceHubResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource

@@ -15,8 +15,8 @@ from assets.partitions import RELEASES
 from assets.partitions import SHARDS as SHARDS_DIMENSION
 from jobs.definitions import defs
 from jobs.refresh import yearly_refresh_sensor
-from pipelines.acquire.rawstore import read_raw_file
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import read_raw_file
 from resources.lake import LakeResource
 from resources.pmc_source import PmcSourceResource
 from resources.quality import QualityResource

@@ -10,8 +10,8 @@ from dagster import MetadataValue
 from PIL import Image
 
 from assets.report import _value
-from pipelines.previews import captioned_sheet, sheet_preview
-from pipelines.stage import Markdown
+from pipelines.core.stage import Markdown
+from pipelines.images.previews import captioned_sheet, sheet_preview
 
 
 def _png(width: int, height: int) -> bytes:

@@ -20,10 +20,10 @@ from dagster import DagsterInstance, MultiPartitionKey, materialize
 
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
-from pipelines.mining import prompts
+from pipelines.core.stage import Partition
 from pipelines.mining.stages import MiningSettings, MiningStage
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.stage import Partition
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, VlmRequest
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource

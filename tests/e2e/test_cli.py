@@ -12,7 +12,7 @@ from dagster._core.instance.ref import InstanceRef
 
 from assets.partitions import RELEASES, SHARDS
 from jobs.cli import main
-from pipelines.partitioning import shard_keys
+from pipelines.core.partitioning import shard_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,12 +59,42 @@ def test_a_bad_release_name_is_refused(dagster_home, name, capsys):
     assert _partitions(dagster_home) == ([], [])
 
 
-def test_add_release_uses_the_lakes_shard_count(dagster_home, tmp_path):
-    from pipelines.lake import Lake
+def test_add_release_refuses_another_shard_count_than_the_lakes(dagster_home, tmp_path, capsys):
+    from pipelines.core.lake import Lake
 
-    Lake(tmp_path / "lake").ensure_layout(2)  # an existing lake keeps its count; PANELFORGE_SHARDS is 3
+    Lake(tmp_path / "lake").ensure_layout(2)  # the lake was made with 2 shards; PANELFORGE_SHARDS is 3
+    assert main(["add-release", "2027"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has 2 shards per release, not 3" in err
+    assert _partitions(dagster_home) == ([], [])  # nothing opened
+
+
+def test_a_bad_setting_is_one_line_not_a_traceback(dagster_home, monkeypatch, capsys):
+    monkeypatch.setenv("PANELFORGE_SHARDS", "many")
+    assert main(["add-release", "2027"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m jobs.cli add-release: PANELFORGE_SHARDS must be a whole number, got 'many'\n"
+
+
+def test_an_instance_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch):
+    env = {**os.environ, "PANELFORGE_HOME": str(tmp_path / "lake"), "PANELFORGE_SHARDS": "3"}
+    env.pop("DAGSTER_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "add-release", "2027"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("python -m jobs.cli add-release: ") and "DAGSTER_HOME" in done.stderr
+
+
+def test_materializing_a_partition_that_is_not_open_says_to_add_the_release(dagster_home, capsys):
+    assert main(["materialize", "pmc_inventory", "--partition", "2027"]) == 2
+    assert capsys.readouterr().err == (
+        "release 2027 is not open in this instance: run `python -m jobs.cli add-release 2027` first\n"
+    )
     assert main(["add-release", "2027"]) == 0
-    assert _partitions(dagster_home)[1] == shard_keys(2)
+    assert main(["materialize", "pmc_raw_articles", "--partition", "2027|007"]) == 2  # 3 shards: 000-002
+    assert "shard 007 does not exist" in capsys.readouterr().err
 
 
 def test_the_sensor_lists_a_release_opened_ahead_of_time(dagster_home):

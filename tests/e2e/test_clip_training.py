@@ -130,9 +130,9 @@ def test_biomedica_recipe_becomes_these_trainer_arguments():
     # 4 GPUs: OpenCLIP under its own torchrun, one process per GPU
     assert trainer_command("py", ["--epochs", "9"], 4) == [
         "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-        "-m", "pipelines.training.hf_text", "--epochs", "9",
+        "-m", "pipelines.compute.hf_text", "--epochs", "9",
     ]  # fmt: skip
-    assert trainer_command("py", ["--epochs", "9"], 1) == ["py", "-m", "pipelines.training.hf_text", "--epochs", "9"]
+    assert trainer_command("py", ["--epochs", "9"], 1) == ["py", "-m", "pipelines.compute.hf_text", "--epochs", "9"]
 
 
 def test_a_mixture_is_joined_with_its_upsampling_factors_and_local_dir_skips_pretrained():
@@ -280,7 +280,7 @@ def test_the_asset_trains_through_the_subprocess_launcher(tiny, tmp_path):
     from dagster import DagsterInstance, materialize
 
     from assets.training import clip_continual_pretraining
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 
 REPO = Path(__file__).resolve().parents[2]  # what the child processes import, whatever the cwd
 
@@ -22,14 +22,14 @@ NEW = [{"pmcid": "PMC2", "image_file": "b.png", "status": "mined"}]
 
 
 def _figure_rows(rows: list[dict]) -> list[dict]:
-    from pipelines.schemas import TABLES, Table
+    from pipelines.core.schemas import TABLES, Table
 
     names = TABLES[Table.MINING_FIGURES].names
     return [dict.fromkeys(names) | row for row in rows]
 
 
 def _pair_rows(rows: list[dict]) -> list[dict]:
-    from pipelines.schemas import TABLES, Table
+    from pipelines.core.schemas import TABLES, Table
 
     names = TABLES[Table.PAIRS].names
     return [
@@ -78,8 +78,8 @@ def _run_killed(lake: Lake, kill: str) -> int:
     script = textwrap.dedent(
         f"""
         import os
-        from pipelines import lake as lake_module
-        from pipelines.lake import Lake
+        from pipelines.core import lake as lake_module
+        from pipelines.core.lake import Lake
         from tests.e2e.test_commits import NEW, _publish
 
         kill = {kill!r}
@@ -159,7 +159,7 @@ def test_a_live_commit_is_not_swept_by_another(lake):
     script = textwrap.dedent(
         f"""
         import time
-        from pipelines.lake import Lake
+        from pipelines.core.lake import Lake
         from tests.e2e.test_commits import NEW, _figure_rows
         lake = Lake({lake.root!r})
         with lake.commit("pairs", "2026", "001") as commit:

@@ -10,12 +10,13 @@ from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
 from jobs.demo import DEMO_CONCEPT_MODEL, DEMO_RELEASE
-from pipelines.concepts.annotations import load_taxonomy, read_annotations, resolve
+from pipelines.concepts.annotations import read_annotations, resolve
 from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.model import ConceptModelConfig, fit_concept_model, sample_vectors
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Partition
+from pipelines.core.taxonomy import load_taxonomy
 from pipelines.parse.stages import ParseStage
-from pipelines.stage import Partition
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.quality import QualityResource

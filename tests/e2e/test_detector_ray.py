@@ -4,7 +4,7 @@ gives, and bad images become error rows. (The detector in this process: tests/un
 import numpy as np
 from PIL import Image
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from pipelines.panels.detector import Detector, decode_and_detect, detect_images
 from tests.panel_fixtures import write_tar
 from tests.unit.test_detector import FIGURES, SYNTHETIC, _png
@@ -21,7 +21,7 @@ def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path):
         ref.update(pmcid=ref["image_file"].split("/")[0], fig_id=None if i == 3 else f"F{i}", sha256=str(i))
     rows = detect_images(lake, refs, SYNTHETIC, batch_size=2, actors=1)
     assert [r["image_file"] for r in rows] == [m for m, _ in members]
-    assert rows[1]["error"].startswith("undecodable image") and rows[3]["error"].startswith("not an image")
+    assert rows[1]["error"].startswith("unreadable image") and rows[3]["error"].startswith("not an image")
     assert rows[1]["panels"] == [] and rows[3]["label_boxes"] == [] and rows[3]["fig_id"] is None
     local = decode_and_detect(Detector(SYNTHETIC), [d for _, d in members], batch_size=2)
     assert isinstance(local[1], str) and isinstance(local[3], str)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from testing.dagster_dev import DagsterDev, cli, instance_env
 from testing.loopback.s3_server import S3LoopbackServer
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from tests.unit.test_lake import ROW, _tmp_files
 
 
@@ -18,7 +18,7 @@ def _killed_writer(lake: Lake, dest: str) -> subprocess.Popen:
     script = textwrap.dedent(
         f"""
         import sys, time
-        from pipelines.lake import Lake
+        from pipelines.core.lake import Lake
         lake = Lake({str(lake.root)!r})
         with lake.atomic_local_file({dest!r}) as tmp:
             with open(tmp, "wb") as fh:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipelines.training import hf_text
+from pipelines.compute import hf_text
 from pipelines.training.clip import EXPORT_WEIGHTS as WEIGHTS
 from pipelines.training.clip import ClipTrainConfig, assemble_model, longclip_config, train
 from pipelines.training.tiny import TINY_CLIP, write_tiny_clip, write_tiny_modernbert

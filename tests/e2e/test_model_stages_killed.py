@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from tests.stages.test_model_stages import ASKED, PARTITION, REPO, Counting, copy_of, mining, paneled_lake
 
 
@@ -25,7 +25,7 @@ def test_a_process_killed_with_minus_9_mid_run_resumes_from_its_checkpoints(base
     script = textwrap.dedent(
         f"""
         import os
-        from pipelines.lake import Lake
+        from pipelines.core.lake import Lake
         from tests.stages.test_model_stages import PARTITION, Counting, mining
 
         class Killed(BaseException):

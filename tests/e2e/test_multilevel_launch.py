@@ -27,7 +27,7 @@ def test_the_asset_launches_the_trainer_on_a_release(data, tiny, tmp_path):
     from dagster import DagsterInstance, materialize
 
     from assets.training import multilevel_training
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource

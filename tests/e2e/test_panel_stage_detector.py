@@ -4,9 +4,9 @@ and other settings look again. (The layout-only panel stage: tests/stages/test_p
 
 import pytest
 
+from pipelines.core.panel_methods import CONSENSUS, DECISION
+from pipelines.core.stage import Partition
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.panels.types import CONSENSUS, DECISION
-from pipelines.stage import Partition
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
 from tests.stages.test_panel_stage import RELEASE, TINY, _rows

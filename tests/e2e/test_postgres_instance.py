@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from jobs.instance import CLUSTER_INSTANCE_FILE, INSTANCE_FILE
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
 from testing.dagster_dev import DagsterDev
 from testing.loopback.postgres import PostgresServer, postgres_server
 from testing.loopback.s3_server import S3LoopbackServer

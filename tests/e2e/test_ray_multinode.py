@@ -21,13 +21,13 @@ import pytest
 from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import figure_embeddings
-from pipelines.acquire.rawstore import read_raw_file
-from pipelines.concepts.decode import decode_image
+from pipelines.compute.ray_pool import ensure_ray
 from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
-from pipelines.concepts.embed import ensure_ray
-from pipelines.concepts.shard import image_refs
-from pipelines.lake import Lake
-from pipelines.schemas import Table
+from pipelines.core.figures import image_refs
+from pipelines.core.lake import Lake
+from pipelines.core.rawstore import read_raw_file
+from pipelines.core.schemas import Table
+from pipelines.images.decode import decode_image
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
 from resources.profiles import build_resources

@@ -31,27 +31,14 @@ from dagster import (
 )
 from dagster._core.instance.ref import InstanceRef
 
-from assets.acquisition import pmc_inventory, pmc_raw_articles
-from assets.concepts import cluster_labels, concept_model, concept_review, figure_concepts, figure_embeddings
-from assets.longcap import long_captions, pair_negatives
-from assets.mining import pairs
-from assets.panels import panel_crops, panels
-from assets.parsing import image_duplicates, parsed_articles, pubmed_metadata
+from assets.acquisition import pmc_inventory
 from assets.partitions import open_release
-from assets.release import (
-    dataset_card,
-    dataset_samples,
-    pair_samples,
-    release_parquet,
-    webdataset_concept_balanced,
-    webdataset_concept_filtered,
-    webdataset_pairs,
-    webdataset_shards,
-)
-from jobs.automation import AUTOMATION_SENSOR
-from pipelines.concepts.annotations import TEMPLATE_COLUMNS, load_taxonomy
-from pipelines.lake import Lake
-from pipelines.partitioning import shard_keys
+from jobs.automation import AUTOMATION_SENSOR, STARTED_BY_A_PERSON, STARTED_BY_THE_SENSOR, UPLOAD
+from jobs.definitions import build_definitions, materialization_order, per_shard, unbound
+from pipelines.concepts.annotations import TEMPLATE_COLUMNS
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import shard_keys
+from pipelines.core.taxonomy import load_taxonomy
 from resources.profiles import build_resources
 from resources.settings import Settings
 from testing.dagster_dev import LOCATION, DagsterDev
@@ -69,32 +56,15 @@ N_SHARDS = 2
 SHARDS = shard_keys(N_SHARDS)
 CHANGED, RETRACTED, ADDED = "PMC3441633", "PMC6398430", "PMC900000009"
 MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}  # the demo's small model
-SHARD_ASSETS = (
-    pmc_raw_articles,
-    parsed_articles,
-    pubmed_metadata,
-    figure_embeddings,
-    figure_concepts,
-    dataset_samples,
-    panels,
-    panel_crops,
-    pairs,
-    pair_negatives,
-    long_captions,
-    pair_samples,
-)
-RELEASE_ASSETS = (
-    image_duplicates,
-    concept_model,
-    concept_review,
-    cluster_labels,
-    webdataset_shards,
-    webdataset_concept_filtered,
-    webdataset_concept_balanced,
-    webdataset_pairs,
-    release_parquet,
-    dataset_card,
-)
+# every automated asset (all but the inventory, the launched jobs a person starts and the upload),
+# parents first: the graph as Definitions has it
+AUTOMATED = [
+    a
+    for a in unbound(materialization_order(build_definitions(Settings(shards=N_SHARDS))))
+    if a.key.path[-1] not in {STARTED_BY_THE_SENSOR, UPLOAD, *STARTED_BY_A_PERSON}
+]
+SHARD_ASSETS = tuple(a for a in AUTOMATED if per_shard(a))
+RELEASE_ASSETS = tuple(a for a in AUTOMATED if not per_shard(a))
 WAIT_S = 900  # the tiny VLM mines only what changed; the rest is reused from 2026
 
 
@@ -144,27 +114,21 @@ def _build_first_release(instance, env: dict) -> str:
     open_release(instance, FIRST, N_SHARDS)
     keys = [MultiPartitionKey({"release": FIRST, "shard": s}) for s in SHARDS]
     run(pmc_inventory, FIRST)
-    for key in keys:
-        result = materialize(
-            [pmc_raw_articles, parsed_articles, pubmed_metadata, figure_embeddings],
-            partition_key=key,
-            instance=instance,
-            resources=resources,
-            run_config=quiet,
-        )
-        assert result.success, key
-    run(image_duplicates, FIRST)
-    (event,) = run(concept_model, FIRST, MODEL).get_asset_materialization_events()
-    version = event.materialization.metadata["version"].value
-    run(concept_review, FIRST)
-    _annotate(Lake(env["PANELFORGE_HOME"]), version)
-    labels = run(cluster_labels, FIRST).get_asset_materialization_events()[0].materialization.metadata
-    assert labels["annotated_clusters"].value == labels["clusters"].value > 0
-    for asset in SHARD_ASSETS[4:]:
-        for key in keys:
-            run(asset, key)
-    for asset in RELEASE_ASSETS[4:]:
-        run(asset, FIRST)
+    version = None
+    for asset in AUTOMATED:  # parents first
+        name = asset.key.path[-1]
+        if per_shard(asset):
+            for key in keys:
+                run(asset, key)
+        elif name == "concept_model":
+            (event,) = run(asset, FIRST, MODEL).get_asset_materialization_events()
+            version = event.materialization.metadata["version"].value
+        elif name == "cluster_labels":
+            _annotate(Lake(env["PANELFORGE_HOME"]), version)  # after concept_review wrote the template
+            labels = run(asset, FIRST).get_asset_materialization_events()[0].materialization.metadata
+            assert labels["annotated_clusters"].value == labels["clusters"].value > 0
+        else:
+            run(asset, FIRST)
     return version
 
 

@@ -20,8 +20,8 @@ from assets.training import (
     multilevel_training,
     synthetic_clip_settings,
 )
+from pipelines.core.lake import Lake
 from pipelines.evaluation.split import make_heldout_split
-from pipelines.lake import Lake
 from pipelines.training.tiny import is_synthetic
 from resources.compute import ModelsResource
 from resources.lake import LakeResource

@@ -24,15 +24,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.mining.prompts import PANELS, SYSTEM
+from pipelines.compute.ray_pool import is_outage
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
+from pipelines.vlm.prompts import PANELS, SYSTEM
 from pipelines.vlm.ray_llm import (
     VLLM_VERSION,
     RayVllmEngine,
     RayVllmSettings,
     engine_kwargs,
     finalize,
-    is_outage,
     pinned_chat_template,
     postprocess,
     preprocess,

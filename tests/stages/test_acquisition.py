@@ -8,10 +8,10 @@ import tarfile
 
 import pytest
 
-from pipelines.acquire.rawstore import read_raw_file
 from pipelines.acquire.stages import AcquireStage
-from pipelines.partitioning import shard_of
-from pipelines.stage import Partition
+from pipelines.core.partitioning import shard_of
+from pipelines.core.rawstore import read_raw_file
+from pipelines.core.stage import Partition
 from testing.loopback.faults import Fault, FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from jobs.instance import pool_limits
-from pipelines.acquire.ratelimit import RateLimiter, densest_window
-from pipelines.acquire.retry import RetryPolicy
 from pipelines.acquire.source import open_source, source_policy
 from pipelines.acquire.stages import AcquireStage, InventoryStage
 from pipelines.acquire.transports import HttpTransport
+from pipelines.core.lake import Lake
+from pipelines.core.partitioning import shard_keys
+from pipelines.core.stage import Partition
 from pipelines.entrez.client import EntrezClient
-from pipelines.lake import Lake
-from pipelines.partitioning import shard_keys
-from pipelines.stage import Partition
+from pipelines.net.ratelimit import RateLimiter, densest_window
+from pipelines.net.retry import RetryPolicy
 from resources.settings import Settings, SettingsError
 from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer

@@ -9,8 +9,6 @@ from PIL import Image
 
 from pipelines.concepts.annotations import (
     AnnotationError,
-    load_taxonomy,
-    normalize_label,
     read_annotations,
     resolve,
     template_csv,
@@ -26,6 +24,7 @@ from pipelines.concepts.model import (
 )
 from pipelines.concepts.propagate import propagate
 from pipelines.concepts.review import seeded_sample
+from pipelines.core.taxonomy import load_taxonomy, normalize_label
 
 HEADER = "cluster_id,panel_type,global_concept,local_concepts,notes,model_version,fingerprint\n"
 VERSION = "2026-abcd1234"

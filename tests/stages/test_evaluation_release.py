@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.core.stage import Partition
 from pipelines.evaluation.datasets import release_pairs
 from pipelines.evaluation.split import load_heldout, webdataset_keep
-from pipelines.lake import Lake
 from pipelines.release.stages import SamplePlanStage, WebDatasetStage, license_subsets
-from pipelines.release.webdataset import ShardLimits, dataset_dir
-from pipelines.stage import Partition
+from pipelines.release.webdataset import ShardLimits
 from testing.pipeline import sample_lake
 from tests.unit.test_evaluation import _tiny_clip
 

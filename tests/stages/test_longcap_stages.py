@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES, Table
+from pipelines.core.stage import Partition, StageInputError
 from pipelines.longcap.stages import NEGATIVES_DIFFER, NegativesStage
-from pipelines.schemas import TABLES, Table
-from pipelines.stage import Partition, StageInputError
 
 RELEASE, SHARD = "2026", "000"
 
@@ -102,8 +102,8 @@ def _longcap(lake, answer_for_figure: str, model: str, budget: int = 512):
 
     from pipelines.longcap.prompts import LONGCAP
     from pipelines.longcap.stages import LongCapSettings, LongCapStage
-    from pipelines.mining.prompts import CANARY_TOKEN
     from pipelines.vlm.engine import EngineConfig
+    from pipelines.vlm.prompts import CANARY_TOKEN
     from testing.vlm import ScriptedEngine
 
     def answer(request):
@@ -207,11 +207,11 @@ def test_progress_counts_each_figure_as_its_answer_returns(parsed_lake, monkeypa
     of figures (``figures_per_batch``) was back from the model. Now each answer counts as it
     returns: when the model is asked about the k-th figure of the batch, k-1 are counted done."""
     import pipelines.model_stage as model_stage  # the loop of every model stage keeps the progress
+    from pipelines.core.stage import Progress
     from pipelines.longcap.prompts import LONGCAP
     from pipelines.longcap.stages import LongCapSettings, LongCapStage
-    from pipelines.mining.prompts import CANARY_TOKEN
-    from pipelines.stage import Progress
     from pipelines.vlm.engine import EngineConfig
+    from pipelines.vlm.prompts import CANARY_TOKEN
     from testing.vlm import ScriptedEngine
 
     made: list[Progress] = []

@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from pipelines.mining import prompts
+from pipelines.core.stage import Partition, StageInputError
 from pipelines.mining.stages import (
     BOXES_INSIDE,
     CANARY,
@@ -27,7 +27,7 @@ from pipelines.mining.stages import (
     MiningStage,
 )
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.stage import Partition, StageInputError
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
 from testing.pipeline import sample_lake
 from testing.vlm import ScriptedEngine

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES, Table
+from pipelines.core.stage import Partition
 from pipelines.longcap.stages import LongCapSettings, LongCapStage, NegativesStage
-from pipelines.mining import prompts
 from pipelines.mining.stages import MiningSettings, MiningStage
 from pipelines.panels.stages import PanelSettings, PanelStage
-from pipelines.schemas import TABLES, Table
-from pipelines.stage import Partition
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, VlmOutage, VlmRequest
 from testing.vlm import ScriptedEngine
 
@@ -135,7 +135,7 @@ def _parquet(path: Path) -> list[dict]:
 def test_a_settings_change_killed_between_two_tables_publishes_neither(base_lake, tmp_path, monkeypatch):
     """Issue 23 §2: mining_figures written, then pairs: a kill between the two left new figure
     rows over old pairs, and the rerun carried every figure with the old pairs."""
-    from pipelines import lake as lake_module
+    from pipelines.core import lake as lake_module
 
     lake = copy_of(base_lake, tmp_path / "lake")
     mining(Counting(), describe_panels=True).run(lake, PARTITION)
@@ -287,8 +287,8 @@ def test_progress_moves_inside_a_batch(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
     from pipelines import model_stage
+    from pipelines.core.stage import Progress
     from pipelines.model_stage import ModelStage, Outcome
-    from pipelines.stage import Progress
 
     class Every(Progress):  # a line on every advance, not only every 30 seconds
         def advance(self, n: int = 1, **counts: int) -> None:

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.acquire.rawstore import read_raw_file
+from pipelines.core.panel_methods import CONSENSUS, DECISION, DETR, XYCUT
+from pipelines.core.rawstore import read_raw_file
+from pipelines.core.stage import Partition
+from pipelines.images.boxes import Panel
 from pipelines.panels.detector import DetectorConfig
 from pipelines.panels.evaluate import match_at_iou, recall_precision
-from pipelines.panels.pairing import count_agreement
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage, choose, needs_detector
-from pipelines.panels.types import CONSENSUS, DECISION, DETR, XYCUT, Panel
-from pipelines.stage import Partition
+from pipelines.text.pairing import count_agreement
 from testing.pipeline import sample_lake
 from tests.helpers import SHARDS
 from tests.unit.test_parse import FOLDER_TO_PMCID
@@ -138,8 +139,8 @@ def test_a_crops_tar_and_its_index_are_published_together(lake, tmp_path, monkey
     import hashlib
     import shutil
 
-    from pipelines import lake as lake_module
-    from pipelines.lake import Lake
+    from pipelines.core import lake as lake_module
+    from pipelines.core.lake import Lake
 
     copy = Lake(shutil.copytree(lake.root, tmp_path / "lake"))
     shard = SHARDS[2]
@@ -214,7 +215,7 @@ GATE_CASES = [
 
 def test_the_release_gate_on_crops_of_real_figures(tmp_path_factory):
     """panel_crops records the gate's reason per crop (and still cuts it) and counts them."""
-    from pipelines.schemas import PANELS
+    from pipelines.core.schemas import PANELS
 
     lake = sample_lake(tmp_path_factory.mktemp("gate"), RELEASE)
     shard_of = {r["pmcid"]: s for s in SHARDS for r in lake.read_table("articles", RELEASE, s).to_pylist()}

@@ -12,13 +12,13 @@ from collections import Counter
 
 import pytest
 
-from pipelines.acquire import rawstore
 from pipelines.acquire.download import acquire_shard
 from pipelines.acquire.inventory import build_inventory
-from pipelines.acquire.rawstore import next_part_path, read_raw_file, verify_raw, write_part
-from pipelines.acquire.retry import SourceUnavailableError
 from pipelines.acquire.stages import raw_consistency
-from pipelines.partitioning import shard_of
+from pipelines.core import rawstore
+from pipelines.core.partitioning import shard_of
+from pipelines.core.rawstore import next_part_path, read_raw_file, verify_raw, write_part
+from pipelines.net.retry import SourceUnavailableError
 from testing.loopback.faults import Fault, FaultPlan
 from testing.loopback.ftp_server import FtpLoopbackServer
 from testing.loopback.s3_server import S3LoopbackServer

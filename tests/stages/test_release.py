@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake
+from pipelines.core.stage import Partition
 from pipelines.release import webdataset as wds_writer
 from pipelines.release.samples import sample_key
 from pipelines.release.stages import SamplePlanStage
@@ -31,7 +32,6 @@ from pipelines.release.webdataset import (
     write_release_subsets,
     write_subset,
 )
-from pipelines.stage import Partition
 from tests.helpers import SHARDS, copy_lake
 from tests.unit.test_parse import FIGURES_CSV, FOLDER_TO_PMCID
 
@@ -389,13 +389,13 @@ def test_histogram_axes_span_the_data(monkeypatch):
     assert edges.tolist() == pytest.approx([300, 948.683, 3000])  # 300 * sqrt(10), then 300 * 10
     assert log_bins(np.array([500.0, 500.0]), edges=3).tolist() == pytest.approx([500 / 1.1, 500, 550])
     limits = {}
-    real_png = stats_module._png
+    real_png = stats_module.figure_png
 
     def recording_png(fig, plt, synthetic=None):
         limits[fig.axes[0].get_title()] = fig.axes[0].get_xlim()
         return real_png(fig, plt, synthetic)
 
-    monkeypatch.setattr(stats_module, "_png", recording_png)
+    monkeypatch.setattr(stats_module, "figure_png", recording_png)
     stats = ReleaseStats(reservoir=10, token_sample=0)
     for width in (120, 640, 2400):
         stats.add_value("image_width", width)
@@ -410,7 +410,7 @@ def test_histogram_units_scales_and_the_synthetic_mark(monkeypatch):
     from pipelines.release.stats import ReleaseStats
 
     drawn = {}
-    real_png = stats_module._png
+    real_png = stats_module.figure_png
 
     def recording_png(fig, plt, synthetic=None):
         ax, texts = fig.axes[0], fig.texts  # the list the footer is drawn into
@@ -418,7 +418,7 @@ def test_histogram_units_scales_and_the_synthetic_mark(monkeypatch):
         drawn[ax.get_title()] = (ax.get_xscale(), ax.get_xlabel(), ax.get_ylabel(), [t.get_text() for t in texts])
         return png
 
-    monkeypatch.setattr(stats_module, "_png", recording_png)
+    monkeypatch.setattr(stats_module, "figure_png", recording_png)
     stats = ReleaseStats(reservoir=10, token_sample=0)
     for n in (0, 0, 1, 2, 2):
         stats.add_value("panel_pairs_per_figure", n)
@@ -548,8 +548,8 @@ def test_synthetic_parts_are_counted_from_what_the_stages_stored(tmp_path):
     through the synthetic detector, whose boxes one of three panels kept; nothing mined."""
     import pyarrow as pa
 
+    from pipelines.core.schemas import PANEL_FIGURES, PANELS, SAMPLES
     from pipelines.release.synthetic import synthetic_parts
-    from pipelines.schemas import PANEL_FIGURES, PANELS, SAMPLES
 
     def row(schema, **values) -> dict:  # the required columns filled, the rest null
         filled = {f.name: ("x" if pa.types.is_string(f.type) else 0) for f in schema if not f.nullable}

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.acquire.rawstore import read_raw_file
-from pipelines.lake import Lake
+from pipelines.core.lake import Lake, dataset_dir
+from pipelines.core.rawstore import read_raw_file
+from pipelines.core.schemas import LONG_CAPTIONS, PAIRS, PANELS
+from pipelines.core.stage import Partition, StageInputError
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage
 from pipelines.release.pairs import pair_key
 from pipelines.release.stages import (
@@ -31,9 +33,7 @@ from pipelines.release.stages import (
     WebDatasetStage,
     license_subsets,
 )
-from pipelines.release.webdataset import ShardLimits, dataset_dir
-from pipelines.schemas import LONG_CAPTIONS, PAIRS, PANELS
-from pipelines.stage import Partition, StageInputError
+from pipelines.release.webdataset import ShardLimits
 from pipelines.training.tiny import TINY_CLIP
 from testing.pipeline import sample_lake
 
@@ -230,8 +230,8 @@ def test_the_plan_shows_its_pairs_with_their_texts(built):
 
 
 def test_vlm_texts_ship_when_asked_for(built, tmp_path):
-    from pipelines.panels.pairing import CAPTION_MATCHES, VLM
     from pipelines.release.pairs import plan_pair_shard
+    from pipelines.text.pairing import CAPTION_MATCHES, VLM
 
     lake, a = built["lake"], built["key"][A]
     with lake.commit("pair_samples", RELEASE, built["shard"]) as commit:  # the crops it cuts go with its commit

@@ -11,8 +11,10 @@ from pipelines.concepts.stages import (
     EmbedStage,
     FigureConceptsStage,
 )
+from pipelines.core.lake import Lake, LakeLayoutError
+from pipelines.core.schemas import TABLES
+from pipelines.core.stage import RELEASE, SHARD, Partition, Stage, StageResult
 from pipelines.entrez.stage import PubmedStage
-from pipelines.lake import Lake, LakeLayoutError
 from pipelines.longcap.stages import LongCapStage, NegativesStage
 from pipelines.mining.stages import MiningStage
 from pipelines.panels.stages import PanelCropsStage, PanelStage
@@ -27,8 +29,6 @@ from pipelines.release.stages import (
     SamplePlanStage,
     WebDatasetStage,
 )
-from pipelines.schemas import TABLES
-from pipelines.stage import RELEASE, SHARD, Partition, Stage, StageResult
 
 STAGES = [
     LongCapStage,
@@ -154,7 +154,7 @@ def test_too_many_failed_items_fail_the_blocking_check_and_stop_downstream(tmp_p
 
     from assets.acquisition import pmc_inventory, pmc_raw_articles
     from assets.parsing import parsed_articles
-    from pipelines.partitioning import shard_of
+    from pipelines.core.partitioning import shard_of
     from resources.lake import LakeResource
     from resources.pmc_source import PmcSourceResource
     from resources.quality import QualityResource

@@ -16,9 +16,10 @@ import pytest
 
 from benchmarks.catalog import BENCHMARKS, Benchmark, Col, Row, Run, Table
 from benchmarks.record import ROOT, write_results
-from benchmarks.report import PAGE, ReportError, fmt, lookup, render
+from benchmarks.report import PAGE, README, ReportError, fmt, lookup, render, with_panel_quality
 
-NOT_BENCHMARKS = {"__init__", "record", "catalog", "report"}  # the machinery, not measurements
+# the machinery, not measurements
+NOT_BENCHMARKS = {"__init__", "record", "catalog", "report", "vlm_cost", "mining_report"}
 
 
 def test_committed_page_is_what_the_results_give():
@@ -26,6 +27,12 @@ def test_committed_page_is_what_the_results_give():
         "docs/benchmarks.md differs from what benchmarks/results/*.json give: run `python -m benchmarks.report` "
         "(or `make bench-report`) and commit the page; never edit its numbers by hand"
     )
+
+
+def test_the_readme_panel_table_is_what_the_results_give():
+    readme = README.read_text(encoding="utf-8")
+    assert readme == with_panel_quality(readme), "README's panel table is stale: run `python -m benchmarks.report`"
+    assert "| holdout | **the figure decision** |" in readme  # the unseen split is reported beside tune
 
 
 def test_every_benchmark_and_results_file_is_in_the_catalog():

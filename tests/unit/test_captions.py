@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.captions import EVAL_DIR, load_cases
-from pipelines.panels.captions import (
+from pipelines.text.captions import (
+    CaptionSplit,
     caption_agreement,
     normalize_caption,
     phrase_agreement,
     split_caption,
 )
-from pipelines.panels.types import CaptionSplit
 
 CASES = json.loads((Path(__file__).parents[1] / "data" / "caption_splits.json").read_text("utf-8"))["cases"]
 SCHEMES = {"upper", "lower", "digit", "roman", "alnum", "fignum", "position", "none"}

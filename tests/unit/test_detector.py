@@ -9,6 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
+from pipelines.compute.weights import ModelUnavailableError
+from pipelines.images.boxes import Panel, finalize
 from pipelines.panels.detector import (
     Classes,
     Detector,
@@ -28,9 +30,6 @@ from pipelines.panels.detector import (
     to_tensors,
 )
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
-from pipelines.panels.postprocess import finalize
-from pipelines.panels.types import Panel
-from pipelines.weights import ModelUnavailableError
 from testing.loopback.sample_mirror import SAMPLE_DIR
 
 SYNTHETIC = DetectorConfig(synthetic=True, threshold=0.0, input_size=256, max_panels=5, labels=2)

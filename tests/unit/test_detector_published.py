@@ -18,6 +18,7 @@ from dagster import Failure
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from pipelines.compute.weights import ModelUnavailableError
 from pipelines.panels.detector import (
     Classes,
     Detector,
@@ -29,7 +30,6 @@ from pipelines.panels.detector import (
     to_original,
     to_tensors,
 )
-from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from testing.loopback.sample_mirror import SAMPLE_DIR
 from tests.panel_fixtures import PUBLISHED, REDUCED, write_checkpoint

@@ -16,6 +16,7 @@ import torch
 from dagster import Failure
 from PIL import Image
 
+from pipelines.compute.weights import ModelUnavailableError
 from pipelines.concepts.dinov2 import (
     Embedder,
     EmbedderConfig,
@@ -26,7 +27,6 @@ from pipelines.concepts.dinov2 import (
     model_id,
     prepare,
 )
-from pipelines.weights import ModelUnavailableError
 from resources.compute import ModelsResource
 from testing.loopback.sample_mirror import SAMPLE_DIR
 

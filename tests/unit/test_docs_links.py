@@ -58,3 +58,14 @@ def test_links_resolve(page):
         elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
             broken.append(f"{target}: no heading with that anchor in {resolved.relative_to(REPO)}")
     assert broken == []
+
+
+def test_the_readme_stays_a_manual_read_in_ten_minutes():
+    """The README is the user's manual (issue 22 §2): at most ~300 lines, with its contents line
+    linking every one of its sections; the detail belongs on a page under docs/."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300, "README.md over 300 lines: move the detail into a docs/ page"
+    sections = {anchor(m.group(1)) for m in re.finditer(r"^## +(.+?) *$", prose(REPO / "README.md"), flags=re.M)}
+    contents = next(line for line in text.splitlines() if line.startswith("**Contents:**"))
+    paragraph = text[text.index(contents) :].split("\n\n")[0]
+    assert sections == set(re.findall(r"\]\(#([^)]+)\)", paragraph))

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.core.lake import Lake
 from pipelines.evaluation import metrics
 from pipelines.evaluation.datasets import (
     CLASSIFICATION,
@@ -35,7 +36,6 @@ from pipelines.evaluation.split import (
     split_pmcids,
     webdataset_keep,
 )
-from pipelines.lake import Lake
 from pipelines.training.tiny import TINY_CLIP
 
 SAMPLE_IMAGES = sorted((Path(__file__).parents[2] / "sample" / "images").glob("*/*.jpg"))

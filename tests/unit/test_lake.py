@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.lake import Lake
-from pipelines.schemas import TABLES
+from pipelines.core.lake import Lake
+from pipelines.core.schemas import TABLES
 
 ROW = {
     "pmcid": "PMC1",

@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.acquire.licenses import normalize_license
+from pipelines.core.licenses import normalize_license
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipelines.core.schemas import TABLES, Table
 from pipelines.longcap.negatives import (
     COLOUR,
     COUNT,
@@ -24,7 +25,6 @@ from pipelines.longcap.negatives import (
     rule_negatives,
     vlm_negatives,
 )
-from pipelines.schemas import TABLES, Table
 from pipelines.vlm.engine import VlmOutage
 from testing.vlm import ScriptedEngine
 

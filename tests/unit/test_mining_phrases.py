@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.mining.phrases import MARKERS, MarkerPhrase, find_marker_phrases
-from pipelines.panels.captions import normalize_caption
+from pipelines.text.captions import normalize_caption
 
 
 def read(text: str) -> list[tuple[str, str | None, str, str]]:

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipelines.mining import prompts
+from pipelines.images.boxes import Panel
 from pipelines.mining.som import View, panel_views, propose_panels, reconcile
 from pipelines.mining.text import describe_panels, gate, panel_texts
-from pipelines.panels.types import Panel
+from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, VlmEngine, VlmOutage, VlmRequest
 from testing.vlm import ScriptedEngine
 

@@ -295,8 +295,8 @@ def test_the_bmc_clip_start_offline_and_not_cached_fails_in_one_line(tmp_path, m
     cache, one line naming the setting, the ``hf download`` command and offline mode."""
     import huggingface_hub
 
+    from pipelines.compute.weights import ModelUnavailableError
     from pipelines.training.multilevel import Trainer
-    from pipelines.weights import ModelUnavailableError
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -9,7 +9,7 @@ import pytest
 from pipelines.acquire import packages
 from pipelines.acquire.files import classify, drop_gif_thumbnails, is_article_xml
 from pipelines.acquire.packages import UnsafePackageError, extract_package
-from pipelines.acquire.retry import PermanentError
+from pipelines.net.retry import PermanentError
 from testing.loopback.sample_mirror import write_package
 
 XML = b'<?xml version="1.0"?>\n<!DOCTYPE article PUBLIC "x" "y">\n<article><front/></article>'

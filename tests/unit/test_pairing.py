@@ -1,4 +1,4 @@
-"""Each panel paired with its own caption text, or with none (pipelines/panels/pairing.py).
+"""Each panel paired with its own caption text, or with none (pipelines/text/pairing.py).
 
 Every expected value is read off the hand-drawn layouts below (or, for elife-46472 fig. 7, off
 the figure and its caption) by looking at which label sits on which panel."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.panels import pairing
-from pipelines.panels.pairing import assign_captions, count_agreement
-from pipelines.panels.postprocess import column_order_indices, reading_order_indices
-from pipelines.panels.types import CaptionSplit, Panel
+from pipelines.images.boxes import Panel, column_order_indices, reading_order_indices
+from pipelines.text import pairing
+from pipelines.text.captions import CaptionSplit
+from pipelines.text.pairing import assign_captions, count_agreement
 
 # A 2x2 grid of 100 px panels with 10 px gutters, listed in the order a splitter gives them
 # (rows): top-left, top-right, bottom-left, bottom-right.

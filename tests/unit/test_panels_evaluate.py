@@ -69,8 +69,8 @@ def test_imageclef_accuracy_counts_above_0_66():
 
 
 def test_score_figures_by_hand():
+    from pipelines.images.boxes import Panel
     from pipelines.panels.evaluate import score_figures
-    from pipelines.panels.types import Panel
 
     compound = {
         "kind": "compound",

@@ -1,4 +1,4 @@
-"""The release gate of panel crops (pipelines/panels/gate.py) on crops drawn here, each the kind of
+"""The release gate of panel crops (pipelines/images/gate.py) on crops drawn here, each the kind of
 thing a splitter boxes by mistake or a real panel; expected verdicts are what each drawing is."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from pipelines.panels.gate import (
+from pipelines.images.gate import (
     BLANK,
     TEXT_OR_LINES,
     TOO_ELONGATED,

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from pipelines.images.boxes import iou
+from pipelines.images.decode import normalize_mode
 from pipelines.panels.inputs import (
-    MAX_DECODE_PIXELS,
+    DRAFT_SIDE,
     PanelInputError,
-    normalize_mode,
     prepare_image,
     split_figure,
 )
-from pipelines.panels.postprocess import iou
 from tests.panel_figures import draw_panel, encode, grid, huge_png, huge_uniform_jpeg
 
 TWO = [(10, 10, 110, 110), (130, 10, 230, 110)]  # two panels 20 px apart on 240 x 120
@@ -44,34 +44,30 @@ def test_tiny_image_is_a_reason():
 
 
 def test_not_an_image_and_truncated_are_reasons():
-    assert split_figure(b"<html>not an image</html>").reason.startswith("unreadable image")
+    assert split_figure(b"<html>not an image</html>").reason == "not an image (no format PIL can identify)"
     data = encode(two_panels(), "JPEG")
-    assert split_figure(data[: len(data) // 3]).reason.startswith("unreadable image")
+    assert split_figure(data[: len(data) // 3]).reason.startswith("unreadable image: image file is truncated")
 
 
 def test_huge_png_is_refused_without_decoding():
     data = huge_png()  # 20,000 x 20,000, 1-bit, about 76 kB
     result = split_figure(data)
     assert result.panels == []
-    assert result.reason.startswith("too large: 20000x20000 px")
-    assert "only JPEG can be decoded reduced" in result.reason
+    assert result.reason == "too large: 20000x20000 px = 400,000,000 px, over the cap of 89,478,485 px"
 
 
-def test_huge_jpeg_is_decoded_reduced():
-    # 20,000 x 20,000 = 400 Mpx, over PIL's own bomb guard: decoded at 1/8 scale (2,500 px a side)
-    data = huge_uniform_jpeg()
-    image, width, height = prepare_image(data)
-    assert (width, height) == (20_000, 20_000)
-    assert image.size == (2500, 2500) and image.mode == "RGB"
-    assert image.getextrema() == ((128, 128),) * 3
-    result = split_figure(data)
-    assert result.panels == [] and result.reason == "uniform image"
-    assert (result.width, result.height) == (20_000, 20_000)
+def test_huge_jpeg_is_refused_like_everywhere_else():
+    # 20,000 x 20,000 = 400 Mpx: over the one cap, so no stage takes it (issue 23 §6), panels included
+    result = split_figure(huge_uniform_jpeg())
+    assert result.panels == []
+    assert result.reason == "too large: 20000x20000 px = 400,000,000 px, over the cap of 89,478,485 px"
+    with pytest.raises(PanelInputError, match="too large: 20000x20000 px"):
+        prepare_image(huge_uniform_jpeg())
 
 
 def test_large_jpeg_with_panels_maps_boxes_to_original_pixels():
-    im = Image.new("L", (8000, 7000), 255)  # 56 Mpx > the 50 Mpx cap: drafted
-    assert 8000 * 7000 > MAX_DECODE_PIXELS
+    im = Image.new("L", (8000, 7000), 255)  # 56 Mpx, under the cap; both sides >= 2 x 2048: drafted
+    assert min(8000, 7000) >= 2 * DRAFT_SIDE
     draw = ImageDraw.Draw(im)
     truth = [(400, 400, 3800, 6600), (4200, 400, 7600, 6600)]
     for i, box in enumerate(truth):

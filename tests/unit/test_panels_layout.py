@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
+from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 from pipelines.panels.layout import MAX_PANELS, split_panels
-from pipelines.panels.postprocess import iou
 from tests.panel_figures import draw_panel, grid
 
 ROOT = Path(__file__).resolve().parents[2]

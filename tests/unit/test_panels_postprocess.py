@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.panels.postprocess import (
+from pipelines.images.boxes import (
+    Panel,
     attach_labels,
     clamp,
     column_order_indices,
@@ -17,7 +18,6 @@ from pipelines.panels.postprocess import (
     single_panel,
     suppress,
 )
-from pipelines.panels.types import Panel
 
 
 def test_iou_by_hand():

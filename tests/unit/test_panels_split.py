@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
-from pipelines.panels.postprocess import iou
 from pipelines.panels.split import decide, figure_decision, panels_for_figure
 from testing.system import require, tesseract_data
 from tests.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
@@ -229,7 +229,7 @@ def _encoded(im: Image.Image, fmt: str, **kwargs) -> bytes:
 
 
 def test_bad_input_is_a_reason():
-    assert figure_decision(b"not an image").reason.startswith("unreadable image")
+    assert figure_decision(b"not an image").reason == "not an image (no format PIL can identify)"
     assert figure_decision(_encoded(Image.new("RGB", (20, 300), "white"), "PNG")).reason.startswith("too small")
     assert figure_decision(huge_png()).reason.startswith("too large")
     assert figure_decision(_encoded(Image.new("RGB", (400, 300), (40, 90, 160)), "PNG")).reason == "uniform image"

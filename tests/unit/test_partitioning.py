@@ -1,6 +1,6 @@
 from collections import Counter
 
-from pipelines.partitioning import shard_keys, shard_of
+from pipelines.core.partitioning import shard_keys, shard_of
 
 
 def test_shard_keys_sort_and_count():

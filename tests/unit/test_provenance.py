@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.provenance import public_model_name
+from pipelines.core.provenance import public_model_name
 
 
 @pytest.mark.parametrize(
@@ -48,8 +48,8 @@ def test_engine_provenance_never_holds_the_model_directory(tmp_path):
 
 
 def test_the_revision_of_a_local_model_is_what_identifies_its_weights(tmp_path):
-    from pipelines.fingerprints import model_identity
-    from pipelines.provenance import public_model
+    from pipelines.core.fingerprints import model_identity
+    from pipelines.core.provenance import public_model
 
     snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-VL-3B-Instruct/snapshots/66285546d2b8"
     assert public_model(snapshot, None) == ("Qwen/Qwen2.5-VL-3B-Instruct", "66285546d2b8")  # the snapshot's commit

@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
+from pipelines.compute.weights import ModelUnavailableError
 from pipelines.training.clip import COMMONPOOL, check_weights
 from pipelines.vlm.engine import VlmRequest
-from pipelines.weights import ModelUnavailableError
 from resources.vlm import VlmEngineResource
 from testing.loopback.sample_mirror import SAMPLE_DIR
 from testing.published import QWEN_REDUCED, QWEN_REDUCED_VISION, published_config, reduced, write_qwen2_5_vl
@@ -144,7 +144,7 @@ def test_the_clip_asset_refuses_missing_weights_before_launching(tmp_path, no_ne
     from dagster import DagsterInstance
 
     from assets.training import clip_continual_pretraining
-    from pipelines.lake import Lake
+    from pipelines.core.lake import Lake
     from resources.compute import ModelsResource
     from resources.lake import LakeResource
     from resources.launcher import JobLauncherResource

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipelines.acquire.ratelimit import RateLimiter, densest_window
+from pipelines.net.ratelimit import RateLimiter, densest_window
 
 RATE = 10.0
 
@@ -50,8 +50,8 @@ def test_ftp_logins_are_requests_the_mirror_sees_at_the_rate(tmp_path):
     (then USER/PASS); before logins took their slot ahead of connecting, the first four
     connections arrived within milliseconds. No one-second window at the server may hold more
     than the rate of requests, logins included."""
-    from pipelines.acquire.retry import RetryPolicy
     from pipelines.acquire.transports import FtpTransport
+    from pipelines.net.retry import RetryPolicy
     from testing.loopback.faults import FaultPlan
     from testing.loopback.ftp_server import FtpLoopbackServer
 

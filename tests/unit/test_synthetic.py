@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.acquire.rawstore import add_member
+from pipelines.core.rawstore import add_member
+from pipelines.core.schemas import TABLES
 from pipelines.panels.synthetic import (
     PANEL,
     PANEL_LABEL,
@@ -28,7 +29,6 @@ from pipelines.panels.synthetic import (
     source_panels,
     write_coco_dataset,
 )
-from pipelines.schemas import TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = [  # single-panel figures of the sample (sample/articles/FIGURES.csv, layout_observed = single)

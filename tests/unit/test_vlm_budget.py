@@ -16,8 +16,8 @@ from tokenizers import pre_tokenizers
 
 from pipelines.longcap.negatives import NEGATIVES
 from pipelines.longcap.prompts import LONGCAP
-from pipelines.mining.prompts import PROMPTS
 from pipelines.vlm.budget import UnboundedSchemaError, answer_budget, longest_answer
+from pipelines.vlm.prompts import PROMPTS
 from pipelines.vlm.ray_llm import RayVllmSettings
 from resources.vlm import VlmEngineResource
 

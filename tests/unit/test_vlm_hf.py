@@ -30,12 +30,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.mining.prompts import CANARY, CANARY_TOKEN, PANELS, SYSTEM
-from pipelines.stage import StageInputError
+from pipelines.core.stage import StageInputError
 from pipelines.vlm.canary import run_canary
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
 from pipelines.vlm.grounding import model_frame
 from pipelines.vlm.hf import TransformersEngine, placement
+from pipelines.vlm.prompts import CANARY, CANARY_TOKEN, PANELS, SYSTEM
 from pipelines.vlm.tiny import MARKER, build_tiny_model, is_synthetic, tiny_model_dir
 from testing.vlm import ScriptedEngine
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from PIL import Image
 
-from pipelines.stage import StageInputError
+from pipelines.core.stage import StageInputError
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest, provenance
 from pipelines.vlm.openai_http import OpenAIEngine
 from testing.loopback.faults import Fault, FaultPlan

@@ -47,7 +47,7 @@ The package follows those seams, one module each:
 
 :func:`write_coco_dataset` streams a COCO dataset per split (train, val) to disk, holding one
 image at a time, after de-duplicating source panels between the splits by the project's dHash
-(:func:`pipelines.parse.images.dhash`, pairs found by :func:`pipelines.parse.duplicates.find_duplicates`).
+(:func:`pipelines.images.info.dhash`, pairs found by :func:`pipelines.images.duplicates.find_duplicates`).
 :func:`source_panels` picks single-panel figures from the lake with their licences. Both, and
 what tests and benchmarks use, are importable from ``pipelines.panels.synthetic`` itself.
 """

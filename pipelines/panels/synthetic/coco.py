@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipelines.images.duplicates import NEAR_DISTANCE
 from pipelines.panels.synthetic.generate import GENERATOR_VERSION, GeneratorConfig, Sample, generate_sample
 from pipelines.panels.synthetic.sources import SourceCache, SourcePanel
 from pipelines.panels.synthetic.splits import CheckedSource, check_sources, split_sources
-from pipelines.parse.duplicates import NEAR_DISTANCE
 
 PANEL, PANEL_LABEL = 1, 2
 CATEGORIES = [

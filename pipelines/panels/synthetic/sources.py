@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from pipelines.concepts.decode import decode_image
+from pipelines.images.decode import decode_image
 
 SINGLE_PANEL = "single panel"  # the taxonomy's panel_type of a one-panel figure
 MAX_SOURCE_SIDE = 1024  # sources are decoded once and kept at most this large
@@ -84,7 +84,7 @@ def source_panels(
     only when ``is_single`` (a layout check on the decoded image) says so, and skipped when no
     check is given. ``commercial_only`` keeps only the ``commercial`` licence group. Images are
     read from the raw tars only when used (the check decodes them once)."""
-    from pipelines.acquire.rawstore import read_raw_file
+    from pipelines.core.rawstore import read_raw_file
 
     for shard in shards:
         tables = {}

@@ -4,7 +4,7 @@ A val score means something only if val figures are made of sources training nev
 the same image many times (reposted, re-encoded, resized), so splitting by key alone leaks. Each
 source falls in a split by a hash of the seed and its key (stable when sources are added), then
 every val source within a few dHash bits of a train source (the project's near-duplicate rule,
-:func:`pipelines.parse.duplicates.find_duplicates`) is dropped.
+:func:`pipelines.images.duplicates.find_duplicates`) is dropped.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pipelines.images.duplicates import find_duplicates
+from pipelines.images.info import dhash
 from pipelines.panels.synthetic.seeds import unit
 from pipelines.panels.synthetic.sources import SourcePanel, load_source
-from pipelines.parse.duplicates import find_duplicates
-from pipelines.parse.images import dhash
 
 
 @dataclass

@@ -1,0 +1,4 @@
+"""The core every stage stands on: the lake (tables, commits), the table schemas, the stage contract
+(partitions, results, progress, reuse), fingerprints, the raw-file store and figure items, licences.
+
+Nothing here imports another ``pipelines`` package (``[tool.importlinter]`` in pyproject.toml)."""

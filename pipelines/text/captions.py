@@ -1,0 +1,1003 @@
+"""Captions split by panel label (the join of a figure's panels to their texts is ``pairing``).
+
+Rules only: deterministic and extractive. Every text returned is a substring of
+``normalize_caption(caption)``, so a panel's text can always be traced back to the caption.
+
+The house styles read, as a grammar over the normalised caption (``|`` alternatives, ``[]``
+optional, ``*`` repeated; a *clause start* is the caption start, the end of the figure label
+"Figure 2." or a position after ``. ; : ! ?``)::
+
+    caption  := [figure-label] [preface] part* [no-panel-tail]
+    part     := lead text                            "(A) Western blot ...", "A. The indicated ..."
+              | text trail                           "... the lungs of patient 1 (A), patient 2 (B)"
+    lead     := [position] marker                    at a clause start, or before a word
+    trail    := "(" labels [";" words] ")"           before , ; . ) and, or, the end: "TF (a)", "RSC (b; red)"
+    marker   := ["Panel(s)"] "(" ["panel(s)"] labels ["," words] ")"   (A) (A-C) (a, b) (A and B) (panel B) (D, top)
+              | ["Panel(s)"] labels ("." | ":" | "," | ")")           A. text  A: text  A, text  A) text  A-C, text
+              | "Panel(s)" labels                                     Panel A shows ...
+              | labels Word                                           a Schematic ... (bold label, no punctuation)
+    position := ("Upper"|"Lower"|"Top"|"Bottom"|"Middle"|"Left"|"Right")+ ["panel(s)"|"row"|...]
+                                                     "Lower left (A): ..."; alone, "Left: ... Right: ..." are labels
+    labels   := label (("," | "and" | "&" | "-" | "to") label)*          a range "A-C" names A, B and C
+    label    := A | a | 1 | i | I | A1 | a1 | 1A    case-insensitive within a scheme, keys as printed
+    no-panel := "DOI: ..." | "10.7554/eLife.N.N" | "Figure N-source data N. ..." | "Figure N-figure supplement N. ..."
+                (to the end), and anywhere a credit: "Reproduced with permission from [3] Copyright 2019 Wiley"
+
+How a caption is read:
+
+1. ``normalize_caption`` folds the Unicode look-alikes that break matching (the dash family,
+   non-breaking and thin spaces, fullwidth brackets, primes) and collapses white space.
+2. The figure label is skipped; the no-panel tail is cut, with the closing sentences that only
+   point to data elsewhere ("The raw data are available in Figure 1-source data 1."); credit
+   lines are set aside.
+3. Candidate markers are found. Not candidates: references (``as in (B)``, ``see (C)``,
+   ``Fig. 2 (A)``, ``(A) in Figure 3``), "(C)" after a number in a temperature context
+   ("kept at 37 (C)", "4 °C" elsewhere; "patient 3 (C)" is a label), glossaries ("E,
+   extracellular"), words such as ``Fig. 2A``, ``p53``, ``IL-6``, ``(n = 5)``, ``(i.v.)``.
+4. Each scheme (letter, digit, roman, alnum "A1", figure-numbered "1A") gets the run of its
+   labels from the first one (A, 1, i, A1), one missing label allowed between two found ones.
+5. Labels are defined in caption order by one marker each. A marker naming a label already
+   defined is a reference; when it also names new labels, or when a clause counts the labels
+   again from the first ("for (a) FTO, (b) fibres, ..."), the rest of that clause defines nothing
+   (another figure's panels, one panel's curves: "b SEM (a, c, e) images of fibres (c, d)"). In
+   a caption whose labels are printed before their texts, a marker mid-sentence does not define
+   a label that a later marker at a clause start defines, nor one out of order ("carbon (C)
+   atoms. (B) ..."). A range mid-sentence whose labels are each named later leaves them to
+   those markers; one that is the caption's only marker splits nothing ("bands (A-F) were
+   tested"). Bare labels without punctuation count only as a sequence of two or more.
+6. The scheme with most defined labels is the panel level. Sub-labels are a second level:
+   ``a1``, ``a2`` beside ``a``, or letters inside one numbered part ("(2) SEM images of (a) ...").
+7. Texts: a lead label's text runs to the next label; a trailing label's text is its list item
+   with the label itself ("patient 2 (B)"), the first item of a list leaving the shared head to
+   the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"). A range or group
+   "(A, B) ..." whose text then names each of its labels, in order, all after or all before
+   their descriptions ("... shown in (A), and ... in (B)"; "for: (A) genes up; (B) ...") gives
+   each label its own description. Text edges lose punctuation and a dangling "and"/"or".
+
+``panels`` keys every label as printed: panels, and sub-panels after their panel
+(``{"a": ..., "a1": ..., "a2": ..., "b": ...}``); a panel's text covers its sub-panels' texts;
+``parents`` maps each sub-label to its panel ("a1" -> "a").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+
+@dataclass
+class CaptionSplit:
+    """A caption split by panel label. ``panels`` maps each label as printed (without brackets
+    or punctuation) to its text, excluding the ``preface`` (the text before the first label,
+    shared by every panel). Sub-panels are keyed beside their panel, after it ("a", "a1", "a2",
+    "b"), the panel's text covering theirs; ``parents`` maps each sub-label to its panel's label.
+    Every text is a substring of the normalised caption."""
+
+    preface: str = ""
+    panels: dict[str, str] = field(default_factory=dict)
+    # upper, lower, digit, roman, alnum (A1, A2, B1), fignum (1A, 1B, 2A), position (Left, Right), none
+    scheme: str = "none"
+    confidence: float = 0.0
+    parents: dict[str, str] = field(default_factory=dict)
+
+
+SCHEMES = ("upper", "lower", "digit", "roman", "alnum", "fignum", "position")
+ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
+
+# Characters folded by normalize_caption: dashes and minus signs to "-", odd spaces to " ",
+# invisible characters removed, fullwidth brackets and punctuation to ASCII, primes to "'".
+_FOLD = str.maketrans(
+    {
+        **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\ufe58\ufe63\uff0d", "-"),
+        **dict.fromkeys(
+            "\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000\t\n\r\f\v", " "
+        ),
+        **dict.fromkeys("\u200b\u200c\u200d\u2060\ufeff\u00ad", ""),
+        "\uff08": "(",
+        "\uff09": ")",
+        "\uff3b": "[",
+        "\uff3d": "]",
+        "\uff0c": ",",
+        "\uff1a": ":",
+        "\uff1b": ";",
+        "\uff0e": ".",
+        "\u2032": "'",
+        "\u2019": "'",
+        "\u2018": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+    }
+)
+_SPACES = re.compile(r" {2,}")
+
+_ROMAN_ALT = "|".join(sorted(ROMANS, key=len, reverse=True))
+_LABEL = (
+    r"(?:[A-Za-z]\d{1,2}(?!\d)"  # A1, a2: a sub-label
+    r"|\d{1,2}[A-Za-z](?![A-Za-z])"  # 1A, 2b: figure number and letter
+    r"|\d{1,2}(?!\d)"
+    rf"|(?:{_ROMAN_ALT}|{_ROMAN_ALT.upper()})(?![A-Za-z])"
+    r"|[A-Za-z](?![A-Za-z]))'?"
+)
+_SEP = r"\s*(?:,\s*and\s|,|&|\band\b|\bto\b|-)\s*"
+_LIST = rf"{_LABEL}(?:{_SEP}{_LABEL})*"
+_PANEL = r"(?:[Pp]anels?\s+)?"
+# (A), [A], (A-C), (A, B), (panel B), Panel (a), (D, upper graph), (a; TF, TGd)
+_PAREN = re.compile(rf"(?:\b[Pp]anels?\s+)?[(\[]\s*{_PANEL}(?P<list>{_LIST})\s*(?:[)\]]|[,;]\s+[^()\[\]]*[)\]])")
+# "In panel A (...), ...", "For (B), ...": a label introduced at a clause start
+_IN_PANEL = re.compile(
+    rf"\b(?:In|For)\s+(?:[Pp]anels?\s+(?P<bare>{_LIST})|\(\s*{_PANEL}(?P<paren>{_LIST})\s*\))(?=[\s,:])"
+)
+# A) B) printed without the opening bracket
+_CLOSE = re.compile(rf"(?<![\w(\['.-]){_PANEL}(?P<list>{_LIST})\)")
+# A. A: A, b-d. "Panels A & B", and "a Schematic" (a bold label without punctuation)
+_BARE = re.compile(rf"(?<![\w'.-])(?P<panel>[Pp]anels?\s+)?(?P<list>{_LIST})(?P<punct>\s*[.:,])?(?=\s)")
+_TOKEN = re.compile(rf"({_LABEL})|({_SEP})")
+_REFERENCE = re.compile(
+    r"(?:\bas\s+(?:in|for)|\bsee(?:\s+also)?|\bcompared?(?:\s+(?:to|with))?|\bcf\.|\b(?:that|those)\s+in"
+    r"|\bsame\s+as(?:\s+in)?|\bsimilar\s+to|\bFig(?:ure)?s?\.?(?:\s*S?\d+)?|\bTables?(?:\s*S?\d+)?)\s*$",
+    re.IGNORECASE,
+)
+_REFERENCE_AFTER = re.compile(
+    r"\s*(?:of|in|from)\s+(?:the\s+)?(?:(?:main|previous|next|original)\s+)?(?:Supplementa\w*\s+)?(?:Fig|Figure|Table)\b",
+    re.IGNORECASE,
+)
+_FIGURE_LABEL = re.compile(
+    r"(?:(?:Supplementa(?:ry|l)|Extended\s+Data|Appendix|Source\s+Data)\s+)?(?:Fig(?:ure)?s?|Plate|Scheme|Table|Chart)"
+    r"\.?\s*S?\d+(?:\s*-\s*figure\s+supplement\s+\d+)?\s*[.:|]?(?=\s|$)",
+    re.IGNORECASE,
+)
+_POSITION_WORD = r"(?:[Uu]pper|[Ll]ower|[Tt]op|[Bb]ottom|[Mm]iddle|[Cc]ent(?:er|re)|[Ll]eft|[Rr]ight|[Ff]ar)"
+_POSITION = (
+    rf"{_POSITION_WORD}(?:[\s-]+{_POSITION_WORD}){{0,2}}(?:\s+(?:panels?|rows?|columns?|images?|graphs?|plots?))?"
+)
+_POSITION_BEFORE = re.compile(rf"(?<![\w-])(?P<pos>{_POSITION})[\s,]*$")
+_POSITION_MARK = re.compile(rf"(?<![\w-])(?:(?P<pos>{_POSITION})\s*:|\((?P<inner>{_POSITION})\))(?=\s)")
+_NUMBER_BEFORE = re.compile(r"(?:(?P<word>[A-Za-z]+)\s+)?[-+~]?\d+(?:[.,]\d+)?\s*(?P<degree>°)?\s*$")
+_TEMPERATURE = re.compile(
+    r"°|\btemperatur|\bincubat|\bheat|\bwarm|\bcool|\bcold\b|\bfroz|\bfreez|\bthaw|\bdegrees?\b|\bkept\b"
+    r"|\bgrown\b|\bstored\b|\bcultur|\bmaintained\b|\bovernight\b",
+    re.IGNORECASE,
+)
+_TEMPERATURE_WORDS = {"at", "to", "from", "and", "or", "between"}
+_WINDOW = 120  # characters before a marker where its reference or position words are printed
+# Where a sentence or clause ends: the start of a trailing label's text.
+_CLAUSE_END = re.compile(r"(?:[.!?]\)?\s+(?=[A-Z(\[\"'])|[;:]\s+)")
+# The no-panel tail (eLife/PMC source data, figure supplements, DOIs) and credit lines.
+_TAIL = re.compile(
+    r"(?:DOI:?\s*)?(?:https?://(?:dx\.)?doi\.org/)?10\.7554/eLife\.\d+\.\d+"
+    r"|(?:DOI:?\s*)?(?:https?://(?:dx\.)?doi\.org/)?10\.\d{4,9}/\S+\s*$"
+    r"|(?:Figure|Fig\.?)\s*\d+(?:-(?:source\s+data|figure\s+supplement|video|animation|source\s+code)\s+\d+)+\s*[.:]"
+    r"|(?:Source\s+data|Figure\s+supplement|Video)\s+\d+\s*[.:]\s"
+    r"|The\s+following\s+(?:source\s+data|figure\s+supplements?|videos?|supplementary)\b[^.]{0,120}?\bavailable\b",
+    re.IGNORECASE,
+)
+_CREDIT = re.compile(
+    r"\b(?:(?P<upper>Reproduced|Reprinted|Adapted|Modified|Copyright|Courtesy)|reproduced|reprinted|adapted)\b"
+    r"(?=[^.]{0,60}?\b(?:permission|Copyright|license|licence|courtesy|©)|\s+from\b|\s+\d{4}\b|\s+©)|©",
+)
+# A closing sentence that points to data elsewhere describes no panel.
+_POINTER = re.compile(
+    r"\b(?:source\s+data|figure\s+supplements?|(?:raw|underlying)\s+data|can\s+be\s+found\s+(?:at|in)"
+    r"|(?:are|is)\s+(?:available|provided|deposited|listed)\s+(?:at|in|from|online)|Additional\s+file\s+\d"
+    r"|https?://|doi\.org)",
+    re.IGNORECASE,
+)
+_CUT_WORDS = frozenset(
+    "of for in on at from with by to into between showing shows show shown including against under after before"
+    " during via per versus vs and or".split()
+)
+_DETERMINERS = frozenset("the a an and or".split())
+
+
+def normalize_caption(text: str | None) -> str:
+    """The caption every other function works on: NFC, one dash, one space, no invisible
+    characters, so that "(A–C)" and "(A-C)" or "A\u00a0B" and "A B" are read the same way."""
+    if not text:
+        return ""
+    text = unicodedata.normalize("NFC", str(text)).translate(_FOLD)
+    return _SPACES.sub(" ", text).strip()
+
+
+# --- labels and schemes ------------------------------------------------------------------------
+# Schemes while reading: "letter" (A or a, one sequence whatever the case), "digit", "roman",
+# "alnum" (A1: letter and number) and "fignum" (1A: figure number and letter).
+_READ_SCHEMES = ("letter", "digit", "roman", "fignum", "alnum")
+
+
+def _schemes_of(token: str) -> tuple[str, ...]:
+    """The schemes a single label may belong to ("i" is both a letter and a Roman numeral)."""
+    if re.fullmatch(r"[A-Za-z]\d+", token):
+        return ("alnum",)
+    if re.fullmatch(r"\d+[A-Za-z]", token):
+        return ("fignum",)
+    if token.isdigit():
+        return ("digit",)
+    if token.lower() in ROMANS and (token.islower() or token.isupper()):
+        return ("roman", "letter") if len(token) == 1 else ("roman",)
+    return ("letter",) if len(token) == 1 and token.isalpha() else ()
+
+
+def _index(token: str, scheme: str) -> int:
+    """Position of a label in its scheme's sequence, so that runs and ranges can be computed."""
+    if scheme == "letter":
+        return ord(token.lower()) - ord("a")
+    if scheme == "digit":
+        return int(token) - 1
+    if scheme == "roman":
+        return ROMANS.index(token.lower())
+    if scheme == "alnum":
+        return (ord(token[0].lower()) - ord("a")) * 100 + int(token[1:]) - 1
+    return int(token[:-1]) * 100 + ord(token[-1].lower()) - ord("a")
+
+
+def _label_at(index: int, scheme: str, like: str) -> str:
+    """The label printed at ``index`` of a scheme, in the case of ``like`` (a range's end)."""
+    upper = like[-1].isupper() if scheme == "fignum" else like[0].isupper()
+
+    def case(s: str) -> str:
+        return s.upper() if upper else s
+
+    if scheme == "letter":
+        return case(chr(ord("a") + index))
+    if scheme == "digit":
+        return str(index + 1)
+    if scheme == "roman":
+        return case(ROMANS[index])
+    if scheme == "alnum":
+        return case(chr(ord("a") + index // 100)) + str(index % 100 + 1)
+    return str(index // 100) + case(chr(ord("a") + index % 100))
+
+
+def _expand(label_list: str, scheme: str) -> list[tuple[int, str]]:
+    """(index, label as printed) of one marker in ``scheme``, ranges expanded: "A-C" and "A to C"
+    are A, B, C; "A1-3" is A1, A2, A3 and "1A-C" is 1A, 1B, 1C."""
+    out: list[tuple[int, str]] = []
+    pending_range, pair = False, ""
+    for token, sep in _TOKEN.findall(label_list):
+        if sep:
+            pending_range = sep.strip() in ("-", "to")
+            continue
+        token = token.rstrip("'")
+        if scheme == "alnum" and token.isdigit() and pair:
+            token = pair[0] + token
+        elif scheme == "fignum" and len(token) == 1 and token.isalpha() and pair:
+            token = pair[:-1] + token
+        if scheme not in _schemes_of(token):
+            pending_range = False
+            continue
+        index = _index(token, scheme)
+        if scheme in ("alnum", "fignum"):
+            pair = token
+        same_major = scheme not in ("alnum", "fignum") or (out and out[-1][0] // 100 == index // 100)
+        if pending_range and out and same_major and 0 < index - out[-1][0] <= 60:
+            out.extend((i, _label_at(i, scheme, token)) for i in range(out[-1][0] + 1, index + 1))
+        else:
+            out.append((index, token))
+        pending_range = False
+    seen: set[int] = set()
+    return [(i, label) for i, label in out if not (i in seen or seen.add(i))]
+
+
+# --- the caption and its markers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Marker:
+    """One place where the caption may name panel labels."""
+
+    start: int  # position words before it included ("Lower left (A):")
+    end: int
+    label_list: str
+    clause_start: bool
+    follows: str  # what comes next: "end", "punct", "conj", "mark", "upper", "lower"
+    kind: str  # "paren", "close", "bare", "weak" (no punctuation), "soft" (after a comma), "position"
+
+    @property
+    def trailing(self) -> bool:
+        """A label printed after its text: "patient 1 (A), ..."."""
+        return not self.clause_start and self.kind in ("paren", "close") and self.follows in ("end", "punct", "conj")
+
+
+@dataclass
+class _Def:
+    """The marker that defines labels, and whether it is printed before or after their text."""
+
+    marker: _Marker
+    labels: list[str]
+    indices: list[int]
+    role: str = "lead"
+
+
+@dataclass
+class _Caption:
+    """The normalised caption and what is read once: the end of the figure label, the start of
+    the no-panel tail, the credit lines, and where clauses and sentences start."""
+
+    text: str
+    floor: int
+    body_end: int
+    credits: list[tuple[int, int]]
+    clauses: list[int]
+    sentences: list[int]
+
+    def clause(self, position: int) -> int:
+        """Index of the clause holding ``position`` (clauses end at . ; : ! ? outside brackets)."""
+        return bisect_right(self.clauses, position)
+
+    def clause_start(self, position: int) -> int:
+        k = bisect_right(self.clauses, position)
+        return max(self.floor, self.clauses[k - 1]) if k else self.floor
+
+    def sentence_start(self, position: int) -> int:
+        k = bisect_right(self.sentences, position)
+        return max(self.floor, self.sentences[k - 1]) if k else self.floor
+
+
+def _read(text: str) -> _Caption:
+    label = _FIGURE_LABEL.match(text)
+    floor = label.end() if label else 0
+    while floor < len(text) and text[floor] == " ":
+        floor += 1
+    body_end = len(text)
+    for m in _TAIL.finditer(text, floor):
+        if _is_clause_start(text, m.start(), floor):
+            body_end = m.start()
+            break
+    while True:  # closing sentences that only point to data elsewhere
+        last = max([floor, *(b.end() for b in re.finditer(r"[.!?]\s+(?=\S)", text[:body_end].rstrip()))])
+        if last <= floor or not _POINTER.search(text, last, body_end):
+            break
+        body_end = last
+    depth = _depths(text)
+    ends = [m for m in _CLAUSE_END.finditer(text, 0, body_end) if depth[m.start()] == 0]
+    clauses = [m.end() for m in ends]
+    sentences = [m.end() for m in ends if m.group().strip()[:1] in ".!?"]
+    caption = _Caption(text, floor, body_end, [], clauses, sentences)
+    caption.credits = _credits(caption)
+    return caption
+
+
+def _depths(text: str) -> list[int]:
+    """How many brackets are open at each position (a stray ")" closes nothing)."""
+    depths, depth = [], 0
+    for ch in text:
+        depths.append(depth)
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+    return [*depths, depth]
+
+
+def _last_char(text: str, start: int, floor: int = 0) -> str:
+    """The last character before ``start`` (and after ``floor``) that is not a space, or ""."""
+    k = start - 1
+    while k >= floor and text[k] == " ":
+        k -= 1
+    return text[k] if k >= floor else ""
+
+
+def _is_clause_start(text: str, start: int, floor: int = 0) -> bool:
+    last = _last_char(text, start, floor)
+    return not last or last in ".;:!?"
+
+
+def _credits(c: _Caption) -> list[tuple[int, int]]:
+    """Credit lines ("Reproduced with permission from [3] Copyright 2019 Wiley"): they describe
+    no panel, wherever they are printed."""
+    text, spans = c.text, []
+    for m in _CREDIT.finditer(text, c.floor, c.body_end):
+        if spans and m.start() < spans[-1][1]:
+            continue
+        start = m.start()
+        if not (m.group("upper") or m.group() == "\u00a9"):
+            sentence = max([c.floor, *(b.end() for b in re.finditer(r"[.;!?]\s", text[:start]))])
+            if len(text[sentence:start].split()) > 6:
+                sentence = max(text.rfind(",", sentence, start) + 1, text.rfind("(", sentence, start), sentence)
+            start = sentence
+        opened = text[:start].rstrip().endswith("(")
+        if opened:
+            start = text.rindex("(", 0, start)
+        if text[start] == "(":
+            end = _closing(text, start + 1, c.body_end)
+            end = c.body_end if end is None else end + 1
+        else:
+            stop = re.compile(r"\.(?:\s|$)").search(text, m.end(), c.body_end)
+            end = stop.end() if stop else c.body_end
+        spans.append((start, end))
+    return spans
+
+
+def _closing(text: str, start: int, end: int) -> int | None:
+    """Position of the ")" closing a bracket opened before ``start``, if it comes before ``end``."""
+    level = 0
+    for k in range(start, min(end, len(text))):
+        if text[k] == "(":
+            level += 1
+        elif text[k] == ")":
+            if level == 0:
+                return k
+            level -= 1
+    return None
+
+
+def _follows(text: str, end: int) -> str:
+    rest = text[end:].lstrip()
+    if not rest:
+        return "end"
+    if rest[0] in ",;.:)]":
+        return "punct"
+    if re.match(r"(?:and|or|&|but|to|versus|vs\.?)(?!\w)", rest):
+        return "conj"
+    if rest[0] in "([":
+        return "mark"
+    return "upper" if rest[0].isupper() else "lower"
+
+
+def _is_celsius(text: str, start: int) -> bool:
+    """Whether "(C)" at ``start`` is a temperature: after a number with a degree sign, or after a
+    number in a temperature context ("kept at 37 (C)"; "at 30 (C)" where the caption writes °C);
+    "patient 3 (C)" is a label."""
+    number = _NUMBER_BEFORE.search(text[max(0, start - _WINDOW) : start])
+    if not number:
+        return False
+    if number.group("degree") or _TEMPERATURE.search(text[max(0, start - 80) : start]):
+        return True
+    word = (number.group("word") or "").lower()
+    return word in _TEMPERATURE_WORDS and re.search(r"\d\s*°\s*C|\u2103", text) is not None
+
+
+def _unmatched_close(text: str, close: int) -> bool:
+    """True when the ")" at ``close`` closes no "(": the "A)" style, not the end of a remark."""
+    return text[:close].count("(") <= text[:close].count(")")
+
+
+def _candidates(c: _Caption) -> list[_Marker]:
+    """Every marker that may name panel labels, references and look-alikes left out."""
+    text, found = c.text, []
+    taken = bytearray(len(text) + 1)  # 1 where a marker already is, or a credit line
+
+    for a, b in c.credits:
+        taken[a:b] = b"\x01" * (b - a)
+
+    def free(start: int, end: int) -> bool:
+        return not any(taken[start:end])
+
+    def add(start: int, end: int, label_list: str, kind: str, clause_start: bool | None = None) -> None:
+        if start < c.floor or start >= c.body_end or not free(start, end):
+            return
+        at_start = _is_clause_start(text, start, c.floor) if clause_start is None else clause_start
+        window = max(c.floor, start - _WINDOW)  # references and position words sit just before a marker
+        position = _POSITION_BEFORE.search(text[window:start]) if not at_start and kind != "position" else None
+        if position and _is_clause_start(text, window + position.start(), c.floor):
+            start, at_start = window + position.start(), True
+        if not at_start and (_REFERENCE.search(text[window:start]) or _REFERENCE_AFTER.match(text, end)):
+            return
+        if label_list.strip("'") == "C" and _is_celsius(text, start):
+            return
+        found.append(_Marker(start, end, label_list, at_start, _follows(text, end), kind))
+        taken[start:end] = b"\x01" * (end - start)
+
+    for m in _IN_PANEL.finditer(text):
+        if _is_clause_start(text, m.start(), c.floor):
+            add(m.start(), m.end(), m.group("bare") or m.group("paren"), "bare", True)
+    for m in _PAREN.finditer(text):
+        add(m.start(), m.end(), m.group("list"), "paren")
+    for m in _CLOSE.finditer(text):
+        if not m.group("list").isdigit() and _unmatched_close(text, m.end() - 1):
+            add(m.start(), m.end(), m.group("list"), "close")
+    for m in _BARE.finditer(text):
+        panel, punct = m.group("panel"), (m.group("punct") or "").strip()
+        after = text[m.end() :].lstrip()[:1]
+        before = _last_char(text, m.start(), c.floor)
+        if _is_clause_start(text, m.start(), c.floor) or (before == "(" and punct == ":"):
+            if after.islower() and not panel:
+                continue  # "C. elegans", "P. berghei"; a glossary "E, extracellular; I, intracellular"
+            if punct or panel:
+                add(m.start(), m.end(), m.group("list"), "bare", True)
+            elif after.isupper() or after.isdigit():
+                add(m.start(), m.end(), m.group("list"), "weak", True)
+        elif not punct and not panel and re.fullmatch(r"[A-Za-z]", m.group("list")):
+            # the next bold label of a caption printed "a Schematic ..., b the ... c Western blot"
+            if after.isupper() or (before == "," and m.group("list").islower() and after.isalpha()):
+                add(m.start(), m.end(), m.group("list"), "soft", False)
+    for m in _POSITION_MARK.finditer(text):
+        if _is_clause_start(text, m.start(), c.floor):
+            add(m.start(), m.end(), m.group("pos") or m.group("inner"), "position", True)
+    return sorted(found, key=lambda marker: marker.start)
+
+
+# --- which labels the caption defines ---------------------------------------------------------
+
+
+def _run(indices: Iterable[int]) -> list[int]:
+    """The run of label positions from the first label, allowing one missing label between two
+    found ones (a caption may skip a panel it does not describe)."""
+    present = sorted(set(indices))
+    if not present or present[0] != 0:
+        return []
+    run = [0]
+    for index in present[1:]:
+        if index - run[-1] > 2:
+            break
+        run.append(index)
+    return run
+
+
+def _allowed(markers: list[_Marker], scheme: str) -> set[int]:
+    """The label positions of a scheme that may be panel labels: its run from the first label."""
+    found = {i for m in markers if m.kind != "position" for i, _ in _expand(m.label_list, scheme)}
+    if scheme == "alnum":
+        return found if 0 in found else set()
+    if scheme == "fignum":
+        numbers = {i // 100 for i in found if i % 100 == 0}
+        return {i for i in found if i // 100 in numbers}
+    return set(_run(found))
+
+
+def _define(c: _Caption, markers: list[_Marker], scheme: str, allowed: set[int]) -> tuple[list[_Def], bool]:
+    """The markers that define labels, in caption order, and whether the caption prints its
+    labels before their texts (see step 5 of the module docstring)."""
+    naming = []
+    for m in markers:
+        if m.kind != "position":
+            named = [(i, label) for i, label in _expand(m.label_list, scheme) if i in allowed]
+            if named:
+                naming.append((m, named))
+    weak = sum(m.kind in ("weak", "soft") for m, _ in naming)
+    naming = [(m, named) for m, named in naming if m.kind != "weak" or weak >= 2]
+    if not naming:
+        return [], False
+    first = min(allowed)
+    starts = sum(m.clause_start for m, _ in naming)
+    before = starts * 2 > len(naming) or any(m.clause_start for m, named in naming if named[0][0] == first)
+    defined: set[int] = set()
+    weak_style = False
+    references: dict[int, list[int]] = {}  # clause -> labels it names again
+    reference_clauses: set[int] = set()
+    defs: list[_Def] = []
+    for k, (m, named) in enumerate(naming):
+        indices = {i for i, _ in named}
+        clause = c.clause(m.start)
+        if indices & defined:
+            # a marker naming defined and new labels at once, or a clause that counts the labels
+            # again from the first ("for (a) FTO, (b) PVP, ..."), enumerates another figure's
+            # panels or one panel's parts: the rest of the clause defines nothing
+            again = references.setdefault(clause, [])
+            again.extend(sorted(indices))
+            if indices - defined or again[:2] == sorted(allowed)[:2]:
+                reference_clauses.add(clause)
+            continue
+        if not m.clause_start and clause in reference_clauses:
+            continue
+        if before and not m.clause_start:
+            later = [{i for i, _ in n} for lm, n in naming[k + 1 :] if lm.clause_start]
+            if any(li & indices or (min(li) < min(indices) and not li & defined) for li in later):
+                continue
+        if m.kind == "soft" and (not weak_style or not defined or min(indices) != max(defined) + 1):
+            continue  # only the next label of a caption whose labels are printed bare
+        if len(indices) > 1 and not m.clause_start:
+            # a range mid-sentence whose labels are each named again later: "stage II (a-f).
+            # Staining against CK8 (a); COX-1 (b); ..." (the single labels define them)
+            singles = {n[0][0] for lm, n in naming[k + 1 :] if len(n) == 1 and not lm.clause_start}
+            if indices <= singles:
+                continue
+        defined |= indices
+        weak_style = weak_style or m.kind == "weak"
+        defs.append(_Def(m, [label for _, label in named], sorted(indices)))
+    return defs, before
+
+
+def _set_roles(c: _Caption, defs: list[_Def]) -> None:
+    """Lead or trail per definition; a clause that holds a trailing label is a list of trailing
+    labels ("PeEc (b) PHA1 (c), PHA2 (d)")."""
+    for d in defs:
+        d.role = "trail" if d.marker.trailing else "lead"
+    trailing_clauses = {c.clause(d.marker.start) for d in defs if d.role == "trail"}
+    for d in defs:
+        m = d.marker
+        if (
+            d.role == "lead"
+            and not m.clause_start
+            and m.kind in ("paren", "close")
+            and m.follows in ("upper", "lower")
+            and c.clause(m.start) in trailing_clauses
+        ):
+            d.role = "trail"
+
+
+# --- texts ------------------------------------------------------------------------------------
+
+
+def _trim(text: str, start: int, end: int) -> str:
+    """``text[start:end]`` without the punctuation and conjunctions left over at its edges."""
+    piece = re.sub(r"^(?:and|or)\s+", "", text[start:end].lstrip(" ,;:.)]"))
+    piece = re.sub(r"[\s,;]+(?:and|or)$", "", piece.rstrip(" ,;:("))
+    return piece.rstrip(" ,;:(")
+
+
+def _first_item(text: str, start: int, stop: int, others: list[str]) -> int:
+    """Where the first item of a trailing list starts: "Chest CT images showing the lungs of
+    patient 1 (A), patient 2 (B)" -> "patient 1". An item much longer than the others shares a
+    head with them; it starts at the word the next item starts with, else after the earliest
+    comma, then the earliest preposition, that leaves it at most twice as long as the others."""
+    words = list(re.finditer(r"\S+", text[start:stop]))
+    lengths = [len(other.split()) for other in others if other.split()]
+    if not words or not lengths:
+        return start
+    limit = 2 * max(lengths) + 2
+    if len(words) <= limit:
+        return start
+    head = next((w for w in others[0].split() if w.lower() not in _DETERMINERS), None)
+    if head:
+        hits = [w for w in words[1:] if w.group().lower() == head.lower()]
+        if hits:
+            return start + hits[-1].start()
+    depth = _depths(text[start:stop])
+    for at_punctuation in (True, False):
+        for k, w in enumerate(words[:-1]):
+            token = w.group()
+            cut = token.endswith((",", ":", ";")) if at_punctuation else token.lower().strip(",;:") in _CUT_WORDS
+            if cut and depth[w.end()] == 0 and len(words) - k - 1 <= limit:  # never inside brackets
+                return start + words[k + 1].start()
+    return start
+
+
+def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list[tuple[int, int]]]:
+    """Where the first part starts, and the span of each definition's text (see step 7)."""
+    text, n = c.text, len(defs)
+    starts = [d.marker.end for d in defs]
+    for i, d in enumerate(defs):
+        if d.role != "trail":
+            continue
+        previous = defs[i - 1].marker.end if i else lo
+        if i and defs[i - 1].role == "trail" and c.clause(previous - 1) == c.clause(d.marker.start):
+            starts[i] = previous
+            continue
+        start = max(previous, c.clause_start(d.marker.start))
+        items, last = [], d.marker.end
+        for other in defs[i + 1 :]:
+            if other.role != "trail" or c.clause(other.marker.start) != c.clause(d.marker.start):
+                break
+            items.append(_trim(text, last, other.marker.start))
+            last = other.marker.end
+        starts[i] = _first_item(text, start, d.marker.start, items) if items else start
+    spans = []
+    for i, d in enumerate(defs):
+        if d.role == "trail":
+            spans.append((starts[i], d.marker.end))
+            continue
+        if i + 1 < n:
+            end = defs[i + 1].marker.start if defs[i + 1].role == "lead" else starts[i + 1]
+        else:
+            end = hi
+        end = max(end, starts[i])
+        sentence = c.sentence_start(d.marker.start)
+        depth = text.count("(", sentence, d.marker.start) - text.count(")", sentence, d.marker.start)
+        close = _closing(text, starts[i], end) if depth > 0 else None
+        spans.append((starts[i], end if close is None else close))
+    first = defs[0].marker.start if defs[0].role == "lead" else starts[0]
+    return first, spans
+
+
+def _refine(c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tuple[int, int]) -> dict[int, tuple]:
+    """A group "(A, B) ..." whose text names each of its labels once, in order, all after their
+    descriptions ("... are shown in (A), and ... in (B)") or all before them ("Venn diagrams for:
+    (A) shRNAs; (B) genes and (C) ...") gives each label its own description; a description
+    printed before its label ends with its sentence."""
+    first: dict[int, _Marker] = {}
+    for m in markers:
+        if m is d.marker or not span[0] <= m.start < span[1] or m.kind == "position":
+            continue
+        named = _expand(m.label_list, scheme)
+        if len(named) == 1 and named[0][0] in d.indices:
+            first.setdefault(named[0][0], m)
+    if set(first) != set(d.indices):
+        return {}
+    order = [first[i] for i in d.indices]
+    if any(a.start >= b.start for a, b in pairwise(order)):
+        return {}
+    if all(m.trailing for m in order):
+        role = "trail"
+    elif all(not m.trailing and m.follows in ("upper", "lower") for m in order):
+        role = "lead"
+    else:
+        return {}
+    parts = [_Def(m, [label], [i], role) for i, label, m in zip(d.indices, d.labels, order, strict=True)]
+    end = span[1]
+    if role == "lead":
+        end = min(end, next((start for start in c.sentences if start > order[-1].end), end))
+    _, spans = _segment(c, parts, span[0], end)
+    return {i: (label, s) for (i, label), s in zip(zip(d.indices, d.labels, strict=True), spans, strict=True)}
+
+
+def _avoid(start: int, end: int, spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """A text span without the credit lines in it (the part before one, else the part after)."""
+    for a, b in spans:
+        if a <= start < b:
+            start = min(b, end)
+        elif start < a < end:
+            end = a
+    return start, end
+
+
+@dataclass
+class _Level:
+    """The labels of one scheme and the span of each label's text."""
+
+    scheme: str
+    defs: list[_Def]
+    before: bool
+    first: int
+    spans: dict[int, tuple[str, tuple[int, int]]]  # index -> (label, span)
+
+
+def _level(
+    c: _Caption, markers: list[_Marker], scheme: str, defs: list[_Def], before: bool, lo: int, hi: int
+) -> _Level:
+    _set_roles(c, defs)
+    first, spans = _segment(c, defs, lo, hi)
+    by_index: dict[int, tuple[str, tuple[int, int]]] = {}
+    for d, span in zip(defs, spans, strict=True):
+        for i, label in zip(d.indices, d.labels, strict=True):
+            by_index[i] = (label, span)
+        if len(d.indices) > 1 and d.role == "lead":
+            by_index.update(_refine(c, markers, scheme, d, span))
+    # a lead label with no text of its own shares the next one's: "(A) and (B) Western blots of ..."
+    ordered = sorted(by_index.items(), key=lambda item: item[1][1][0])
+    for (i, (label, span)), (_, (_, after)) in pairwise(ordered):
+        if not _trim(c.text, *span) and re.fullmatch(r"[\s,;&]*(?:and|or|to)?[\s,;&]*", c.text[span[0] : span[1]]):
+            by_index[i] = (label, after)
+    return _Level(scheme, defs, before, first, by_index)
+
+
+def _options(c: _Caption, markers: list[_Marker]) -> dict[str, tuple[list[_Def], bool]]:
+    options = {}
+    for scheme in _READ_SCHEMES:
+        allowed = _allowed(markers, scheme)
+        if len(allowed) >= 2:
+            defs, before = _define(c, markers, scheme, allowed)
+            # one range naming every label mid-sentence ("regions between bands (A-F)") splits nothing
+            alone = len(defs) == 1 and not defs[0].marker.clause_start
+            if len({i for d in defs for i in d.indices}) >= 2 and not alone:
+                options[scheme] = (defs, before)
+    return options
+
+
+def _nested(c: _Caption, markers: list[_Marker], outer: _Level, scheme: str) -> dict[int, list]:
+    """Sub-labels inside the panels of ``outer`` (outer label -> [(index, (label, span))]): "a1"
+    inside "a", or letters that all sit inside one numbered part ("(2) SEM images of (a) ...")."""
+    if scheme == "alnum":
+        pairs = _allowed_pairs(markers)
+        allowed = {i for i in pairs if i // 100 in outer.spans and i // 100 * 100 in pairs}  # a1 before a2
+    else:
+        allowed = _allowed(markers, scheme)
+    if len(allowed) < 2:
+        return {}
+    defs, before = _define(c, markers, scheme, allowed)
+    groups: dict[int, list[_Def]] = {}
+    for d in defs:
+        parent = next(
+            (
+                p
+                for p, (_, (lo, hi)) in outer.spans.items()
+                if lo <= d.marker.start < hi and (scheme != "alnum" or d.indices[0] // 100 == p)
+            ),
+            None,
+        )
+        if parent is None and scheme == "letter":
+            return {}  # letters outside the numbered parts are not their sub-labels
+        if parent is not None:
+            groups.setdefault(parent, []).append(d)
+    if scheme == "letter" and len(groups) != 1:
+        return {}
+    out = {}
+    for parent, inside in groups.items():
+        lo, hi = outer.spans[parent][1]
+        out[parent] = sorted(_level(c, markers, scheme, inside, before, lo, hi).spans.items())
+    return out if sum(len(v) for v in out.values()) >= (2 if scheme == "letter" else 1) else {}
+
+
+def _allowed_pairs(markers: list[_Marker]) -> set[int]:
+    return {i for m in markers if m.kind != "position" for i, _ in _expand(m.label_list, "alnum")}
+
+
+def _position_level(c: _Caption, markers: list[_Marker]) -> _Level | None:
+    """ "Left: ... Right: ..." with no printed labels: the position words are the labels."""
+    defs, seen = [], set()
+    for m in markers:
+        if m.kind != "position":
+            continue
+        key = re.sub(r"[\s-]+(?:panels?|rows?|columns?|images?|graphs?|plots?)$", "", m.label_list).strip()
+        if key.casefold() not in seen:
+            seen.add(key.casefold())
+            defs.append(_Def(m, [key], [len(defs)]))
+    if len(defs) < 2:
+        return None
+    return _level(c, markers, "position", defs, True, c.floor, c.body_end)
+
+
+def _confidence(level: _Level, rivals: int) -> float:
+    """1.0 for a clean run printed before its texts at clause starts; less for each doubt."""
+    indices = sorted(level.spans)
+    missing = indices[-1] + 1 - indices[0] - len(indices) if level.scheme in ("letter", "digit", "roman") else 0
+    positions = [level.spans[i][1][0] for i in indices]
+    out_of_order = any(a > b for a, b in pairwise(positions))
+    loose = sum(not d.marker.clause_start for d in level.defs[1:] if d.role == "lead")
+    score = 1.0 - 0.1 * missing - 0.2 * out_of_order - 0.1 * (not level.before) - 0.1 * rivals - 0.05 * min(loose, 4)
+    return round(min(1.0, max(0.05, score)), 2)
+
+
+def split_caption(caption: str | None) -> CaptionSplit:
+    """Split a figure caption by its printed panel labels (see the module docstring).
+
+    A caption without at least two labels is not split: scheme "none", no panels, the caption
+    without its no-panel tail as preface and confidence 0.0 (nothing was split)."""
+    text = normalize_caption(caption)
+    c = _read(text)
+    markers = _candidates(c)
+    options = _options(c, markers)
+    outer, nested, inner = None, {}, None
+    for numeric in ("digit", "roman"):
+        if numeric in options and "letter" in options and outer is None:
+            candidate = _level(c, markers, numeric, *options[numeric], c.floor, c.body_end)
+            nested = _nested(c, markers, candidate, "letter")
+            outer, inner = (candidate, "letter") if nested else (None, None)
+    if outer is None and options:
+        scheme = max(options, key=lambda s: (len({i for d in options[s][0] for i in d.indices}), s == "letter"))
+        scheme = "letter" if "letter" in options and "alnum" in options else scheme
+        outer = _level(c, markers, scheme, *options[scheme], c.floor, c.body_end)
+        if scheme == "letter":
+            nested = _nested(c, markers, outer, "alnum")
+            inner = "alnum" if nested else None
+    if outer is None:
+        outer = _position_level(c, markers)
+    if outer is None:
+        start, end = _avoid(0, c.body_end, c.credits)
+        return CaptionSplit(preface=text[start:end].strip(), scheme="none")
+    panels: dict[str, str] = {}
+    parents: dict[str, str] = {}
+    for index in sorted(outer.spans):
+        label, span = outer.spans[index]
+        panels[label] = _trim(text, *_avoid(*span, c.credits))
+        for _, (sub, sub_span) in nested.get(index, []):
+            if sub.casefold() not in {key.casefold() for key in panels}:
+                panels[sub] = _trim(text, *_avoid(*sub_span, c.credits))
+                parents[sub] = label
+    preface = _trim(text, *_avoid(0, outer.first, c.credits))
+    rivals = sum(1 for other in options if other not in (outer.scheme, inner))
+    scheme = outer.scheme
+    if scheme == "letter":
+        keys = [label for _, (label, _) in outer.spans.items()]
+        scheme = "upper" if sum(k.isupper() for k in keys) * 2 >= len(keys) else "lower"
+    return CaptionSplit(
+        preface=preface, panels=panels, scheme=scheme, confidence=_confidence(outer, rivals), parents=parents
+    )
+
+
+def caption_agreement(cases: Iterable[dict], splitter: Callable[[str | None], CaptionSplit] | None = None) -> dict:
+    """How far the splitter agrees with hand-split captions, so that a rule change is measured.
+
+    Each case has ``caption`` and ``labels`` (expected labels as printed), and optionally
+    ``texts`` (label, or "preface", -> expected text). ``exact_label`` is the share of captions
+    whose predicted label set equals the expected one; ``text`` the share of expected texts
+    predicted exactly (after ``normalize_caption``), None when no case has texts. ``splitter``
+    (default ``split_caption``) lets a benchmark score another splitter on the same cases."""
+    captions = exact = texts = same_text = 0
+    misses: list[str] = []
+    for case in cases:
+        split = (splitter or split_caption)(case["caption"])
+        captions += 1
+        if set(split.panels) == set(case["labels"]):
+            exact += 1
+        else:
+            misses.append(str(case.get("id", captions - 1)))
+        for label, expected in (case.get("texts") or {}).items():
+            predicted = split.preface if label == "preface" else split.panels.get(label)
+            texts += 1
+            same_text += predicted == normalize_caption(expected)
+    return {
+        "captions": captions,
+        "exact_label": exact / captions if captions else 0.0,
+        "texts": texts,
+        "text": same_text / texts if texts else None,
+        "misses": misses,
+    }
+
+
+def _related(label: str, other: str, parents: dict[str, str]) -> bool:
+    """Whether two labels name the same panel, or a panel and one of its sub-panels ("a" and
+    "a1"): a sub-panel's phrase inside its panel's text is not a leak."""
+    label, other = label.casefold(), other.casefold()
+    folded = {child.casefold(): parent.casefold() for child, parent in parents.items()}
+    return label == other or folded.get(label) == other or folded.get(other) == label
+
+
+def phrase_agreement(cases: Iterable[dict], splitter: Callable[[str | None], CaptionSplit] | None = None) -> dict:
+    """Agreement with hand-chosen caption phrases (``sample/panels/eval``), per split.
+
+    Each case has ``caption``, ``phrases`` (caption label -> verbatim phrases describing only
+    that panel), optionally ``labels`` (the caption's labels), ``shared``, ``no_panel`` and
+    ``split`` ("tune", "holdout"; missing: "all"). With the split
+    of the caption (``splitter``, default ``split_caption``) and after ``normalize_caption`` on
+    both sides, a phrase is **found** when the text of its label (label matched
+    case-insensitively) contains it, and **leaked** when the text of another label does (a
+    panel and its sub-panels, ``CaptionSplit.parents``, are not other labels to each other, nor
+    are labels that list the same phrase: "(b, c) pristine SnO2" describes both). A ``no_panel``
+    phrase leaks when any panel's text contains it. ``label_set_exact`` is the share of captions
+    with ``labels`` whose split names exactly those labels (case-insensitively); ``shared_in_preface`` the share of
+    ``shared`` phrases the preface contains. ``misses`` lists each phrase not found, or leaked,
+    as ``case: label: phrase``."""
+    split_of = splitter or split_caption
+    out: dict[str, dict] = {}
+    for number, case in enumerate(cases):
+        stats = out.setdefault(
+            str(case.get("split") or "all"),
+            {
+                "captions": 0,
+                "phrases": 0,
+                "found": 0,
+                "leaked": 0,
+                "no_panel": 0,
+                "no_panel_leaked": 0,
+                "label_sets": 0,
+                "label_sets_exact": 0,
+                "shared": 0,
+                "shared_in_preface": 0,
+                "misses": [],
+            },
+        )
+        name = case.get("id") or "#".join(str(case[k]) for k in ("source", "article", "fig_id") if case.get(k))
+        name = name or str(number)
+        split = split_of(case["caption"])
+        texts = {label.casefold(): text for label, text in split.panels.items()}
+        phrases = case.get("phrases") or {}
+        stats["captions"] += 1
+        if case.get("labels") is not None:
+            stats["label_sets"] += 1
+            stats["label_sets_exact"] += {x.casefold() for x in texts} == {str(x).casefold() for x in case["labels"]}
+        listed: dict[str, set[str]] = {}
+        for label, items in phrases.items():
+            for phrase in items:
+                listed.setdefault(normalize_caption(phrase), set()).add(str(label).casefold())
+        for label, items in phrases.items():
+            for phrase in items:
+                phrase = normalize_caption(phrase)
+                found = phrase in texts.get(str(label).casefold(), "")
+                leaked = any(
+                    phrase in text
+                    for other, text in texts.items()
+                    if other not in listed[phrase] and not _related(other, str(label), split.parents)
+                )
+                stats["phrases"] += 1
+                stats["found"] += found
+                stats["leaked"] += leaked
+                if not found or leaked:
+                    stats["misses"].append(f"{name}: {label}: {phrase}" + (" (leaked)" if leaked else ""))
+        for phrase in case.get("no_panel") or []:
+            phrase = normalize_caption(phrase)
+            stats["no_panel"] += 1
+            stats["no_panel_leaked"] += any(phrase in text for text in texts.values())
+        for phrase in case.get("shared") or []:
+            stats["shared"] += 1
+            stats["shared_in_preface"] += normalize_caption(phrase) in split.preface
+    for stats in out.values():
+        stats["found_share"] = round(stats["found"] / stats["phrases"], 4) if stats["phrases"] else None
+        stats["leaked_share"] = round(stats["leaked"] / stats["phrases"], 4) if stats["phrases"] else None
+        stats["label_set_exact"] = (
+            round(stats["label_sets_exact"] / stats["label_sets"], 4) if stats["label_sets"] else None
+        )
+        stats["shared_in_preface_share"] = (
+            round(stats["shared_in_preface"] / stats["shared"], 4) if stats["shared"] else None
+        )
+    return out
+
+
+def caption_of(figure: dict) -> str:
+    """Caption title and text joined by a space (the label, "Figure 2", carries no content)."""
+    parts = [(figure.get("caption_title") or "").strip(), (figure.get("caption_text") or "").strip()]
+    return " ".join(p for p in parts if p)
