@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from jobs.instance import pool_limits
@@ -126,10 +127,14 @@ def test_download_stage_respects_the_source_concurrency(tmp_path, cloud_mirror):
 
 
 def _raw_bytes(lake: Lake) -> dict[str, str]:
-    """sha256 of every file under the lake's raw tables and tars, by relative path."""
+    """sha256 of every file under the lake's raw tables and tars, by relative path: a tar's bytes,
+    a table's rows (a Parquet footer also names the commit that published it, an id that differs
+    between any two runs)."""
     root = Path(lake.root)
     return {
-        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        p.relative_to(root).as_posix(): hashlib.sha256(
+            pq.read_table(p).to_pandas().to_json().encode() if p.suffix == ".parquet" else p.read_bytes()
+        ).hexdigest()
         for sub in ("tables/raw_manifest", "tables/raw_files", "raw")
         for p in sorted((root / sub).rglob("*"))
         if p.is_file()
