@@ -213,7 +213,10 @@ def _run_line(data: dict, command: str) -> str:
     at = ""
     if commit:
         at = f" at commit `{commit.rstrip('+')}`" + (" with uncommitted changes" if commit.endswith("+") else "")
-    return f"**Run:** {date}{at}; `{run.get('command') or command}`."
+    line = f"**Run:** {date}{at}; `{run.get('command') or command}`."
+    if run.get("environment"):  # a run outside the project's own install (a lent GPU) says how
+        line += f" Environment: {run['environment']}."
+    return line
 
 
 def _file_section(bench: Benchmark, path: Path, command: str, heading: bool) -> list[str]:
