@@ -24,9 +24,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=30
 
-# the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop
+# the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop, on every core
+# (pytest-xdist; one test module per worker, so module fixtures are built once); docs/testing.md has its times
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/unit tests/stages tests/assets --durations=10
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/unit tests/stages tests/assets -n auto --dist loadfile --durations=10
 
 # the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)
