@@ -88,6 +88,51 @@ def test_layout_only_run_on_the_sample(lake):
     assert counts["match_label"] <= sum(1 for p in panels if p["label"])  # a label match needs a printed label
 
 
+def _counting_decisions(monkeypatch) -> list[str]:
+    """The captions of every figure decision the panels stage makes from now on."""
+    from pipelines.panels import stages
+
+    made: list[str] = []
+    real = stages.figure_decision
+
+    def counted(data, caption=None, **kwargs):
+        made.append(caption)
+        return real(data, caption, **kwargs)
+
+    monkeypatch.setattr(stages, "figure_decision", counted)
+    return made
+
+
+def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_release(tmp_path, monkeypatch):
+    """The one reuse rule of the model-stage loop: the partition's own rows (a rerun), then the
+    previous release's; nothing is decided again, and the tables come out the same."""
+    import os
+    import shutil
+
+    copy = sample_lake(tmp_path, RELEASE)  # no panels yet
+    shard = SHARDS[1]
+    first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    written = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in ("panel_figures", "panels", "panel_captions")}
+    images = sum(len(f["image_files"] or []) for f in copy.read_table("figures", RELEASE, shard).to_pylist())
+    assert len(written["panel_figures"]) == images and first.ok == images and first.counts["carried"] == 0
+    made = _counting_decisions(monkeypatch)
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    assert made == [] and again.counts["carried"] == again.skipped == images and again.ok == 0
+    assert {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in written} == written
+    assert again.version == first.version  # the same rows: downstream does not go stale
+    # the next release, with no panels of its own yet: every image carried from this one
+    for table in ("figures", "raw_files"):
+        dst = copy.table_path(table, "2027", shard)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(copy.table_path(table, RELEASE, shard), dst)
+    following = PanelStage(PanelSettings()).run(copy, Partition("2027", shard))
+    assert made == [] and following.skipped == images and following.ok == 0
+    assert {t: copy.read_table(t, "2027", shard).to_pylist() for t in written} == written
+    # other settings are not carried: every image is decided again
+    PanelStage(PanelSettings(consensus_min=0.69)).run(copy, Partition("2027", shard))
+    assert len(made) == images
+
+
 def test_the_hand_boxed_sample_figures(lake):
     """The 10 sample figures boxed by hand (sample/panels): the stage's panels reach the figure
     decision's measured recall/precision on them (the layout splitter alone: 0.80 / 0.50)."""
