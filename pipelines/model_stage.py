@@ -6,9 +6,9 @@ For one partition: build the items (each with a fingerprint of its inputs and se
 what an earlier run made with the same fingerprint (``reusable_results``: the previous release,
 then the partition's own rows) → resume what a killed run of this partition had checkpointed →
 send the canary if anything is left for the model → in batches of ``batch_size`` items: read and
-decode the images, ask the model (:meth:`ModelStage.run_batch`), advance the progress → checkpoint
-the finished items every ``checkpoint_every`` items → publish the tables, in item order, in one
-commit that also removes the checkpoints.
+decode the images (:meth:`ModelStage.prepare`), ask the model (:meth:`ModelStage.run_batch`),
+advance the progress → checkpoint the finished items every ``checkpoint_every`` items → publish
+the tables, in item order, in one commit that also removes the checkpoints.
 
 A rerun after a kill therefore sends no request for an item a checkpoint holds, and writes the
 same tables as a run that was never interrupted. A subclass says what an item is and what the
