@@ -41,16 +41,9 @@ class PanelCropsStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
-        panels = lake.require(Table.PANELS, release, shard)
-        files = lake.require(Table.RAW_FILES, release, shard)
-        where = {(f["pmcid"], f["name"]): f for f in files.to_pylist()}
-        by_image: dict[tuple[str, str], list[dict]] = {}
-        for row in panels.to_pylist():
-            by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
+        panels = lake.require(Table.PANELS, release, shard).to_pylist()
+        files = lake.require(Table.RAW_FILES, release, shard).to_pylist()
         dest = crops_tar(lake, release, shard)
-        relative = lake.relative(dest)
-        rows, errors, written, uncut = [], [], 0, 0
-        sheet: list[tuple[bytes, str]] = []  # the first crops, for the UI
         # the tar and its index are published together: an index row never points at other bytes
         with lake.commit(self.name, release, shard) as commit:
             with (
@@ -58,58 +51,89 @@ class PanelCropsStage(Stage):
                 tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar,
                 RawReader(lake) as reader,
             ):
-                for (pmcid, image_file), image_panels in sorted(by_image.items()):
-                    raw = where[(pmcid, image_file)]
-                    image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
-                    if image is None:
-                        errors.append((f"{pmcid} {image_file}", reason))
-                        uncut += len(image_panels)  # the unit is the panel, like ``ok``
-                        continue
-                    for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
-                        box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
-                        crop = crop_panel(image, box)
-                        reason, measures = crop_gate(crop, self.gate)
-                        data = jpeg_bytes(crop)
-                        name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
-                        offset = add_member(tar, name, io.BytesIO(data), len(data))
-                        written += len(data)
-                        if len(sheet) < SHEET_ITEMS:
-                            sheet.append((data, f"{image_file} p{panel['panel_index']} {reason or 'passes the gate'}"))
-                        rows.append(
-                            {
-                                "pmcid": pmcid,
-                                "fig_id": panel["fig_id"],
-                                "image_file": image_file,
-                                "panel_index": panel["panel_index"],
-                                "method": panel["method"],
-                                "tar_path": relative,
-                                "offset": offset,
-                                "size": len(data),
-                                "sha256": hashlib.sha256(data).hexdigest(),
-                                "width": box[2] - box[0],
-                                "height": box[3] - box[1],
-                                "gate": reason,
-                                "ink": measures.ink,
-                                "text_run": round(measures.text_run, 3),
-                            }
-                        )
-            commit.write_table(Table.PANEL_CROPS, rows)
-        result = self.result(
-            partition,
-            ok=len(rows),
-            error=uncut,
-            bytes=written,
-            counts={
-                "crops": len(rows),
-                "panels_uncut": uncut,
-                "images_unreadable": len(errors),
-                "gate_passed": sum(1 for r in rows if r["gate"] is None),
-                **{f"gate_{reason}": sum(1 for r in rows if r["gate"] == reason) for reason in GATE_REASONS},
-            },
-            paths={"tar": dest},
-        )
-        if sheet:
-            title = f"panel crops of {partition}: {len(sheet)} of {len(rows)}, with the gate's verdict"
-            result.counts["crops_sheet"] = Markdown(sheet_preview(captioned_sheet(sheet, title), title=title))
-        result.errors = errors
-        return result
+                cut = cut_crops(panels, files, tar, reader, lake.relative(dest), self.gate)
+            commit.write_table(Table.PANEL_CROPS, cut.rows)
+        return crops_result(self, partition, cut, dest)
+
+
+@dataclass
+class Cut:
+    """What :func:`cut_crops` wrote: the ``panel_crops`` rows, the images it could not decode
+    (with the reason), the bytes written, the panels not cut, and the first crops for the UI."""
+
+    rows: list[dict] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    written: int = 0
+    uncut: int = 0
+    sheet: list[tuple[bytes, str]] = field(default_factory=list)
+
+
+def cut_crops(
+    panels: list[dict], files: list[dict], tar: tarfile.TarFile, reader: RawReader, relative: str, gate: GateSettings
+) -> Cut:
+    """Every panel cut from its decoded image into ``tar`` (``relative``: the tar's lake path,
+    for the index rows), image by image in (pmcid, image_file) order, panels in index order."""
+    where = {(f["pmcid"], f["name"]): f for f in files}
+    by_image: dict[tuple[str, str], list[dict]] = {}
+    for row in panels:
+        by_image.setdefault((row["pmcid"], row["image_file"]), []).append(row)
+    cut = Cut()
+    for (pmcid, image_file), image_panels in sorted(by_image.items()):
+        raw = where[(pmcid, image_file)]
+        image, reason = decode_image(reader.read(raw["tar_path"], raw["offset"], raw["size"]))
+        if image is None:
+            cut.errors.append((f"{pmcid} {image_file}", reason))
+            cut.uncut += len(image_panels)  # the unit is the panel, like ``ok``
+            continue
+        for panel in sorted(image_panels, key=lambda p: p["panel_index"]):
+            box = (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
+            crop = crop_panel(image, box)
+            reason, measures = crop_gate(crop, gate)
+            data = jpeg_bytes(crop)
+            name = f"{pmcid}/{image_file}.p{panel['panel_index']:03d}.jpg"
+            offset = add_member(tar, name, io.BytesIO(data), len(data))
+            cut.written += len(data)
+            if len(cut.sheet) < SHEET_ITEMS:
+                cut.sheet.append((data, f"{image_file} p{panel['panel_index']} {reason or 'passes the gate'}"))
+            cut.rows.append(
+                {
+                    "pmcid": pmcid,
+                    "fig_id": panel["fig_id"],
+                    "image_file": image_file,
+                    "panel_index": panel["panel_index"],
+                    "method": panel["method"],
+                    "tar_path": relative,
+                    "offset": offset,
+                    "size": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "width": box[2] - box[0],
+                    "height": box[3] - box[1],
+                    "gate": reason,
+                    "ink": measures.ink,
+                    "text_run": round(measures.text_run, 3),
+                }
+            )
+    return cut
+
+
+def crops_result(stage: PanelCropsStage, partition: Partition, cut: Cut, dest: str) -> StageResult:
+    rows = cut.rows
+    result = stage.result(
+        partition,
+        ok=len(rows),
+        error=cut.uncut,
+        bytes=cut.written,
+        counts={
+            "crops": len(rows),
+            "panels_uncut": cut.uncut,
+            "images_unreadable": len(cut.errors),
+            "gate_passed": sum(1 for r in rows if r["gate"] is None),
+            **{f"gate_{reason}": sum(1 for r in rows if r["gate"] == reason) for reason in GATE_REASONS},
+        },
+        paths={"tar": dest},
+    )
+    if cut.sheet:
+        title = f"panel crops of {partition}: {len(cut.sheet)} of {len(rows)}, with the gate's verdict"
+        result.counts["crops_sheet"] = Markdown(sheet_preview(captioned_sheet(cut.sheet, title), title=title))
+    result.errors = cut.errors
+    return result
