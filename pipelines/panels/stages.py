@@ -88,9 +88,10 @@ class PanelStage(ModelStage):
         return figure_key(row["sha256"], row["settings"])
 
     def carried(self, item: Item, row: dict, panels: list[dict]) -> Outcome:
-        fig_id = item.data.ref["fig_id"]
+        # the row of an image with the same bytes: this image's names (the same image may be in two figures)
+        names = {k: item.data.ref[k] for k in ("pmcid", "fig_id", "image_file")}
         self.carried_errors += row["status"] == "error"  # a refused image is refused again: kept as it was
-        return Outcome({**row, "fig_id": fig_id}, [{**p, "fig_id": fig_id} for p in panels])
+        return Outcome({**row, **names}, [{**p, **names} for p in panels])
 
     def prepare(self, item: Item, data: bytes) -> tuple[FigureSplit | None, str | None]:
         """The figure decision, as the image's bytes are read (the batch keeps it, not the image)."""

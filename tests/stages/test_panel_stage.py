@@ -133,6 +133,36 @@ def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_re
     assert len(made) == images
 
 
+def test_an_image_in_two_figures_is_carried_under_each_name(tmp_path):
+    """Reuse is by the image's bytes: where two figures hold the same bytes, each keeps its own
+    names (pmcid, figure, file) when carried (it took the other's before: one image twice, the
+    other missing)."""
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    files = copy.read_table("raw_files", RELEASE, shard).to_pylist()
+    figures = copy.read_table("figures", RELEASE, shard).to_pylist()
+    a, b = [f for f in figures if f["image_files"]][:2]
+    where = {(f["pmcid"], f["name"]): f for f in files}
+    source = where[(a["pmcid"], a["image_files"][0])]
+    for f in files:  # b's first image now has a's bytes
+        if (f["pmcid"], f["name"]) == (b["pmcid"], b["image_files"][0]):
+            f.update({k: source[k] for k in ("tar_path", "offset", "size", "sha256")})
+    copy.write_table("raw_files", RELEASE, shard, files)
+    PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    tables = ("panel_figures", "panels", "panel_captions")
+    first = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in tables}
+    names = [(f["pmcid"], f["fig_id"], f["image_file"]) for f in first["panel_figures"]]
+    assert (b["pmcid"], b["fig_id"], b["image_files"][0]) in names and len(set(names)) == len(names)
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    assert again.skipped == len(names) and again.ok == 0
+    rerun = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in tables}
+    assert [(f["pmcid"], f["fig_id"], f["image_file"]) for f in rerun["panel_figures"]] == names
+    for table in ("panels", "panel_captions"):
+        assert {(p["pmcid"], p["fig_id"], p["image_file"]) for p in rerun[table]} == {
+            (p["pmcid"], p["fig_id"], p["image_file"]) for p in first[table]
+        }
+
+
 def test_the_hand_boxed_sample_figures(lake):
     """The 10 sample figures boxed by hand (sample/panels): the stage's panels reach the figure
     decision's measured recall/precision on them (the layout splitter alone: 0.80 / 0.50)."""
