@@ -37,7 +37,7 @@ CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge in
 # The panel logic's version: bump it when a change to how figures are split (layout, detector use,
 # post-processing) changes the panels of the same image, so reruns and new releases split it again.
 PANELS_VERSION = "1"
-FIGURES_PER_BATCH = 256  # figure images per batch of the loop: one detector pool and one checkpoint each
+FIGURES_PER_BATCH = 512  # figure images per batch of the loop: one detector pool (a model load) and one checkpoint each
 
 
 @dataclass(frozen=True)
