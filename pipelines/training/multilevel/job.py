@@ -44,7 +44,7 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
                 trainer.save()
     finally:
         trainer.close()
-    by_rank = gather_objects({"consumed": trainer.consumed(), "linked": trainer.linked}, info)
+    by_rank = gather_objects({"consumed": trainer.data.consumed(), "linked": trainer.data.linked}, info)
     model_dir = None
     if info.is_main:
         model_dir = _export(config, trainer)
@@ -59,9 +59,9 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
         "first_step": first,
         "final_loss": metrics.get("loss"),
         **trainer.last_terms,
-        "skipped_samples": trainer.skipped,
-        "linked_children": json.dumps({k: sum(r["linked"][k] for r in by_rank) for k in trainer.linked}),
-        "consumed": json.dumps(trainer.consumed()),
+        "skipped_samples": trainer.data.skipped,
+        "linked_children": json.dumps({k: sum(r["linked"][k] for r in by_rank) for k in trainer.data.linked}),
+        "consumed": json.dumps(trainer.data.consumed()),
         "samples_by_rank": json.dumps([sum(r["consumed"].values()) for r in by_rank]),
         "logit_columns": json.dumps(trainer.core.columns),
         "trainable_params": trainer.params["trainable"],
