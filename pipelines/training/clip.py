@@ -29,6 +29,10 @@ already; otherwise ``<logs>`` is a local scratch folder and each finished epoch 
 the newest copy back before OpenCLIP's ``--resume latest`` looks, so a preempted run resumes from
 its last whole epoch anywhere.
 
+Held-out articles: with ``heldout`` (the release's recorded split, which the asset always passes)
+every shard is read through a ``pipe:`` that drops the held-out articles' samples
+(:mod:`pipelines.training.heldout`), and an epoch is the samples kept.
+
 After training, WiSE-FT (Wortsman et al.) interpolates the fine-tuned weights with the base
 model's, theta = (1 - alpha) * theta_base + alpha * theta_ft, and exports the result to
 ``<run_dir>/model`` as ``open_clip_model.safetensors`` + ``open_clip_config.json``, loadable with
