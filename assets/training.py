@@ -23,7 +23,7 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
-from pipelines.core.heldout import heldout_path, training_split
+from pipelines.core.heldout import DEFAULT_SHARE, heldout_path, training_split
 from pipelines.core.lake import dataset_dir
 from pipelines.core.stage import GPU_POOL
 from pipelines.release.webdataset import missing_subsets
@@ -92,6 +92,7 @@ class ClipTrainingSettings(Config):
     # leave the release's held-out articles out (models/eval/<release>/heldout.json); False trains
     # on every article, and then no evaluation on that split measures generalisation
     exclude_heldout: bool = True
+    heldout_share: float = DEFAULT_SHARE  # of the articles, when the release has no recorded split yet
 
 
 def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -174,7 +175,7 @@ def clip_continual_pretraining(
         config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
-    held = resolve_heldout(context, lk, release, url) if config.exclude_heldout else {}
+    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
     job |= {"heldout": held.get("heldout_split")}
     check_clip_job(job, config, launcher)
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
@@ -183,15 +184,15 @@ def clip_continual_pretraining(
     return result.get_materialize_result()
 
 
-def resolve_heldout(context: AssetExecutionContext, lk, release: str, url) -> dict:
-    """Resolve (recording it if need be) the held-out split training on ``release`` excludes;
-    its metadata, ``heldout_split`` being the path the job reads."""
+def resolve_heldout(context: AssetExecutionContext, lk, release: str, url, share: float = DEFAULT_SHARE) -> dict:
+    """Resolve (recording it by ``share`` if need be) the held-out split training on ``release``
+    excludes; its metadata, ``heldout_split`` being the path the job reads."""
     try:
-        split, recorded = training_split(lk, release)
+        split, recorded = training_split(lk, release, share)
     except ValueError as exc:
         raise Failure(f"{exc}: set exclude_heldout to False to train on every article", allow_retries=False) from None
     path = heldout_path(lk, release)
-    how = "recorded now by the default rule" if recorded else "as recorded"
+    how = f"recorded now with share {split.share}" if recorded else "as recorded"
     held, total = len(split.pmcids), split.n_articles
     context.log.info(f"held-out split of {release} ({how}): {held} of {total} articles excluded from training")
     return {"heldout_split": url(path), "heldout_articles": held, "heldout_share": split.share}
@@ -248,6 +249,7 @@ class MultilevelTrainingSettings(Config):
     seed: int = 0
     overrides: str = ""
     exclude_heldout: bool = True  # leave the release's held-out articles out (see ClipTrainingSettings)
+    heldout_share: float = DEFAULT_SHARE  # of the articles, when the release has no recorded split yet
 
 
 def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, str]) -> dict:
@@ -299,7 +301,7 @@ def multilevel_training(
         config = synthetic_settings(config, {**SYNTHETIC_MULTILEVEL, "model": model, "pretrained": ""})
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.steps} CPU steps")
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
-    held = resolve_heldout(context, lk, release, url) if config.exclude_heldout else {}
+    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
     job |= {"heldout": held.get("heldout_split")}
     if launcher.backend == "subprocess":
         run = MultilevelConfig.from_dict({**job, "run_dir": "-"})

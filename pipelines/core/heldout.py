@@ -122,18 +122,46 @@ def load_heldout(lake: Lake, release: str) -> HeldoutSplit:
     return HeldoutSplit.from_json(json.loads(lake.fs.cat(path)))
 
 
-def training_split(lake: Lake, release: str) -> tuple[HeldoutSplit, bool]:
+def training_split(
+    lake: Lake, release: str, share: float = DEFAULT_SHARE, key: str = DEFAULT_KEY
+) -> tuple[HeldoutSplit, bool]:
     """The split training on ``release`` must exclude, and whether it was recorded just now: the
-    recorded one when there is one (whatever rule recorded it), else a new one by the default
-    rule (the evaluation's own defaults), recorded, so a later evaluation scores exactly the
-    articles training left out. A release without articles has nothing to split: an error, not an
-    empty split recorded for good."""
+    recorded one when there is one (whatever rule recorded it), else a new one by ``share`` and
+    ``key`` (the evaluation's defaults unless told), recorded, so a later evaluation scores exactly
+    the articles training left out. A release without articles has nothing to split: an error, not
+    an empty split recorded for good."""
     if lake.exists(heldout_path(lake, release)):
         return load_heldout(lake, release), False
     pmcids = release_pmcids(lake, release)
     if not pmcids:
         raise ValueError(f"release {release} has no articles to split into held-out and training articles")
-    return make_heldout_split(lake, release, pmcids=pmcids), True
+    return make_heldout_split(lake, release, share, key, pmcids=pmcids), True
+
+
+def check_evaluation_share(lake: Lake, release: str, share: float | None, key: str = DEFAULT_KEY) -> None:
+    """Refuse to record a split by another rule over the recorded one: training on ``release``
+    left out exactly the recorded articles, so a new split would score articles a model trained
+    on. ``share`` None (use the recorded split) or the recorded rule itself passes."""
+    if share is None or not lake.exists(heldout_path(lake, release)):
+        return
+    recorded = load_heldout(lake, release)
+    if (recorded.share, recorded.key) != (share, key):
+        raise ValueError(
+            f"release {release} already has a held-out split (share {recorded.share}, key {recorded.key!r}; "
+            f"training leaves out exactly its {len(recorded.pmcids)} articles): a split by share {share}, "
+            f"key {key!r} would score articles a model may have trained on. Leave share unset to evaluate "
+            "on the recorded split"
+        )
+
+
+def evaluation_split(lake: Lake, release: str, share: float | None = None, key: str = DEFAULT_KEY) -> HeldoutSplit:
+    """The split an evaluation of ``release`` scores: the recorded one, or a new one recorded by
+    ``share`` and ``key`` when none is; a different rule over a recorded split is refused
+    (:func:`check_evaluation_share`)."""
+    check_evaluation_share(lake, release, share, key)
+    if share is None or lake.exists(heldout_path(lake, release)):
+        return load_heldout(lake, release)
+    return make_heldout_split(lake, release, share, key)
 
 
 def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pmcid") -> Iterable[dict]:

@@ -113,6 +113,12 @@ def test_the_evaluation_asset_runs_with_its_defaults(tmp_path):
     assert "no held-out split recorded for release 2025: set share" in failure.event_specific_data.error.message
 
     make_heldout_split(lake, "2025", share=0.999999, pmcids=["PMC1", "PMC2", "PMC3", "PMC9"])
+    other_rule = materialize_one(
+        clip_evaluation, "2025", instance, _resources(lake.root), {"share": 0.5}, raise_on_error=False
+    )
+    assert not other_rule.success  # a split by another rule over the recorded one: refused before launching
+    (failure,) = [e for e in other_rule.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "release 2025 already has a held-out split (share 0.999999" in failure.event_specific_data.error.message
     result = materialize_one(clip_evaluation, "2025", instance, _resources(lake.root), {"n_resamples": 20})
     (event,) = result.get_asset_materialization_events()
     meta = {k: v.value for k, v in event.materialization.metadata.items()}

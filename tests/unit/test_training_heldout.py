@@ -241,3 +241,30 @@ def test_multilevel_train_reports_the_excluded_samples(release, tiny, tmp_path):
     assert json.loads(report["heldout_samples_excluded"]) == {"figure": 2, "panel": 2, "region": 1}
     unfiltered = train(_config(dirs, tiny, tmp_path / "all", None, steps=1))
     assert unfiltered["heldout"] is None and json.loads(unfiltered["heldout_samples_excluded"]) == {}
+
+
+def test_a_split_is_recorded_once_and_evaluation_refuses_another_rule_over_it(release, tmp_path):
+    from pipelines.core.heldout import evaluation_split
+
+    lake, _, _ = release
+    recorded = load_heldout(lake, RELEASE)  # by hand: PMC2, key "chosen-by-hand"
+    assert evaluation_split(lake, RELEASE) == recorded  # share unset: the recorded split
+    assert evaluation_split(lake, RELEASE, recorded.share, "chosen-by-hand") == recorded  # the same rule
+    with pytest.raises(ValueError, match=r"already has a held-out split \(share .*'chosen-by-hand'.* 1 articles"):
+        evaluation_split(lake, RELEASE, 0.5)  # another rule would score articles training saw
+    assert load_heldout(lake, RELEASE) == recorded  # and nothing was replaced
+
+    # a release with no record: training records it by the share it is given, and the evaluation
+    # with that same share then scores exactly those articles
+    held = next(f"PMC{i}" for i in count() if documented_rule(f"PMC{i}", DEFAULT_KEY) < 0.2)
+    kept = next(f"PMC{i}" for i in count() if documented_rule(f"PMC{i}", DEFAULT_KEY) >= 0.2)
+    other = Lake(tmp_path / "lake")
+    shards = other.ensure_layout(1)
+    names = TABLES[Table.ARTICLES].names
+    rows = [dict.fromkeys(names) | {"pmcid": p, "parse_status": "ok"} for p in (held, kept)]
+    other.write_table(Table.ARTICLES, "r2", shards[0], rows)
+    split, recorded_now = training_split(other, "r2", share=0.2)
+    assert recorded_now and split.pmcids == {held} and split.share == 0.2
+    assert evaluation_split(other, "r2", 0.2) == split
+    with pytest.raises(ValueError, match="share 0.2"):
+        evaluation_split(other, "r2", DEFAULT_SHARE)
