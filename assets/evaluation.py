@@ -9,8 +9,8 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.heldout import heldout_path
 from pipelines.core.stage import GPU_POOL
-from pipelines.evaluation.split import heldout_path
 from pipelines.training.clip import COMMONPOOL, check_weights
 from resources.compute import ModelsResource
 from resources.lake import LakeResource

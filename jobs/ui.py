@@ -90,11 +90,10 @@ def _what_is_served(settings) -> list[str]:
     if settings.pmc_source == PROFILE_DEFAULTS["PANELFORGE_PMC_SOURCE"]["demo"]:
         mirror = Path(settings.pmc_source.removeprefix("file://"))
         if not mirror.is_dir():
+            from pipelines.core.atomic_dir import build_dir_once
             from testing.loopback.sample_mirror import build_cloud_mirror
 
-            partial = mirror.with_name(mirror.name + ".partial")
-            build_cloud_mirror(partial)
-            partial.rename(mirror)
+            build_dir_once(mirror, build_cloud_mirror, Path.is_dir)  # whole or not at all
         lines.append(f"PMC source: the sample mirror on disk, {mirror}")
     else:
         lines.append(f"PMC source: {settings.pmc_source}")

@@ -319,7 +319,7 @@ def evaluate_release(
     recorded when ``share`` is given), retrieval on its articles at figure, panel and region level
     (the subsets the release wrote; absent ones are skipped), long-caption retrieval from the
     newest release, plus ``extra`` benchmark datasets; the report is written to the lake."""
-    from pipelines.evaluation import split as splits
+    from pipelines.core import heldout as splits
     from pipelines.evaluation.datasets import longcap_retrieval, release_pairs, subset_shards
 
     if share is not None:

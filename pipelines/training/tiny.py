@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from pipelines.core.atomic_dir import build_dir_once
 
 MARKER = "panelforge_synthetic.json"
 OPEN_CLIP_CONFIG = "open_clip_config.json"
@@ -118,25 +117,14 @@ def is_synthetic(folder: str | Path) -> bool:
 
 
 def _cached(root: str | Path, name: str, build: Callable[[Path], Path]) -> Path:
-    """``root/name`` built on first use, in a temporary sibling renamed into place (atomic: a
-    concurrent caller sees no folder or a whole one; the build is deterministic)."""
-    root = Path(root)
-    final = root / name
-    if is_synthetic(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    try:
+    """``root/name`` built on first use and marked synthetic (``core.atomic_dir``: a concurrent
+    caller sees no folder or a whole one; the build is deterministic)."""
+
+    def marked(staging: Path) -> None:
         build(staging)
         (staging / MARKER).write_text(json.dumps({"synthetic": True, "model": name}))
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not is_synthetic(final):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+
+    return build_dir_once(Path(root) / name, marked, is_synthetic)
 
 
 def tiny_clip_dir(cache_root: str | Path, seed: int = 0) -> Path:

@@ -12,10 +12,9 @@ mistaken for mined data.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from pipelines.core.atomic_dir import build_dir_once
 
 MARKER = "panelforge_synthetic.json"
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
@@ -203,22 +202,8 @@ def is_synthetic(directory: str | Path) -> bool:
 def tiny_model_dir(cache_root: str | Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
     """The tiny model under ``cache_root``, built on first use and reused afterwards.
 
-    Built in a temporary sibling and renamed into place: a rename is atomic, so a concurrent
-    caller sees either no directory or a complete one; when two build at once, the loser's
-    rename fails and it uses the winner's copy (both are identical, the build is deterministic)."""
-    root = Path(cache_root)
-    final = root / f"tiny-{family}-seed{seed}"
-    if is_synthetic(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    try:
-        build_tiny_model(staging, family, seed)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not is_synthetic(final):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    Built in a temporary sibling and renamed into place (``core.atomic_dir``): a concurrent
+    caller sees either no directory or a complete one; the build is deterministic, so when two
+    build at once either copy will do."""
+    final = Path(cache_root) / f"tiny-{family}-seed{seed}"
+    return build_dir_once(final, lambda staging: build_tiny_model(staging, family, seed), is_synthetic)

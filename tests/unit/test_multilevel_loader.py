@@ -47,6 +47,19 @@ def test_resume_positions_are_exact_only_with_the_same_workers():
     assert resume_positions(None, 6, 1) == ([6], 0, 0, True)  # a checkpoint from before the loaders
 
 
+def test_each_rank_resumes_its_own_position_and_old_checkpoints_their_one_count():
+    from pipelines.training.multilevel.checkpoint import rank_position
+
+    loaders = [{"figure": {"workers": 2, "batches": 2, "positions": [2, 2]}},
+               {"figure": {"workers": 2, "batches": 3, "positions": [4, 2]}}]  # fmt: skip
+    state = {"consumed": {"figure": 4}, "consumed_by_rank": [{"figure": 4}, {"figure": 6}], "loaders_by_rank": loaders}
+    assert rank_position(state, DistInfo(1, 2)) == ({"figure": 6}, loaders[1])
+    assert rank_position(state, DistInfo(2, 3)) == ({"figure": 4}, loaders[0])  # 3 ranks now: rank 0's for all
+    # a checkpoint from before the per-rank positions and the loaders: its one count, no worker positions
+    old = {"consumed": {"figure": 6, "link_panel": 3}}
+    assert rank_position(old, DistInfo()) == ({"figure": 6, "link_panel": 3}, {})
+
+
 def test_config_refuses_negative_workers(tmp_path):
     base = {"run_dir": str(tmp_path), "schedule": [["figure"]], "figure_data": ["f"]}
     with pytest.raises(ValueError, match="workers must be at least 0"):
@@ -81,16 +94,20 @@ def figures(tmp_path_factory) -> Path:
 
 
 class KeyTrainer(Trainer):
-    """The real trainer, noting the keys of each figure batch it trains on."""
+    """The real trainer, noting the keys of each figure batch it trains on (every batch a step
+    reads comes through ``data.batch``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.keys: list[list[str]] = []
+        read = self.data.batch
 
-    def _batch(self, level):
-        items, images = super()._batch(level)
-        self.keys.append([d.key for d in items])
-        return items, images
+        def noting(level):
+            items, images = read(level)
+            self.keys.append([d.key for d in items])
+            return items, images
+
+        self.data.batch = noting
 
 
 def _config(figures: Path, tiny: Path, run: Path, steps: int) -> MultilevelConfig:  # noqa: F811
@@ -121,16 +138,16 @@ def test_two_workers_see_each_sample_once_per_epoch_and_resume_exactly(figures, 
     whole = _run(_config(figures, tiny, tmp_path / "whole", 6))
     assert whole.keys == [*epoch, A[:2], B[:2]]
     assert sorted(k for batch in whole.keys[:4] for k in batch) == sorted(A + B)  # each good sample once
-    assert whole.skipped == 1  # PMCB-broken, in the one batch of worker 1 that read past it (step 3)
-    assert whole.consumed() == {"figure": 4 + 5 + 2 + 2}  # A twice (4 + 2 samples), B once (5) + 2
-    assert whole.loader_state() == {"figure": {"workers": 2, "batches": 6, "positions": [6, 7]}}
+    assert whole.data.skipped == 1  # PMCB-broken, in the one batch of worker 1 that read past it (step 3)
+    assert whole.data.consumed() == {"figure": 4 + 5 + 2 + 2}  # A twice (4 + 2 samples), B once (5) + 2
+    assert whole.data.loader_state() == {"figure": {"workers": 2, "batches": 6, "positions": [6, 7]}}
 
     run = tmp_path / "resumed"
     first = _run(_config(figures, tiny, run, 3))  # checkpoint at step 3: the next batch is worker 1's
     assert first.keys == epoch[:3]
     resumed = _run(_config(figures, tiny, run, 6))
     assert resumed.step == 6 and resumed.keys == [B[2:], A[:2], B[:2]]
-    assert resumed.loader_state() == whole.loader_state()
+    assert resumed.data.loader_state() == whole.data.loader_state()
 
 
 def test_train_reports_the_samples_read_with_workers(figures, tiny, tmp_path):  # noqa: F811
@@ -155,7 +172,7 @@ def test_children_decoded_by_threads_match_the_sequential_decode(data, tiny, tmp
         trainer.resume()
         try:
             parents = [Decoded("PMC1-fig1_p000", None, "stained cells"), Decoded("PMC1-fig1_p001", None, "blot")]
-            found = trainer._children("panel", parents, random.Random(7))
+            found = trainer.data.children("panel", parents, random.Random(7))
         finally:
             trainer.close()
         return [(i, d.key, d.text) for i, d in found]

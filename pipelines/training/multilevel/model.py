@@ -96,6 +96,7 @@ class StepModel(torch.nn.Module):
         self.model, self.config, self.info = model, config, info
         self.roi_processor: roi.RoiProcessor | None = None
         self.columns: dict[str, int] = {}  # each term's latest logit columns: the global batch when gathered
+        self.grid: tuple[int, int] | None = None  # the ROI modes' patch grid (columns, rows)
         if config.roi_mode:
             visual = model.visual
             if getattr(visual, "proj", None) is None or not hasattr(visual, "grid_size"):

@@ -8,6 +8,10 @@ machine can apply it. The split of a release is still *recorded* in the lake
 (``models/eval/<release>/heldout.json``: the rule and the list of PMCIDs), because the record is
 what an evaluation report cites and what training reads: a changed key or share in a later
 configuration cannot silently leak earlier held-out articles into training.
+
+It lives in ``core`` because both stage packages use it: ``pipelines.evaluation`` retrieves on the
+held-out articles, ``pipelines.training`` drops their samples (``pipelines/training/heldout.py``:
+a per-sample predicate for the multi-level trainer, a filtered tar stream for OpenCLIP's loader).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import Table
@@ -117,6 +122,20 @@ def load_heldout(lake: Lake, release: str) -> HeldoutSplit:
     return HeldoutSplit.from_json(json.loads(lake.fs.cat(path)))
 
 
+def training_split(lake: Lake, release: str) -> tuple[HeldoutSplit, bool]:
+    """The split training on ``release`` must exclude, and whether it was recorded just now: the
+    recorded one when there is one (whatever rule recorded it), else a new one by the default
+    rule (the evaluation's own defaults), recorded, so a later evaluation scores exactly the
+    articles training left out. A release without articles has nothing to split: an error, not an
+    empty split recorded for good."""
+    if lake.exists(heldout_path(lake, release)):
+        return load_heldout(lake, release), False
+    pmcids = release_pmcids(lake, release)
+    if not pmcids:
+        raise ValueError(f"release {release} has no articles to split into held-out and training articles")
+    return make_heldout_split(lake, release, pmcids=pmcids), True
+
+
 def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pmcid") -> Iterable[dict]:
     """Training's filter: the rows whose article is not held out."""
     return (row for row in rows if not split.excludes(row[column]))
@@ -124,13 +143,14 @@ def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pm
 
 def webdataset_keep(split: HeldoutSplit) -> Callable[[dict], bool]:
     """A ``webdataset`` ``.select`` predicate for training on release shards: keeps a sample whose
-    JSON member's article is not held out (samples without a PMCID are kept)."""
+    JSON member's article is not held out (samples without a PMCID are kept). A ``partial`` of a
+    module function, not a closure, so it pickles into DataLoader workers."""
+    return partial(_keep_sample, split)
 
-    def keep(sample: dict) -> bool:
-        raw = sample.get("json")
-        if raw is None:
-            return True
-        meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-        return not (meta.get("pmcid") and split.excludes(meta["pmcid"]))
 
-    return keep
+def _keep_sample(split: HeldoutSplit, sample: dict) -> bool:
+    raw = sample.get("json")
+    if raw is None:
+        return True
+    meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+    return not (meta.get("pmcid") and split.excludes(meta["pmcid"]))
