@@ -9,8 +9,8 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.heldout import check_evaluation_share, heldout_path
 from pipelines.core.stage import GPU_POOL
-from pipelines.evaluation.split import heldout_path
 from pipelines.training.clip import COMMONPOOL, check_weights
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
@@ -20,8 +20,9 @@ from resources.launcher import JobLauncherResource
 class EvaluationSettings(Config):
     """``model``: an OpenCLIP name (with ``pretrained``), ``hf-hub:<id>`` or ``local-dir:<dir>``
     (a training run's exported ``model/``); ``baseline``: a checkpoint evaluated in the same run
-    for comparison; ``share``: record a new article-disjoint held-out split of that share first
-    (0: use the release's recorded split); ``benchmarks``: extra datasets, each
+    for comparison; ``share``: record an article-disjoint held-out split of that share first when
+    the release has none (0: use the recorded split; a different share over a recorded split is
+    refused, since training left out exactly the recorded articles); ``benchmarks``: extra datasets, each
     ``{kind: vqa-rad | slake | medmnist | hf | image-folder | manifest, path: ..., <options>}``
     (paths as the job's machine sees them). In the synthetic profile a model left at its default
     is the tiny local one the training assets use (its numbers are marked synthetic)."""
@@ -65,6 +66,10 @@ def clip_evaluation(
             f"no held-out split recorded for release {context.partition_key}: set share (e.g. 0.1) to record one",
             allow_retries=False,
         )
+    try:
+        check_evaluation_share(lk, context.partition_key, config.share or None)
+    except ValueError as exc:
+        raise Failure(str(exc), allow_retries=False) from None
     if launcher.backend == "subprocess":
         try:
             for model, pretrained in ((config.model, config.pretrained), (config.baseline, config.baseline_pretrained)):

@@ -50,7 +50,7 @@ PanelRunSettings = config_from(
     """``prefer``: the method whose panels are kept when the figure decision and the detector
     disagree; empty means the detector with real weights, the decision with a random synthetic
     model. ``ocr``: the engine reading printed panel labels (tesseract, or rapidocr: needs its wheel).""",
-    fields=("prefer", "consensus_min", "batch_size", "ocr"),  # the detector and the Ray pool: resources
+    fields=("prefer", "consensus_min", "batch_size", "figures_per_batch", "ocr"),  # detector, Ray pool: resources
     overrides={"prefer": (str, "")},
     module=__name__,
 )

@@ -6,6 +6,12 @@ use (``pipelines/training/tiny.py``, built once in the lake, marked synthetic), 
 CPU steps: every setting left at its production default takes its demo value
 (``assets/synthetic.py``), so the assets can be clicked in the demo's UI and finish in seconds;
 their numbers are marked synthetic and are no quality claim.
+
+Both assets keep the release's article-disjoint held-out split out of training: they resolve it
+(the recorded ``models/eval/<release>/heldout.json``, else one recorded now by the evaluation's
+default rule, :func:`pipelines.core.heldout.training_split`) and give the job its path as
+``heldout``; the job drops those articles' samples (``pipelines/training/heldout.py``), so
+``clip_evaluation`` on the held-out split scores articles the model never saw.
 """
 
 import json
@@ -17,6 +23,7 @@ from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
 from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
+from pipelines.core.heldout import DEFAULT_SHARE, heldout_path, training_split
 from pipelines.core.lake import dataset_dir
 from pipelines.core.stage import GPU_POOL
 from pipelines.release.webdataset import missing_subsets
@@ -82,6 +89,10 @@ class ClipTrainingSettings(Config):
     # the memory of the job's GPUs (an H100's 80 GB; 141 for an H200): the batch is checked against it
     # before launch and again by the job (pipelines/training/memory.py); 0: no check
     gpu_memory_gb: float = 80.0
+    # leave the release's held-out articles out (models/eval/<release>/heldout.json); False trains
+    # on every article, and then no evaluation on that split measures generalisation
+    exclude_heldout: bool = True
+    heldout_share: float = DEFAULT_SHARE  # of the articles, when the release has no recorded split yet
 
 
 def clip_job(config: ClipTrainingSettings, subset_dirs: list[str]) -> dict:
@@ -164,10 +175,27 @@ def clip_continual_pretraining(
         config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
+    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
+    job |= {"heldout": held.get("heldout_split")}
     check_clip_job(job, config, launcher)
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
     result.metadata["synthetic"] = models.synthetic
+    result.metadata.update(held)
     return result.get_materialize_result()
+
+
+def resolve_heldout(context: AssetExecutionContext, lk, release: str, url, share: float = DEFAULT_SHARE) -> dict:
+    """Resolve (recording it by ``share`` if need be) the held-out split training on ``release``
+    excludes; its metadata, ``heldout_split`` being the path the job reads."""
+    try:
+        split, recorded = training_split(lk, release, share)
+    except ValueError as exc:
+        raise Failure(f"{exc}: set exclude_heldout to False to train on every article", allow_retries=False) from None
+    path = heldout_path(lk, release)
+    how = f"recorded now with share {split.share}" if recorded else "as recorded"
+    held, total = len(split.pmcids), split.n_articles
+    context.log.info(f"held-out split of {release} ({how}): {held} of {total} articles excluded from training")
+    return {"heldout_split": url(path), "heldout_articles": held, "heldout_share": split.share}
 
 
 def synthetic_clip_settings(config: ClipTrainingSettings, models_dir: str) -> ClipTrainingSettings:
@@ -220,6 +248,8 @@ class MultilevelTrainingSettings(Config):
     wise_ft_alpha: float | None = None
     seed: int = 0
     overrides: str = ""
+    exclude_heldout: bool = True  # leave the release's held-out articles out (see ClipTrainingSettings)
+    heldout_share: float = DEFAULT_SHARE  # of the articles, when the release has no recorded split yet
 
 
 def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, str]) -> dict:
@@ -271,6 +301,8 @@ def multilevel_training(
         config = synthetic_settings(config, {**SYNTHETIC_MULTILEVEL, "model": model, "pretrained": ""})
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.steps} CPU steps")
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
+    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
+    job |= {"heldout": held.get("heldout_split")}
     if launcher.backend == "subprocess":
         run = MultilevelConfig.from_dict({**job, "run_dir": "-"})
         try:
@@ -281,4 +313,5 @@ def multilevel_training(
         context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")), tmp_url=lk.job_tmp_dir()
     )
     result.metadata["synthetic"] = models.synthetic
+    result.metadata.update(held)
     return result.get_materialize_result()

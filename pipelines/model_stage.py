@@ -6,9 +6,9 @@ For one partition: build the items (each with a fingerprint of its inputs and se
 what an earlier run made with the same fingerprint (``reusable_results``: the previous release,
 then the partition's own rows) → resume what a killed run of this partition had checkpointed →
 send the canary if anything is left for the model → in batches of ``batch_size`` items: read and
-decode the images, ask the model (:meth:`ModelStage.run_batch`), advance the progress → checkpoint
-the finished items every ``checkpoint_every`` items → publish the tables, in item order, in one
-commit that also removes the checkpoints.
+decode the images (:meth:`ModelStage.prepare`), ask the model (:meth:`ModelStage.run_batch`),
+advance the progress → checkpoint the finished items every ``checkpoint_every`` items → publish
+the tables, in item order, in one commit that also removes the checkpoints.
 
 A rerun after a kill therefore sends no request for an item a checkpoint holds, and writes the
 same tables as a run that was never interrupted. A subclass says what an item is and what the
@@ -51,13 +51,14 @@ class Item:
     """One unit of a model stage's work. ``key`` names it (ids, error lists); ``fingerprint`` is
     what a reused result must have been made from; ``ref`` is where its image is in the raw store
     (``tar_path``, ``offset``, ``size``), None when the model reads text only; ``data`` is the
-    stage's own description of it. ``image`` holds the decoded image while its batch runs."""
+    stage's own description of it. ``image`` holds what :meth:`ModelStage.prepare` made of its
+    bytes (the decoded image, unless the stage says otherwise) while its batch runs."""
 
     key: str
     fingerprint: str
     data: object
     ref: dict | None = None
-    image: Image.Image | None = None
+    image: Image.Image | object | None = None
 
 
 @dataclass
@@ -95,10 +96,11 @@ class ModelRun:
         return [(item.key, o.error) for item, o in zip(self.items, self.outcomes, strict=True) if o.error]
 
     def version(self) -> str:
-        """The data version: a hash of every item's key and fingerprint (errors have none), so
-        downstream assets go stale only when an input, a setting, the model or the code changed."""
+        """The data version: a hash of every item's key and fingerprint (a row's own, where its
+        table has the column; errors have none), so downstream assets go stale only when an
+        input, a setting, the model or the code changed."""
         pairs = zip(self.items, self.outcomes, strict=True)
-        return fingerprint(sorted((item.key, o.row.get("fingerprint")) for item, o in pairs))
+        return fingerprint(sorted((item.key, o.row.get("fingerprint", item.fingerprint)) for item, o in pairs))
 
     def totals(self) -> dict[str, object]:
         """The model's totals for the run's metadata (zeros when no model was given)."""
@@ -112,8 +114,10 @@ class ModelStage(Stage):
     A subclass sets ``version`` (an explicit constant: bump it when the stage's logic changes
     what it writes), ``table`` and ``child_table``, and implements :meth:`items`,
     :meth:`run_batch`, :meth:`hashed_settings` and :meth:`summarize` (and :meth:`unreadable`
-    when its items have images); :meth:`carried` and :meth:`precomputed` have defaults. Its
-    ``engine`` may be None (rules only: no canary, no checkpoints)."""
+    when its items have images); :meth:`carried`, :meth:`precomputed`, :meth:`reuse_key`,
+    :meth:`prepare`, :meth:`derived_tables` and :meth:`run_version` have defaults. Its
+    ``engine`` may be None (rules only: no canary, no checkpoints, unless :attr:`checkpointing`
+    says a model other than a VLM runs, as the panel detector does)."""
 
     version: ClassVar[str]
     table: ClassVar[str]
@@ -135,6 +139,12 @@ class ModelStage(Stage):
     def require_canary(self) -> bool:
         """Refuse to run when the engine does not apply JSON schemas (the canary fails)."""
         return self.settings.require_canary
+
+    @property
+    def checkpointing(self) -> bool:
+        """Save finished items every ``checkpoint_every``: where a model runs (rules alone are cheap
+        to redo)."""
+        return self.engine is not None
 
     # ---- what a subclass says ------------------------------------------------------------------
 
@@ -172,6 +182,29 @@ class ModelStage(Stage):
     def unreadable(self, item: Item, reason: str) -> Outcome:
         raise NotImplementedError
 
+    def reuse_key(self, row: dict) -> str | None:
+        """The key by which an earlier run's row stands for an item (its ``fingerprint``; None: not
+        reusable). A table without a fingerprint column says how its rows make one."""
+        return fingerprint_unless_error(row)
+
+    def prepare(self, item: Item, data: bytes) -> tuple[object | None, str | None]:
+        """What an item's batch holds of its image, made as its bytes are read: ``(the decoded
+        image, None)`` or ``(None, the reason it cannot be used)``. A stage whose per-image work
+        needs one image at a time does that work here, so a batch holds its results, not its
+        images."""
+        return decode_image(data)
+
+    def derived_tables(self, run: ModelRun) -> dict[str, list[dict]]:
+        """Tables made from the finished outcomes (carried ones included), written in the same
+        commit as :attr:`table` and :attr:`child_table`."""
+        return {}
+
+    def run_version(self, run: ModelRun) -> str | None:
+        """The run's data version (:meth:`ModelRun.version`). None: the digest of the tables
+        written (:meth:`Stage.data_version`), for a stage whose items' fingerprints do not hold
+        everything its tables do."""
+        return run.version()
+
     def tallies(self, outcomes: list[Outcome]) -> dict[str, int]:
         """Numbers added to the progress line for a finished batch."""
         return {}
@@ -181,11 +214,9 @@ class ModelStage(Stage):
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         items = self.items(lake, partition)
         tables = (self.table, self.child_table) if self.child_table else (self.table,)
-        known = reusable_results(
-            lake, self.table, partition, fingerprint_unless_error, self.child_table, link=self.link
-        )
+        known = reusable_results(lake, self.table, partition, self.reuse_key, self.child_table, link=self.link)
         checkpoints = Checkpoints(lake, self.name, partition, tables)
-        resumed = checkpoints.results(fingerprint_unless_error, self.link)
+        resumed = checkpoints.results(self.reuse_key, self.link)
         engine = MeteredEngine(self.engine) if self.engine is not None else None
         run = ModelRun(items, [None] * len(items), engine)  # type: ignore[list-item]
         todo = []
@@ -208,9 +239,11 @@ class ModelStage(Stage):
             commit.write_table(self.table, run.rows)
             if self.child_table:
                 commit.write_table(self.child_table, run.children)
+            for table, rows in self.derived_tables(run).items():
+                commit.write_table(table, rows)
             checkpoints.clear(commit)
         result = self.summarize(partition, run)
-        result.version = result.version or run.version()
+        result.version = result.version or self.run_version(run)
         return result
 
     def _compute(self, lake: Lake, partition: Partition, run: ModelRun, todo: list[int], checkpoints) -> None:
@@ -225,7 +258,7 @@ class ModelStage(Stage):
                         ref = item.ref
                         image, reason = None, ref.get("image_error")  # refused when parsed: that reason
                         if reason is None:
-                            image, reason = decode_image(reader.read(ref["tar_path"], ref["offset"], ref["size"]))
+                            image, reason = self.prepare(item, reader.read(ref["tar_path"], ref["offset"], ref["size"]))
                         if image is None:
                             run.outcomes[index] = self.unreadable(item, reason)
                             unsaved.append(index)
@@ -246,7 +279,7 @@ class ModelStage(Stage):
                     vlm_requests=run.totals()["vlm_requests"] - requests_before,
                     **self.tallies(outcomes),
                 )
-                if run.engine is not None and len(unsaved) >= self.checkpoint_every:  # rules alone: cheap to redo
+                if self.checkpointing and len(unsaved) >= self.checkpoint_every:
                     self._save(checkpoints, run, unsaved)
                     unsaved = []
 

@@ -4,12 +4,16 @@ environment of a fresh instance and lake those tests (and ``make screenshots``) 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import requests
@@ -144,10 +148,110 @@ class DagsterDev:
         self.log.flush()
         return self.log_path.read_text(errors="replace")[-n:]
 
-    def stop(self) -> None:
+    def stop(self) -> list[int]:
+        """SIGTERM to ``dagster dev`` and its process group (it was started in a session of its own);
+        returns the pids of its processes (the group and every descendant: code servers, run
+        workers) still alive 30 s later, which are then killed."""
+        processes = set(_group(self.proc.pid)) | set(_descendants(self.proc.pid))
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            pass
+        deadline = time.time() + 30
+        left = _alive(processes)
+        while left and time.time() < deadline:
+            time.sleep(0.5)
+            left = _alive(processes)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
         self.log.close()
+        return sorted(left)
+
+
+def _stats() -> dict[int, tuple[str, int, int]]:
+    """pid -> (state, parent pid, process group) of every process, read from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[int(stat.parent.name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return found
+
+
+def _group(pgid: int) -> list[int]:
+    return [pid for pid, (_, _, group) in _stats().items() if group == pgid]
+
+
+def _descendants(pid: int) -> list[int]:
+    stats, found, todo = _stats(), [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [p for p, (_, ppid, _) in stats.items() if ppid == parent]
+        found += children
+        todo += children
+    return found
+
+
+def _alive(pids: set[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie has ended; its parent has not reaped it yet)."""
+    stats = _stats()
+    return [pid for pid in pids if pid in stats and stats[pid][0] != "Z"]
+
+
+@dataclass
+class SharedDagsterDev:
+    """The session's ``dagster dev`` (``tests/conftest.py``'s ``dagster_dev``): the cluster profile
+    on PostgreSQL as a cluster runs it, but a local lake and the loopback S3 server as the PMC
+    source. ``pg`` is its database; ``env`` the environment it and its command line run in."""
+
+    dev: DagsterDev
+    env: dict[str, str]
+    pg: object  # testing.loopback.postgres.PostgresServer, on the instance's own database
+    lake_dir: Path
+    home: Path
+    setup_output: str
+
+    @classmethod
+    @contextmanager
+    def start(cls, tmp: Path, postgres, mirror: Path, db: str = "shared_dev") -> Iterator[SharedDagsterDev]:
+        from testing.loopback.s3_server import S3LoopbackServer
+
+        conn = postgres.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {db}")
+        finally:
+            conn.close()
+        pg = replace(postgres, db=db)
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PG_", "PANELFORGE_"))}
+        with S3LoopbackServer(mirror) as source:
+            home = tmp / "dagster_home"
+            env = {
+                **clean,
+                **pg.dagster_env(),
+                "DAGSTER_HOME": str(home),
+                "PANELFORGE_PROFILE": "cluster",
+                "PANELFORGE_HOME": str(tmp / "lake"),
+                "PANELFORGE_PMC_SOURCE": source.url,
+                "PANELFORGE_SHARDS": "4",
+                "PANELFORGE_RATE_LIMIT": "100",
+                "PANELFORGE_RATE_DIR": str(tmp / "ratelimit"),
+                "PANELFORGE_AUTOMATION_INTERVAL": "3600",
+                "HF_HUB_OFFLINE": "1",
+            }
+            setup = cli(env, "setup-instance")
+            dev = DagsterDev(env, tmp / "dagster_dev.log")
+            shared = cls(dev, env, pg, tmp / "lake", home, setup)
+            try:
+                dev.wait_ready()
+                yield shared
+            finally:
+                left = dev.stop()
+            assert not left, f"stopping dagster dev left processes {left} (code servers, run workers)"

@@ -50,11 +50,13 @@ E2E = REPO / "tests" / "e2e"
 PROCESS_FIXTURES = {
     "local_ray": "a local Ray (GCS, raylet, worker processes) for the session",
     "ray_cluster": "a two-node Ray cluster, each node its own `ray start` (e2e/test_ray_multinode.py)",
-    "postgres": "a PostgreSQL server (e2e/test_postgres_instance.py)",
-    "dagster_dev": "`dagster dev`, web server and daemon (e2e/test_e2e_dagster_dev.py)",
+    "postgres": "a PostgreSQL server for the session (e2e/test_postgres_instance.py, the shared `dagster_dev`)",
+    "dagster_dev": "`dagster dev` for the session on PostgreSQL, the cluster profile (e2e/test_e2e_dagster_dev.py, "
+    "e2e/test_postgres_instance.py)",
     "dagster_ui": "`dagster dev` on a demo-like instance, set up by the CLI (e2e/test_ui_browser.py)",
     "headless_chromium": "headless Chromium through Playwright (e2e/test_ui_browser.py)",
-    "daemon_refresh": "`dagster dev` and the CLI carrying two releases through (e2e/test_refresh_daemon.py)",
+    "daemon_refresh": "`dagster dev` and the CLI carrying two releases of a five-article mirror through "
+    "(e2e/test_refresh_daemon.py)",
 }
 
 # What a fast-tier test may not start even without a fixture: a Python interpreter (a CLI, a
@@ -302,3 +304,29 @@ def local_ray(_local_ray_session):
     if not ray.is_initialized():
         _start_local_ray()
     return ray
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One throwaway PostgreSQL server on 127.0.0.1 for the session (Debian's binaries): skipped
+    without them, failed under ``PANELFORGE_REQUIRE_SYSTEM=1``. Tests create their own databases."""
+    from testing.loopback.postgres import postgres_server
+    from testing.system import postgres_bindir, require
+
+    bindir = postgres_bindir()
+    require(bindir, "PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
+    with postgres_server(bindir) as pg:
+        yield pg
+
+
+@pytest.fixture(scope="session")
+def dagster_dev(tmp_path_factory, postgres, cloud_mirror):
+    """One ``dagster dev`` (web server + daemon) for the session: the cluster profile on its own
+    database of the session's PostgreSQL, the sample mirror behind the loopback S3 server, a local
+    lake, 4 shards, automation slowed to once an hour (an inventory does not set off the graph).
+    Tests share it: each opens its own release (a year no other test uses) and reads only that.
+    Stopping it must leave none of its processes (code servers, run workers) behind."""
+    from testing.dagster_dev import SharedDagsterDev
+
+    with SharedDagsterDev.start(tmp_path_factory.mktemp("dagster_dev"), postgres, cloud_mirror) as shared:
+        yield shared

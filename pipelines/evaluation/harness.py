@@ -316,16 +316,14 @@ def evaluate_release(
     seed: int = 0,
 ) -> tuple[Report, dict[str, str]]:
     """The whole evaluation of one release: the held-out split (the recorded one, or a new one
-    recorded when ``share`` is given), retrieval on its articles at figure, panel and region level
+    recorded when ``share`` is given and none is; another rule over a recorded one is refused),
+    retrieval on its articles at figure, panel and region level
     (the subsets the release wrote; absent ones are skipped), long-caption retrieval from the
     newest release, plus ``extra`` benchmark datasets; the report is written to the lake."""
-    from pipelines.evaluation import split as splits
+    from pipelines.core import heldout as splits
     from pipelines.evaluation.datasets import longcap_retrieval, release_pairs, subset_shards
 
-    if share is not None:
-        held = splits.make_heldout_split(lake, release, share, key or splits.DEFAULT_KEY)
-    else:
-        held = splits.load_heldout(lake, release)
+    held = splits.evaluation_split(lake, release, share, key or splits.DEFAULT_KEY)
     datasets = [
         release_pairs(lake, release, subset, held.pmcids, limit=limit)
         for subset in (license_group, f"panel-{license_group}", f"region-{license_group}")

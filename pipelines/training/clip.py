@@ -29,6 +29,10 @@ already; otherwise ``<logs>`` is a local scratch folder and each finished epoch 
 the newest copy back before OpenCLIP's ``--resume latest`` looks, so a preempted run resumes from
 its last whole epoch anywhere.
 
+Held-out articles: with ``heldout`` (the release's recorded split, which the asset always passes)
+every shard is read through a ``pipe:`` that drops the held-out articles' samples
+(:mod:`pipelines.training.heldout`), and an epoch is the samples kept.
+
 After training, WiSE-FT (Wortsman et al.) interpolates the fine-tuned weights with the base
 model's, theta = (1 - alpha) * theta_base + alpha * theta_ft, and exports the result to
 ``<run_dir>/model`` as ``open_clip_model.safetensors`` + ``open_clip_config.json``, loadable with
@@ -54,7 +58,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from pipelines import launch
 from pipelines.compute import hf_text, weights
-from pipelines.training import memory
+from pipelines.core.heldout import HeldoutSplit
+from pipelines.training import heldout, memory
 
 RECIPE_EPOCHS = {"full": 9, "concept-balanced": 27, "concept-filtered": 36}  # BIOMEDICA, table 11
 # BIOMEDICA's base model: CommonPool XL filtered by CLIP score (76.4% ImageNet zero-shot, against
@@ -126,6 +131,9 @@ class ClipTrainConfig(launch.JobConfig):
     checkpoint_dir: str | None = None  # lake copies of the epochs; None: <run_dir>/checkpoints
     scratch_dir: str | None = None  # local OpenCLIP logs when run_dir is not local; None: a temp folder
     python: str | None = None  # the trainer's interpreter; None: this one
+    # the release's recorded held-out split (models/eval/<release>/heldout.json, a path or URL): its
+    # articles' samples are filtered out of the shards OpenCLIP reads; None: train on every sample
+    heldout: str | None = None
     shard_name: str = SHARD_NAME
     extra_args: list[str] = field(default_factory=list)  # passed to open_clip_train.main as they are
     # a Hugging Face text tower (Hub id or local folder): the model is then assembled from ``model``
@@ -177,6 +185,7 @@ class TrainData:
 
     patterns: list[str]
     samples: int
+    heldout_excluded: int = 0  # samples of held-out articles filtered out of the stream
 
 
 # ----------------------------------------------------------------------------------- the data
@@ -190,10 +199,9 @@ def local_path(url: str) -> str:
     return fsspec.core.url_to_fs(url)[1]
 
 
-def subset_data(directory: str, shard_name: str = SHARD_NAME, python: str | None = None) -> tuple[str, int]:
-    """The brace pattern of a subset's shards and its sample count, from its ``sizes.json``.
-    A subset off this machine (s3://, gs://) is read through a ``pipe:`` that streams each shard
-    with fsspec, so the trainer streams from the lake with the job's own credentials."""
+def subset_shards(directory: str, shard_name: str) -> tuple[str, list[int], int]:
+    """A subset's shard folder (a local path or a URL), its shard numbers and its sample count,
+    from its ``sizes.json``."""
     sizes = json.loads(launch.read_bytes(f"{directory.rstrip('/')}/sizes.json"))
     pattern = re.compile(rf"^{re.escape(shard_name)}-(\d{{6}})\.tar$")
     indices = sorted(int(m.group(1)) for name in sizes if (m := pattern.match(name)))
@@ -202,16 +210,47 @@ def subset_data(directory: str, shard_name: str = SHARD_NAME, python: str | None
     if indices != list(range(indices[0], indices[-1] + 1)):
         raise ValueError(f"{directory}: shard numbers are not contiguous: {indices}")
     base = local_path(directory).rstrip("/") if is_local(directory) else directory.rstrip("/")
+    return base, indices, sum(int(v) for v in sizes.values())
+
+
+def subset_data(directory: str, shard_name: str = SHARD_NAME, python: str | None = None) -> tuple[str, int]:
+    """The brace pattern of a subset's shards and its sample count, from its ``sizes.json``.
+    A subset off this machine (s3://, gs://) is read through a ``pipe:`` that streams each shard
+    with fsspec, so the trainer streams from the lake with the job's own credentials."""
+    base, indices, samples = subset_shards(directory, shard_name)
     url = f"{base}/{shard_name}-{{{indices[0]:06d}..{indices[-1]:06d}}}.tar"
     if not is_local(directory):
         url = f"pipe:{python or sys.executable} -m pipelines.training.clip --cat {url}"
-    return url, sum(int(v) for v in sizes.values())
+    return url, samples
+
+
+def subset_data_without(
+    directory: str, split: HeldoutSplit, split_url: str, shard_name: str = SHARD_NAME, python: str | None = None
+) -> tuple[str, int, int]:
+    """:func:`subset_data` without the held-out articles: every shard streamed through the
+    held-out filter (``pipelines/training/heldout.py``, which opens local and remote shards
+    alike); (pattern, samples kept, samples excluded), counted from the shards' sidecars."""
+    base, indices, listed = subset_shards(directory, shard_name)
+    shards = [f"{base}/{shard_name}-{i:06d}.tar" for i in indices]
+    total, held = heldout.count_heldout(shards, split)
+    if total != listed:
+        raise ValueError(f"{directory}: the shards' sidecars hold {total} samples, sizes.json {listed}")
+    pattern = f"{base}/{shard_name}-{{{indices[0]:06d}..{indices[-1]:06d}}}.tar"
+    return heldout.filter_command(pattern, split_url, python), total - held, held
 
 
 def resolve_data(config: ClipTrainConfig) -> TrainData:
-    found = [subset_data(d, config.shard_name, config.python) for d in config.train_data]
-    samples = config.train_num_samples or sum(n for _, n in found)
-    return TrainData([p for p, _ in found], samples)
+    """What OpenCLIP reads; with ``heldout`` the held-out articles' samples are filtered out of
+    the stream and the epoch's samples are those kept (unless ``train_num_samples`` is set)."""
+    if config.heldout is None:
+        found = [(*subset_data(d, config.shard_name, config.python), 0) for d in config.train_data]
+    else:
+        split = heldout.load_split(config.heldout)
+        found = [
+            subset_data_without(d, split, config.heldout, config.shard_name, config.python) for d in config.train_data
+        ]
+    samples = config.train_num_samples or sum(n for _, n, _ in found)
+    return TrainData([p for p, _, _ in found], samples, sum(h for _, _, h in found))
 
 
 # ----------------------------------------------------------------------------------- the command
@@ -701,6 +740,8 @@ def train(config: ClipTrainConfig) -> dict:
     runlog = RunLog(steps_per_epoch(data.samples, config.batch_size, config.accum_freq, world))
     python = config.python or sys.executable
     command = trainer_command(python, trainer_args(config, data, str(logs)), config.gpus)
+    if config.heldout is not None:
+        launch.log(f"held-out split {config.heldout}: {data.heldout_excluded} samples of held-out articles excluded")
     launch.log(f"open_clip_train on {data.samples} samples/epoch, {config.epochs} epochs: {' '.join(command)}")
 
     def on_epoch_start(epoch: int) -> None:
@@ -727,6 +768,8 @@ def train(config: ClipTrainConfig) -> dict:
         "epochs": final_epoch,
         "samples_per_epoch": data.samples,
         "train_data": "::".join(data.patterns),
+        "heldout": config.heldout,
+        "heldout_samples_excluded": data.heldout_excluded,
         "resumed_from_epoch": runlog.resumed_from_epoch,
         "epochs_run": ",".join(str(e) for e in runlog.epochs_started),
         "final_loss": runlog.last.get("loss"),

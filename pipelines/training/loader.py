@@ -70,16 +70,24 @@ def _keep_all(src: Iterator, group: Any = None) -> Iterator:
     return src
 
 
-def samples(share: Share, what: str, on_error: Callable[[Exception], bool] | None = None) -> Iterator[dict]:
-    """The share's samples, pass after pass, in shard order. Built without webdataset's node and
-    worker splitters: the share already is this reader's, and inside a DataLoader worker
-    ``WebDataset`` would split the shards a second time."""
+def samples(
+    share: Share, what: str, on_error: Callable[[Exception], bool] | None = None,
+    keep: Callable[[dict], bool] | None = None,
+) -> Iterator[dict]:  # fmt: skip
+    """The share's samples, pass after pass, in shard order; with ``keep`` only those it accepts
+    (the held-out articles' samples dropped: ``pipelines/training/heldout.py``), dropped before
+    the every-n-th-sample share is taken, so the readers sharing a shard share what is kept evenly.
+    Positions count what is handed out, so a resumed run with the same split skips exactly the
+    same samples. Built
+    without webdataset's node and worker splitters: the share already is this reader's, and inside
+    a DataLoader worker ``WebDataset`` would split the shards a second time."""
     import webdataset as wds
 
     handler = on_error or wds.reraise_exception
     while True:
         seen = 0
-        pipeline = wds.DataPipeline(wds.SimpleShardList(list(share.urls)), wds.tarfile_to_samples(handler=handler))
+        stages = [wds.SimpleShardList(list(share.urls)), wds.tarfile_to_samples(handler=handler)]
+        pipeline = wds.DataPipeline(*stages, *([wds.select(keep)] if keep is not None else []))
         for index, sample in enumerate(pipeline):
             if index % share.stride == share.offset:
                 seen += 1
@@ -126,11 +134,12 @@ class LevelDataset(IterableDataset):
         rotation: int = 0,
         seed: int = 0,
         max_bad: int = 1000,
+        keep: Callable[[dict], bool] | None = None,  # the held-out filter (picklable: it goes to the workers)
     ):
         super().__init__()
         self.level, self.shards, self.info, self.decode = level, list(shards), info, decode
         self.batch_size, self.positions, self.rotation = batch_size, list(positions), rotation
-        self.seed, self.max_bad = seed, max_bad
+        self.seed, self.max_bad, self.keep = seed, max_bad, keep
 
     @property
     def workers(self) -> int:
@@ -153,7 +162,7 @@ class LevelDataset(IterableDataset):
 
         share = reader_share(self.shards, self.info, logical, self.workers)
         what = f"the {self.level} share of rank {self.info.rank}, loader worker {logical}"
-        stream = samples(share, what, unreadable)
+        stream = samples(share, what, unreadable, self.keep)
         position = self.positions[logical]
         for _ in range(position):
             next(stream)

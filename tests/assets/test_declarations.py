@@ -69,7 +69,7 @@ def test_run_configuration_is_generated_from_the_settings_dataclasses():
     mining = {f.name for f in dataclasses.fields(MiningSettings)} - {"require_canary"}
     assert set(MiningRunSettings.model_fields) == mining
     assert set(LongCapRunSettings.model_fields) == {"context_budget", "figures_per_batch"}
-    assert set(PanelRunSettings.model_fields) == {"prefer", "consensus_min", "batch_size", "ocr"}
+    assert set(PanelRunSettings.model_fields) == {"prefer", "consensus_min", "batch_size", "figures_per_batch", "ocr"}
     assert PanelRunSettings().to_settings().ocr == "tesseract"
     for config, settings in (
         (ParseSettings, ParseLimits),

@@ -1,45 +1,36 @@
 """The path a user takes in the UI: `dagster dev` (web server + daemon), GraphQL launches, the lake."""
 
 import time
-from pathlib import Path
 
 import pytest
 
 from pipelines.core.lake import Lake
-from testing.dagster_dev import DagsterDev, cli, instance_env
-from testing.loopback.s3_server import S3LoopbackServer
 
 SHARDS = ["000", "001", "002", "003"]
+RELEASE = "2031"  # this test's own release on the session's instance (test_postgres_instance opens 2032)
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def dagster_dev(tmp_path, cloud_mirror):
-    with S3LoopbackServer(cloud_mirror) as server:
-        env = instance_env(tmp_path, server.url)
-        # the instance users get: the shipped dagster.yaml and its pool limits, set by the command line
-        assert "pool pmc_source: 1" in cli(env, "setup-instance")
-        assert (Path(env["DAGSTER_HOME"]) / "dagster.yaml").exists()
-        dev = DagsterDev(env, tmp_path / "dagster_dev.log")
-        try:
-            dev.wait_ready()
-            yield dev, Lake(tmp_path / "lake")
-        finally:
-            dev.stop()
+def test_setup_instance_set_the_shipped_pool_limits(dagster_dev):
+    # the instance users get: the shipped file and its pool limits, set by the command line
+    assert "pool pmc_source: 1" in dagster_dev.setup_output
+    assert (dagster_dev.home / "dagster.yaml").exists()
 
 
 def test_sample_release_through_the_web_server(dagster_dev):
-    dev, lake = dagster_dev
+    """The session's ``dagster dev`` (tests/conftest.py): an inventory launched as the launchpad
+    does, then a backfill of the download over the release's four shards, run by the daemon."""
+    dev, lake = dagster_dev.dev, Lake(dagster_dev.lake_dir)
     gql = dev.gql
-    dev.add_release("2026")
-    assert dev.wait_run(dev.launch("pmc_inventory_job", "2026")) == "SUCCESS"
+    dev.add_release(RELEASE)
+    assert dev.wait_run(dev.launch("pmc_inventory_job", RELEASE)) == "SUCCESS"
 
     backfill = gql(
         """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
              __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
         params={
-            "partitionNames": [f"2026|{s}" for s in SHARDS],
+            "partitionNames": [f"{RELEASE}|{s}" for s in SHARDS],
             "assetSelection": [{"path": ["pmc_raw_articles"]}],
         },
     )["launchPartitionBackfill"]
@@ -56,11 +47,12 @@ def test_sample_release_through_the_web_server(dagster_dev):
         time.sleep(2)
     assert status in ("COMPLETED", "COMPLETED_SUCCESS"), status
 
-    manifest = lake.read_release("raw_manifest", "2026").to_pylist()
+    manifest = lake.read_release("raw_manifest", RELEASE).to_pylist()
     assert len(manifest) == 38 and {r["status"] for r in manifest} == {"ok"}
-    assert lake.read_release("raw_files", "2026").num_rows == 38 + 157
+    assert lake.read_release("raw_files", RELEASE).num_rows == 38 + 157
     materialized = gql(
-        """query { assetOrError(assetKey: {path: ["pmc_raw_articles"]}) { ... on Asset {
-             assetMaterializations(limit: 10) { partition } } } }"""
+        """query($partitions: [String!]) { assetOrError(assetKey: {path: ["pmc_raw_articles"]}) { ... on Asset {
+             assetMaterializations(limit: 10, partitions: $partitions) { partition } } } }""",
+        partitions=[f"{RELEASE}|{s}" for s in SHARDS],
     )["assetOrError"]["assetMaterializations"]
-    assert sorted(m["partition"] for m in materialized) == [f"2026|{s}" for s in SHARDS]
+    assert sorted(m["partition"] for m in materialized) == [f"{RELEASE}|{s}" for s in SHARDS]

@@ -10,8 +10,8 @@ import pytest
 from dagster import DagsterInstance
 
 from assets.evaluation import clip_evaluation
+from pipelines.core.heldout import make_heldout_split
 from pipelines.evaluation.job import EvalJobConfig, main
-from pipelines.evaluation.split import make_heldout_split
 from pipelines.training.tiny import TINY_CLIP as TINY
 from resources.compute import ModelsResource
 from resources.lake import LakeResource

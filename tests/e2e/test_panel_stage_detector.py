@@ -57,7 +57,9 @@ def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     figures = lake.read_table("panel_figures", RELEASE, shard).to_pylist()
     candidates = [f for f in figures if f["n_detr"] is not None]
     n = len(candidates)
-    assert lines[-1].startswith(f"panel detection done: {n}/{n} images (100%)")  # the run log hears of the detector
+    # the run log hears of the detector (the shard is one batch of the loop), then of the loop's end
+    assert any(line.startswith(f"panel detection done: {n}/{n} images (100%)") for line in lines)
+    assert lines[-1].startswith(f"panels {RELEASE}|{shard} done: {len(figures)}/{len(figures)} figures (100%)")
     expected = [f for f in figures if f["reason"] is None or f["n_xycut"] >= 2 or f["caption_labels"] >= 2]
     assert result.counts["sent_to_detector"] == len(candidates) > 0
     assert all(f["n_xycut"] >= 2 or f["caption_labels"] >= 2 for f in candidates)
@@ -65,3 +67,40 @@ def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
     for f in candidates:
         assert f["model"] == "synthetic-tiny-dab-detr" and f["synthetic"] and f["threshold"] == 0.0
         assert f["agreement"] is not None and f["method"] in (DECISION, CONSENSUS)
+
+
+def test_a_killed_detector_run_resumes_from_its_checkpoints(lake, tmp_path, monkeypatch):
+    """The model-stage loop's checkpoints on the detector path: a run killed in its second batch
+    keeps the first batch's figures, and the rerun sends none of them to the detector again and
+    writes the tables an uninterrupted run in one batch writes."""
+    import shutil
+
+    from pipelines.core.lake import Lake
+    from pipelines.panels import stages
+
+    settings = PanelSettings(detector=TINY, prefer=DECISION, figures_per_batch=32)
+    shard = SHARDS[3]  # 62 figure images: two batches
+    partition = Partition(RELEASE, shard)
+    whole = Lake(shutil.copytree(lake.root, tmp_path / "whole"))
+    PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(whole, partition)  # one batch, never killed
+    real, sent = stages.detect, []
+
+    def killed_in_the_second_batch(lake, figures, settings):
+        if sent:
+            raise KeyboardInterrupt("killed")
+        sent.append(len(figures))
+        return real(lake, figures, settings)
+
+    monkeypatch.setattr(stages, "detect", killed_in_the_second_batch)
+    stage = PanelStage(settings)
+    stage.checkpoint_every = 32
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(lake, partition)
+    monkeypatch.setattr(stages, "detect", real)
+    result = PanelStage(settings).run(lake, partition)
+    assert result.counts["resumed"] == 32 and result.counts["carried"] == 0
+    detected = [f for f in whole.read_table("panel_figures", RELEASE, shard).to_pylist() if f["n_detr"] is not None]
+    assert sent[0] + result.counts["sent_to_detector"] == len(detected) > sent[0] > 0
+    for table in ("panel_figures", "panels", "panel_captions"):
+        assert lake.read_table(table, RELEASE, shard).to_pylist() == whole.read_table(table, RELEASE, shard).to_pylist()
+    assert not lake.exists(lake.path("checkpoints", "panels", f"release={RELEASE}", f"shard={shard}"))

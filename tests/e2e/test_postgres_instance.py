@@ -1,8 +1,10 @@
 """The cluster profile's Dagster instance on a real PostgreSQL server started by the test.
 
 The server is Debian's PostgreSQL (``testing.system.postgres_bindir``): locally the tests skip
-without it, under ``.ci/run`` they fail. One server serves the module; each test gets its own
-database, so nothing one test writes is seen by another.
+without it, under ``.ci/run`` they fail. One server serves the session (``tests/conftest.py``'s
+``postgres``); each test here gets its own database, so nothing one test writes is seen by another.
+The web server test uses the session's ``dagster_dev``, which runs the cluster profile on its own
+database of that server.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,37 +20,21 @@ import yaml
 
 from jobs.instance import CLUSTER_INSTANCE_FILE, INSTANCE_FILE
 from pipelines.core.lake import Lake
-from testing.dagster_dev import DagsterDev
-from testing.loopback.postgres import PostgresServer, postgres_server
-from testing.loopback.s3_server import S3LoopbackServer
-from testing.system import postgres_bindir, require
+from testing.loopback.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PG_", "PANELFORGE_"))}
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    bindir = postgres_bindir()
-    require(bindir, "PostgreSQL server binaries (initdb, pg_ctl) not found: apt-get install postgresql")
-    with postgres_server(bindir) as pg:
-        yield pg
-
-
-@pytest.fixture(scope="module")
-def server(postgres: PostgresServer) -> PostgresServer:
-    return postgres
 
 
 _databases = iter(range(1, 1000))
 
 
 @pytest.fixture
-def pg(server: PostgresServer) -> PostgresServer:
-    """A fresh, empty database on the module's server."""
+def pg(postgres: PostgresServer) -> PostgresServer:
+    """A fresh, empty database on the session's server."""
     name = f"test_{next(_databases)}"
-    query(server, f"CREATE DATABASE {name}", fetch=False)
-    return replace(server, db=name)
+    query(postgres, f"CREATE DATABASE {name}", fetch=False)
+    return replace(postgres, db=name)
 
 
 def query(pg: PostgresServer, sql: str, *args, fetch: bool = True) -> list[tuple]:
@@ -186,50 +171,27 @@ def test_a_refused_login_is_one_line_without_the_password(pg, tmp_path):
     assert wrong not in done.stdout + done.stderr
 
 
-# --- dagster dev on PostgreSQL: launch, stop, read the database, restart, read it back ---------
+# --- dagster dev on PostgreSQL: launch, read the database, read it back in another process -----
 
-
-def start(env: dict, log: Path) -> DagsterDev:
-    dev = DagsterDev(env, log)
-    try:
-        dev.wait_ready()
-    except BaseException:
-        dev.stop()
-        raise
-    return dev
+RELEASE = "2032"  # this test's own release on the session's instance (test_e2e_dagster_dev opens 2031)
 
 
 @pytest.mark.e2e
-def test_a_partition_materialized_through_the_web_server_lives_in_postgres(pg, tmp_path, cloud_mirror):
-    """The cluster profile as it is, except what needs a cluster: a local lake instead of S3, the
-    loopback S3 server as the PMC source, 4 shards. The launcher (Ray) and the VLM backend are
-    not used by the inventory and load without a cluster. The automation sensor is slowed to once
-    an hour so it does not start the download stage behind the inventory run."""
-    home = tmp_path / "dagster_home"
-    with S3LoopbackServer(cloud_mirror) as source:
-        env = {
-            **CLEAN_ENV,
-            **pg.dagster_env(),
-            "DAGSTER_HOME": str(home),
-            "PANELFORGE_PROFILE": "cluster",
-            "PANELFORGE_HOME": str(tmp_path / "lake"),
-            "PANELFORGE_PMC_SOURCE": source.url,
-            "PANELFORGE_SHARDS": "4",
-            "PANELFORGE_RATE_LIMIT": "100",
-            "PANELFORGE_AUTOMATION_INTERVAL": "3600",
-        }
-        done = setup_instance(env)
-        assert done.returncode == 0, done.stderr
+def test_a_partition_materialized_through_the_web_server_lives_in_postgres(dagster_dev, monkeypatch):
+    """The session's ``dagster dev`` (tests/conftest.py): the cluster profile as it is, except what
+    needs a cluster: a local lake instead of S3, the loopback S3 server as the PMC source, 4 shards.
+    The launcher (Ray) and the VLM backend are not used by the inventory and load without a
+    cluster. The automation sensor is slowed to once an hour so it does not start the download
+    stage behind the inventory run. What the web server, daemon and run recorded is read from
+    PostgreSQL, then back through an instance opened here, in another process than the server's."""
+    from dagster import AssetKey, DagsterInstance
 
-        dev = start(env, tmp_path / "first.log")
-        try:
-            dev.add_release("2026")
-            run_id = dev.launch("pmc_inventory_job", "2026")
-            assert dev.wait_run(run_id, timeout=240) == "SUCCESS", dev.tail()
-        finally:
-            dev.stop()
+    dev, pg = dagster_dev.dev, dagster_dev.pg
+    assert (dagster_dev.home / "dagster.yaml").read_text() == CLUSTER_INSTANCE_FILE.read_text()
+    dev.add_release(RELEASE)
+    run_id = dev.launch("pmc_inventory_job", RELEASE)
+    assert dev.wait_run(run_id, timeout=240) == "SUCCESS", dev.tail()
 
-    # the web server and daemon are gone: what they recorded is in PostgreSQL
     assert query(pg, "SELECT status, pipeline_name FROM runs WHERE run_id = %s", run_id) == [
         ("SUCCESS", "pmc_inventory_job")
     ]
@@ -239,25 +201,28 @@ def test_a_partition_materialized_through_the_web_server_lives_in_postgres(pg, t
         " WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
         run_id,
     )
-    assert materialized == [('["pmc_inventory"]', "2026")]
-    assert query(pg, "SELECT partition FROM dynamic_partitions WHERE partitions_def_name = 'releases'") == [("2026",)]
-    assert Lake(tmp_path / "lake").read_release("inventory", "2026").num_rows == 38  # the sample mirror's articles
+    assert materialized == [('["pmc_inventory"]', RELEASE)]
+    releases = query(pg, "SELECT partition FROM dynamic_partitions WHERE partitions_def_name = 'releases'")
+    assert (RELEASE,) in releases
+    assert Lake(dagster_dev.lake_dir).read_release("inventory", RELEASE).num_rows == 38  # the sample mirror's articles
 
-    dev = start(env, tmp_path / "second.log")
-    try:
-        run = dev.gql(
-            """query($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName tags { key value } } } }""",
-            id=run_id,
-        )["runOrError"]
-        assert run["status"] == "SUCCESS" and run["jobName"] == "pmc_inventory_job"
-        assert {"key": "dagster/partition", "value": "2026"} in run["tags"]
-        events = dev.gql(
-            """query { assetOrError(assetKey: {path: ["pmc_inventory"]}) { ... on Asset {
-                 assetMaterializations(limit: 5) { partition runId } } } }"""
-        )["assetOrError"]["assetMaterializations"]
-        assert events == [{"partition": "2026", "runId": run_id}]
-    finally:
-        dev.stop()
+    run = dev.gql(
+        """query($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName tags { key value } } } }""",
+        id=run_id,
+    )["runOrError"]
+    assert run["status"] == "SUCCESS" and run["jobName"] == "pmc_inventory_job"
+    assert {"key": "dagster/partition", "value": RELEASE} in run["tags"]
+
+    # an instance opened from the same dagster.yaml, as another web server, daemon or pod would
+    for name in ("DAGSTER_HOME", *pg.dagster_env()):
+        monkeypatch.setenv(name, dagster_dev.env[name])
+    with DagsterInstance.get() as instance:
+        stored = instance.get_run_by_id(run_id)
+        assert stored.status.value == "SUCCESS" and stored.tags["dagster/partition"] == RELEASE
+        events = instance.fetch_materializations(AssetKey("pmc_inventory"), limit=100).records
+        assert [(e.partition_key, e.run_id) for e in events if e.partition_key == RELEASE] == [(RELEASE, run_id)]
+        assert RELEASE in instance.get_dynamic_partitions("releases")
+
     # the password reached every process through the environment and no log line
-    logs = [tmp_path / "first.log", tmp_path / "second.log", *sorted((home / "storage").rglob("*.*"))]
+    logs = [dev.log_path, *sorted((dagster_dev.home / "storage").rglob("*.*"))]
     assert not [log for log in logs if log.is_file() and pg.password in log.read_text(errors="replace")]

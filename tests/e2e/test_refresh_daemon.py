@@ -2,9 +2,11 @@
 command line and its inventory launched with ``dagster asset materialize``; declarative automation
 (``panelforge_automation``, on by default) then carries 2027 through every stage on its own.
 
-The second release adds, changes (new version) and retracts an article; the test waits until every
-automated asset partition of 2027 is materialized, then checks the lake, the source's request log,
-the blocking checks, and that the daemon re-ran nothing of 2026.
+The mirror is small, five articles of the sample (every stage's time grows with the figures it
+sees): the second release adds, changes (new version) and retracts an article and carries two
+unchanged ones with images, one per shard. The test waits until every automated asset partition
+of 2027 is materialized, then checks the lake, the source's request log, the blocking checks, and
+that the daemon re-ran nothing of 2026.
 """
 
 from __future__ import annotations
@@ -47,14 +49,22 @@ from testing.loopback.faults import FaultPlan
 from testing.loopback.s3_server import S3LoopbackServer
 from testing.loopback.sample_mirror import build_cloud_mirror
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]  # builds two releases through mining on 2 CPUs
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]  # two releases through mining, on 2 shared CPUs
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 FIRST, SECOND = "2026", "2027"
 N_SHARDS = 2
 SHARDS = shard_keys(N_SHARDS)
+# read from sample/release.csv and the articles' folders: CHANGED (nxml/PMC3441633, shard 001) and
+# RETRACTED (nxml/PMC6398430, shard 000) have 9 and 4 figures and no image; ADDED
+# (articles/elife-46472, shard 000) has 8 figures, fig1.jpg to fig8.jpg
 CHANGED, RETRACTED, ADDED = "PMC3441633", "PMC6398430", "PMC900000009"
+# the articles both releases carry unchanged, one a shard so each shard has images in 2026:
+# articles/scielo-hoehnea-49-e1112020 (shard 000; 3 figures, gf1 to gf3.jpg) and articles/elife-43154
+# (shard 001; 3 figures: fig1.jpg, fig2.jpg and the author response's resp-fig1.jpg)
+CARRIED = ("PMC900000017", "PMC900000008")
+ADDED_FIGURES, CARRIED_FIGURES = 8, 3 + 3
 MODEL = {"n_components": 16, "k": 8, "sample_size": 10_000, "seed": 0}  # the demo's small model
 # every automated asset (all but the inventory, the launched jobs a person starts and the upload),
 # parents first: the graph as Definitions has it
@@ -65,11 +75,15 @@ AUTOMATED = [
 ]
 SHARD_ASSETS = tuple(a for a in AUTOMATED if per_shard(a))
 RELEASE_ASSETS = tuple(a for a in AUTOMATED if not per_shard(a))
-WAIT_S = 900  # the tiny VLM mines only what changed; the rest is reused from 2026
+WAIT_S = 1800  # a hang guard: ~25 runs one after another, each a process; 900 s ran out at load 20-45
 
 
 def _mirrors(tmp: Path, rows: list[dict]) -> tuple[Path, Path]:
-    """2026: the sample without ADDED. 2027: CHANGED at version 2, RETRACTED retracted, ADDED new."""
+    """A small mirror of the sample (every stage's cost grows with its figures): 2026 holds CHANGED,
+    RETRACTED and the CARRIED articles; 2027 has CHANGED at version 2, RETRACTED retracted and ADDED
+    new, the CARRIED articles as they were."""
+    rows = [r for r in rows if r["pmcid"] in {CHANGED, RETRACTED, ADDED, *CARRIED}]
+    assert len(rows) == 5
     old = [dict(r) for r in rows if r["pmcid"] != ADDED]
     new = []
     for row in rows:
@@ -334,5 +348,9 @@ def test_mining_reused_every_figure_that_did_not_change(refreshed):
     mined = {r["pmcid"] for r in rows if r["status"] == "mined"}
     assert mined == {ADDED}, mined  # CHANGED's figures have no image in the sample: nothing to mine
     assert {r["status"] for r in rows} == {"mined", "carried"}
+    # one row per figure image: ADDED's eight mined, the six of the CARRIED articles reused
+    statuses = [r["status"] for r in rows]
+    assert (statuses.count("mined"), statuses.count("carried")) == (ADDED_FIGURES, CARRIED_FIGURES), rows
+    assert {r["pmcid"] for r in rows if r["status"] == "carried"} == set(CARRIED)
     pairs = lake.read_release("pairs", SECOND).to_pylist()
     assert RETRACTED not in {p["pmcid"] for p in pairs} and ADDED in {p["pmcid"] for p in pairs}

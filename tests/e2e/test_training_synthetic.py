@@ -20,8 +20,8 @@ from assets.training import (
     multilevel_training,
     synthetic_clip_settings,
 )
+from pipelines.core.heldout import HeldoutSplit, make_heldout_split, record_split
 from pipelines.core.lake import Lake
-from pipelines.evaluation.split import make_heldout_split
 from pipelines.training.tiny import is_synthetic
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
@@ -62,8 +62,18 @@ def test_the_training_assets_run_with_their_defaults(data, tmp_path):  # noqa: F
     home = tmp_path / "lake"
     lake = Lake(str(home))
     jpg = [p.read_bytes() for p in IMAGES[:4]]
-    figures = [{"__key__": f"PMC{i}-fig1", "jpg": jpg[i % 4], "txt": b"stained cells"} for i in range(16)]
+    figures = [
+        {
+            "__key__": f"PMC{i}-fig1",
+            "jpg": jpg[i % 4],
+            "txt": b"stained cells",
+            "json": f'{{"pmcid": "PMC{i}"}}'.encode(),
+        }
+        for i in range(16)
+    ]
     _write(Path(lake.path("dataset", "r1", "commercial")), figures)
+    # the release's recorded held-out split: PMC3 and PMC5, whose two figures training leaves out
+    record_split(lake, HeldoutSplit("r1", 0.1, "chosen-by-hand", frozenset({"PMC3", "PMC5"}), 16))
     for level, subset in (("panel", "panel-commercial"), ("region", "region-commercial")):
         src = Path(data[level])
         dest = Path(lake.path("dataset", "r1", subset))
@@ -76,7 +86,9 @@ def test_the_training_assets_run_with_their_defaults(data, tmp_path):  # noqa: F
     clip = materialize_one(clip_continual_pretraining, "r1", instance, _resources(home))
     (event,) = clip.get_asset_materialization_events()
     meta = {k: v.value for k, v in event.materialization.metadata.items()}
-    assert meta["synthetic"] is True and meta["epochs"] == 1 and meta["samples_per_epoch"] == 16
+    assert meta["synthetic"] is True and meta["epochs"] == 1 and meta["samples_per_epoch"] == 14
+    assert meta["heldout_samples_excluded"] == 2 and meta["heldout_articles"] == 2
+    assert meta["heldout_split"] == lake.path("models", "eval", "r1", "heldout.json")
     assert meta["model"] == f"local-dir:{lake.path('models', 'synthetic', 'tiny-openclip-seed0')}"
     assert math.isfinite(meta["final_loss"])
     exported = Path(meta["launch_run_dir"]) / "model"
@@ -86,6 +98,8 @@ def test_the_training_assets_run_with_their_defaults(data, tmp_path):  # noqa: F
     (event,) = multi.get_asset_materialization_events()
     meta = {k: v.value for k, v in event.materialization.metadata.items()}
     assert meta["synthetic"] is True and meta["preset"] == "zoom-in" and meta["steps"] == 4
+    # the figure level loses PMC3's and PMC5's figures; the panels and regions (tests/conftest.py) name no PMCID
+    assert json.loads(meta["heldout_samples_excluded"]) == {"figure": 2, "panel": 0, "region": 0}
     assert math.isfinite(meta["final_loss"])
 
 
@@ -99,6 +113,12 @@ def test_the_evaluation_asset_runs_with_its_defaults(tmp_path):
     assert "no held-out split recorded for release 2025: set share" in failure.event_specific_data.error.message
 
     make_heldout_split(lake, "2025", share=0.999999, pmcids=["PMC1", "PMC2", "PMC3", "PMC9"])
+    other_rule = materialize_one(
+        clip_evaluation, "2025", instance, _resources(lake.root), {"share": 0.5}, raise_on_error=False
+    )
+    assert not other_rule.success  # a split by another rule over the recorded one: refused before launching
+    (failure,) = [e for e in other_rule.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "release 2025 already has a held-out split (share 0.999999" in failure.event_specific_data.error.message
     result = materialize_one(clip_evaluation, "2025", instance, _resources(lake.root), {"n_resamples": 20})
     (event,) = result.get_asset_materialization_events()
     meta = {k: v.value for k, v in event.materialization.metadata.items()}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.core.heldout import load_heldout, webdataset_keep
 from pipelines.core.lake import Lake, dataset_dir
 from pipelines.core.stage import Partition
 from pipelines.evaluation.datasets import release_pairs
-from pipelines.evaluation.split import load_heldout, webdataset_keep
 from pipelines.release.stages import SamplePlanStage, WebDatasetStage, license_subsets
 from pipelines.release.webdataset import ShardLimits
 from testing.pipeline import sample_lake
@@ -112,7 +112,7 @@ def test_evaluate_release_on_the_sample_release(release_lake, tmp_path_factory):
 def test_heldout_pairs_and_training_stream_partition_the_sample_release(release_lake):
     from webdataset.tariterators import group_by_keys, tar_file_expander
 
-    from pipelines.evaluation.split import make_heldout_split
+    from pipelines.core.heldout import make_heldout_split
 
     split = make_heldout_split(release_lake, RELEASE, share=SHARE, key=KEY)
     held = release_pairs(release_lake, RELEASE, "commercial", split.pmcids)

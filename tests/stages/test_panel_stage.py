@@ -88,6 +88,81 @@ def test_layout_only_run_on_the_sample(lake):
     assert counts["match_label"] <= sum(1 for p in panels if p["label"])  # a label match needs a printed label
 
 
+def _counting_decisions(monkeypatch) -> list[str]:
+    """The captions of every figure decision the panels stage makes from now on."""
+    from pipelines.panels import stages
+
+    made: list[str] = []
+    real = stages.figure_decision
+
+    def counted(data, caption=None, **kwargs):
+        made.append(caption)
+        return real(data, caption, **kwargs)
+
+    monkeypatch.setattr(stages, "figure_decision", counted)
+    return made
+
+
+def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_release(tmp_path, monkeypatch):
+    """The one reuse rule of the model-stage loop: the partition's own rows (a rerun), then the
+    previous release's; nothing is decided again, and the tables come out the same."""
+    import os
+    import shutil
+
+    copy = sample_lake(tmp_path, RELEASE)  # no panels yet
+    shard = SHARDS[1]
+    first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    written = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in ("panel_figures", "panels", "panel_captions")}
+    images = sum(len(f["image_files"] or []) for f in copy.read_table("figures", RELEASE, shard).to_pylist())
+    assert len(written["panel_figures"]) == images and first.ok == images and first.counts["carried"] == 0
+    made = _counting_decisions(monkeypatch)
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    assert made == [] and again.counts["carried"] == again.skipped == images and again.ok == 0
+    assert {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in written} == written
+    assert again.version == first.version  # the same rows: downstream does not go stale
+    # the next release, with no panels of its own yet: every image carried from this one
+    for table in ("figures", "raw_files"):
+        dst = copy.table_path(table, "2027", shard)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(copy.table_path(table, RELEASE, shard), dst)
+    following = PanelStage(PanelSettings()).run(copy, Partition("2027", shard))
+    assert made == [] and following.skipped == images and following.ok == 0
+    assert {t: copy.read_table(t, "2027", shard).to_pylist() for t in written} == written
+    # other settings are not carried: every image is decided again
+    PanelStage(PanelSettings(consensus_min=0.69)).run(copy, Partition("2027", shard))
+    assert len(made) == images
+
+
+def test_an_image_in_two_figures_is_carried_under_each_name(tmp_path):
+    """Reuse is by the image's bytes: where two figures hold the same bytes, each keeps its own
+    names (pmcid, figure, file) when carried (it took the other's before: one image twice, the
+    other missing)."""
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    files = copy.read_table("raw_files", RELEASE, shard).to_pylist()
+    figures = copy.read_table("figures", RELEASE, shard).to_pylist()
+    a, b = [f for f in figures if f["image_files"]][:2]
+    where = {(f["pmcid"], f["name"]): f for f in files}
+    source = where[(a["pmcid"], a["image_files"][0])]
+    for f in files:  # b's first image now has a's bytes
+        if (f["pmcid"], f["name"]) == (b["pmcid"], b["image_files"][0]):
+            f.update({k: source[k] for k in ("tar_path", "offset", "size", "sha256")})
+    copy.write_table("raw_files", RELEASE, shard, files)
+    PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    tables = ("panel_figures", "panels", "panel_captions")
+    first = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in tables}
+    names = [(f["pmcid"], f["fig_id"], f["image_file"]) for f in first["panel_figures"]]
+    assert (b["pmcid"], b["fig_id"], b["image_files"][0]) in names and len(set(names)) == len(names)
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    assert again.skipped == len(names) and again.ok == 0
+    rerun = {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in tables}
+    assert [(f["pmcid"], f["fig_id"], f["image_file"]) for f in rerun["panel_figures"]] == names
+    for table in ("panels", "panel_captions"):
+        assert {(p["pmcid"], p["fig_id"], p["image_file"]) for p in rerun[table]} == {
+            (p["pmcid"], p["fig_id"], p["image_file"]) for p in first[table]
+        }
+
+
 def test_the_hand_boxed_sample_figures(lake):
     """The 10 sample figures boxed by hand (sample/panels): the stage's panels reach the figure
     decision's measured recall/precision on them (the layout splitter alone: 0.80 / 0.50)."""

@@ -14,6 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.core.heldout import (
+    exclude_heldout,
+    heldout_path,
+    heldout_score,
+    is_heldout,
+    load_heldout,
+    make_heldout_split,
+    split_pmcids,
+    webdataset_keep,
+)
 from pipelines.core.lake import Lake
 from pipelines.evaluation import metrics
 from pipelines.evaluation.datasets import (
@@ -25,16 +35,6 @@ from pipelines.evaluation.datasets import (
     longcap_retrieval,
     manifest,
     release_pairs,
-)
-from pipelines.evaluation.split import (
-    exclude_heldout,
-    heldout_path,
-    heldout_score,
-    is_heldout,
-    load_heldout,
-    make_heldout_split,
-    split_pmcids,
-    webdataset_keep,
 )
 from pipelines.training.tiny import TINY_CLIP
 

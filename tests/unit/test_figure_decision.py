@@ -159,3 +159,30 @@ def test_parsing_decides_and_every_stage_records_that_decision(built):
     assert sorted((r["image_file"], r["level"], r["status"], r["reason"], r["detail"]) for r in planned) == [
         (name, "longcap", "excluded", "figure_excluded", "undecodable_image") for name in sorted(bad)
     ]
+
+
+def test_the_panels_stage_refuses_by_its_own_decoding_what_parsing_would_have(built, tmp_path):
+    """With the parse's reasons gone (a figures table written before parsing decided), the panels
+    stage reads the bytes, and the model-stage loop records the decoder's reason for each refused
+    image as an error, the others split as before."""
+    import shutil
+
+    lake, shard, _ = built
+    copy = Lake(shutil.copytree(lake.root, tmp_path / "lake"))
+    figures = copy.read_table("figures", RELEASE, shard).to_pylist()
+    for fig in figures:
+        fig["image_errors"] = [None] * len(fig["image_files"] or [])
+    copy.write_table("figures", RELEASE, shard, figures)
+    lines: list[str] = []
+    result = PanelStage(PanelSettings(consensus_min=0.69)).run(copy, Partition(RELEASE, shard), lines.append)
+    rows = {r["image_file"]: r for r in copy.read_table("panel_figures", RELEASE, shard).to_pylist()}
+    for name in ("fig1.jpg", "fig2.jpg", "fig3.jpg"):
+        assert rows[name]["status"] == "error" and expected(name, rows[name]["reason"]), rows[name]
+        assert rows[name]["width"] is None and rows[name]["n_panels"] == 0
+    assert result.error == 3 and result.ok == 5
+    assert "unreadable 3" in lines[-1]  # the loop's progress counts them as unreadable
+    before = {r["image_file"]: r for r in lake.read_table("panel_figures", RELEASE, shard).to_pylist()}
+    for name, row in rows.items():  # the same rows as when parsing refused them (other settings apart)
+        assert {k: v for k, v in row.items() if k != "settings"} == {
+            k: v for k, v in before[name].items() if k != "settings"
+        }

@@ -112,6 +112,9 @@ class MultilevelConfig(launch.JobConfig):
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
     gpus: int = 1
     shard_name: str = clip.SHARD_NAME
+    # the release's recorded held-out split (models/eval/<release>/heldout.json, a path or URL): its
+    # articles' samples are dropped at every level as they are read; None: train on every sample
+    heldout: str | None = None
     gather_across_ranks: bool = True  # contrastive terms over the global batch (all ranks' features)
     region_features: str = "crop"  # "crop" (region crops through the tower), "roi_pool" or "roi_processor"
     roi_parent: str = FIGURE  # whose patch tokens the ROI modes pool: figure (boxes as released) or panel

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from pipelines import launch
+from pipelines.core.heldout import webdataset_keep
+from pipelines.training import heldout
 from pipelines.training.distributed import DistInfo
 from pipelines.training.loader import LevelDataset, LevelFeed, resume_positions
 from pipelines.training.multilevel.config import (
@@ -24,7 +26,7 @@ from pipelines.training.multilevel.config import (
     MultilevelConfig,
 )
 from pipelines.training.multilevel.decoding import Decoded, decode
-from pipelines.training.multilevel.readers import ChildBuffer, LevelReader, parent_key, shard_pattern
+from pipelines.training.multilevel.readers import ChildBuffer, LevelReader, parent_key, shard_pattern, shard_urls
 
 
 def loader_workers(config: MultilevelConfig, device: torch.device) -> int:
@@ -37,7 +39,7 @@ def loader_workers(config: MultilevelConfig, device: torch.device) -> int:
 
 def open_feed(
     level: str, config: MultilevelConfig, info: DistInfo, device: torch.device, preprocess: Callable, consumed: int,
-    saved: dict | None,
+    saved: dict | None, keep: Callable[[dict], bool] | None = None,
 ) -> LevelFeed:  # fmt: skip
     """The level's DataLoader, each worker resuming at its saved position (see ``loader``)."""
     c = config
@@ -49,9 +51,25 @@ def open_feed(
 
     shards = [url for source in c.data_of(level) for url in expand_urls(shard_pattern(source, c.shard_name))]
     decoder = functools.partial(decode, level=level, preprocess=preprocess, config=c)
-    dataset = LevelDataset(level, shards, info, decoder, c.batch_size, positions, rotation, c.seed, 100 * c.batch_size)
+    dataset = LevelDataset(
+        level, shards, info, decoder, c.batch_size, positions, rotation, c.seed, 100 * c.batch_size, keep
+    )
     pin = c.pin_memory if c.pin_memory is not None else device.type == "cuda"
     return LevelFeed(dataset, batches, workers, c.prefetch_factor, pin, c.persistent_workers)
+
+
+def heldout_counts(config: MultilevelConfig) -> dict[str, int]:
+    """Each level's samples of held-out articles (from the shards' sidecars), which the readers
+    drop; empty without a held-out split."""
+    if config.heldout is None:
+        return {}
+    split = heldout.load_split(config.heldout)
+    out = {}
+    for level in LEVELS:
+        shards = [url for source in config.data_of(level) for url in shard_urls(source, config.shard_name)]
+        if shards:
+            out[level] = heldout.count_heldout(shards, split)[1]
+    return out
 
 
 def pull_linked(
@@ -93,6 +111,9 @@ class TrainingData:
         self.config, self.info, self.device = config, info, device
         self.preprocess, self.parent_preprocess = preprocess, parent_preprocess
         self.workers = loader_workers(config, device)
+        # the held-out articles' filter, applied by every reader (each level's own batches, the
+        # cross-level children and the ROI regions alike)
+        self.keep = webdataset_keep(heldout.load_split(config.heldout)) if config.heldout else None
         self.feeds: dict[str, LevelFeed] = {}  # each level's own batches
         self.links: dict[str, LevelReader] = {}  # child level -> its reader, for the cross-level terms
         self.buffers: dict[str, ChildBuffer] = {}
@@ -113,18 +134,20 @@ class TrainingData:
         self.feeds = {}
         for lv in (lv for lv in LEVELS if lv in own):
             preprocess = self.parent_preprocess if lv == c.roi_parent else self.preprocess
-            self.feeds[lv] = open_feed(lv, c, info, self.device, preprocess, consumed.get(lv, 0), loaders.get(lv))
+            self.feeds[lv] = open_feed(
+                lv, c, info, self.device, preprocess, consumed.get(lv, 0), loaders.get(lv), self.keep
+            )
         self.links, self.buffers = {}, {}
         for parent in used & set(CHILD):
             child, term = CHILD[parent]
             if c.loss_weights.get(term, 0.0) > 0 or any(term in s.get("weights", {}) for s in c.curriculum):
                 if c.data_of(child):
                     skip = consumed.get(f"link_{child}", 0)
-                    self.links[child] = LevelReader(child, c.data_of(child), c.shard_name, skip, info)
+                    self.links[child] = LevelReader(child, c.data_of(child), c.shard_name, skip, info, self.keep)
                     self.buffers[child] = ChildBuffer(c.link_buffer)
         if c.roi_mode and REGION in used:
             skip = consumed.get(ROI_REGION, 0)
-            self.roi_reader = LevelReader(REGION, c.data_of(REGION), c.shard_name, skip, info)
+            self.roi_reader = LevelReader(REGION, c.data_of(REGION), c.shard_name, skip, info, self.keep)
             self.roi_buffer = ChildBuffer(c.link_buffer)
 
     def consumed(self) -> dict[str, int]:

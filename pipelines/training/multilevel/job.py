@@ -15,6 +15,7 @@ from pipelines import launch
 from pipelines.training import clip
 from pipelines.training.distributed import DistInfo
 from pipelines.training.multilevel.config import MultilevelConfig
+from pipelines.training.multilevel.data import heldout_counts
 from pipelines.training.multilevel.trainer import Trainer
 
 
@@ -31,6 +32,9 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
     if resumed is not None:
         launch.log(f"resumed from step {resumed} ({trainer.ckpt_dir})")
     first, metrics = trainer.step, {}
+    excluded = heldout_counts(config) if info.is_main else {}
+    if config.heldout is not None and info.is_main:
+        launch.log(f"held-out split {config.heldout}: samples of held-out articles excluded per level {excluded}")
     launch.log(
         f"multi-level training {config.preset or 'custom'}: steps {first}..{config.steps} on {info.world} rank(s), "
         f"{trainer.params}"
@@ -60,6 +64,9 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
         "final_loss": metrics.get("loss"),
         **trainer.last_terms,
         "skipped_samples": trainer.data.skipped,
+        "heldout": config.heldout,
+        # each level's samples of held-out articles, dropped by every reader (counted from the sidecars)
+        "heldout_samples_excluded": json.dumps(excluded),
         "linked_children": json.dumps({k: sum(r["linked"][k] for r in by_rank) for k in trainer.data.linked}),
         "consumed": json.dumps(trainer.data.consumed()),
         "samples_by_rank": json.dumps([sum(r["consumed"].values()) for r in by_rank]),

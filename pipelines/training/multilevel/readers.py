@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 
 from pipelines.training import clip
 from pipelines.training.distributed import DistInfo
@@ -27,6 +28,17 @@ def shard_pattern(source: str, shard_name: str) -> str:
     return clip.subset_data(source, shard_name)[0]
 
 
+def shard_urls(source: str, shard_name: str) -> list[str]:
+    """The tars of a source as their own URLs (no ``pipe:``): a brace pattern expanded, a release
+    folder's shards from its ``sizes.json``."""
+    from webdataset.shardlists import expand_urls
+
+    if re.search(r"\.tar(\}|$)", source):
+        return list(expand_urls(source))
+    base, indices, _ = clip.subset_shards(source, shard_name)
+    return [f"{base}/{shard_name}-{i:06d}.tar" for i in indices]
+
+
 def roi_parent_key(key: str, parent: str) -> str | None:
     """The key of the image whose tokens a region's ROI features pool: its figure or its panel."""
     if parent == FIGURE:
@@ -45,14 +57,17 @@ class LevelReader:
     from its rank when there are at least as many shards as ranks (each rank opens only its own
     files), else every ``world``-th sample (a small subset of one shard still feeds every rank)."""
 
-    def __init__(self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None):
+    def __init__(
+        self, level: str, sources: list[str], shard_name: str, skip: int = 0, info: DistInfo | None = None,
+        keep: Callable[[dict], bool] | None = None,
+    ):  # fmt: skip
         from webdataset.shardlists import expand_urls
 
         self.level, self.info = level, info or DistInfo()
         self.patterns = [shard_pattern(s, shard_name) for s in sources]
         shards = [url for pattern in self.patterns for url in expand_urls(pattern)]
         what = f"the {level} subsets {self.patterns} for rank {self.info.rank}"
-        self._it = samples(reader_share(shards, self.info), what)
+        self._it = samples(reader_share(shards, self.info), what, keep=keep)
         for _ in range(skip):
             next(self._it)
         self.consumed = skip

@@ -8,6 +8,10 @@ machine can apply it. The split of a release is still *recorded* in the lake
 (``models/eval/<release>/heldout.json``: the rule and the list of PMCIDs), because the record is
 what an evaluation report cites and what training reads: a changed key or share in a later
 configuration cannot silently leak earlier held-out articles into training.
+
+It lives in ``core`` because both stage packages use it: ``pipelines.evaluation`` retrieves on the
+held-out articles, ``pipelines.training`` drops their samples (``pipelines/training/heldout.py``:
+a per-sample predicate for the multi-level trainer, a filtered tar stream for OpenCLIP's loader).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import Table
@@ -117,6 +122,48 @@ def load_heldout(lake: Lake, release: str) -> HeldoutSplit:
     return HeldoutSplit.from_json(json.loads(lake.fs.cat(path)))
 
 
+def training_split(
+    lake: Lake, release: str, share: float = DEFAULT_SHARE, key: str = DEFAULT_KEY
+) -> tuple[HeldoutSplit, bool]:
+    """The split training on ``release`` must exclude, and whether it was recorded just now: the
+    recorded one when there is one (whatever rule recorded it), else a new one by ``share`` and
+    ``key`` (the evaluation's defaults unless told), recorded, so a later evaluation scores exactly
+    the articles training left out. A release without articles has nothing to split: an error, not
+    an empty split recorded for good."""
+    if lake.exists(heldout_path(lake, release)):
+        return load_heldout(lake, release), False
+    pmcids = release_pmcids(lake, release)
+    if not pmcids:
+        raise ValueError(f"release {release} has no articles to split into held-out and training articles")
+    return make_heldout_split(lake, release, share, key, pmcids=pmcids), True
+
+
+def check_evaluation_share(lake: Lake, release: str, share: float | None, key: str = DEFAULT_KEY) -> None:
+    """Refuse to record a split by another rule over the recorded one: training on ``release``
+    left out exactly the recorded articles, so a new split would score articles a model trained
+    on. ``share`` None (use the recorded split) or the recorded rule itself passes."""
+    if share is None or not lake.exists(heldout_path(lake, release)):
+        return
+    recorded = load_heldout(lake, release)
+    if (recorded.share, recorded.key) != (share, key):
+        raise ValueError(
+            f"release {release} already has a held-out split (share {recorded.share}, key {recorded.key!r}; "
+            f"training leaves out exactly its {len(recorded.pmcids)} articles): a split by share {share}, "
+            f"key {key!r} would score articles a model may have trained on. Leave share unset to evaluate "
+            "on the recorded split"
+        )
+
+
+def evaluation_split(lake: Lake, release: str, share: float | None = None, key: str = DEFAULT_KEY) -> HeldoutSplit:
+    """The split an evaluation of ``release`` scores: the recorded one, or a new one recorded by
+    ``share`` and ``key`` when none is; a different rule over a recorded split is refused
+    (:func:`check_evaluation_share`)."""
+    check_evaluation_share(lake, release, share, key)
+    if share is None or lake.exists(heldout_path(lake, release)):
+        return load_heldout(lake, release)
+    return make_heldout_split(lake, release, share, key)
+
+
 def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pmcid") -> Iterable[dict]:
     """Training's filter: the rows whose article is not held out."""
     return (row for row in rows if not split.excludes(row[column]))
@@ -124,13 +171,14 @@ def exclude_heldout(rows: Iterable[dict], split: HeldoutSplit, column: str = "pm
 
 def webdataset_keep(split: HeldoutSplit) -> Callable[[dict], bool]:
     """A ``webdataset`` ``.select`` predicate for training on release shards: keeps a sample whose
-    JSON member's article is not held out (samples without a PMCID are kept)."""
+    JSON member's article is not held out (samples without a PMCID are kept). A ``partial`` of a
+    module function, not a closure, so it pickles into DataLoader workers."""
+    return partial(_keep_sample, split)
 
-    def keep(sample: dict) -> bool:
-        raw = sample.get("json")
-        if raw is None:
-            return True
-        meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
-        return not (meta.get("pmcid") and split.excludes(meta["pmcid"]))
 
-    return keep
+def _keep_sample(split: HeldoutSplit, sample: dict) -> bool:
+    raw = sample.get("json")
+    if raw is None:
+        return True
+    meta = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+    return not (meta.get("pmcid") and split.excludes(meta["pmcid"]))
