@@ -175,9 +175,9 @@ def clip_continual_pretraining(
         config = synthetic_clip_settings(config, lk.path("models", "synthetic"))
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.epochs} CPU epoch(s)")
     job = clip_job(config, [url(d) for d in dirs])
+    check_clip_job(job, config, launcher)  # settings first: resolving the split may record it
     held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
     job |= {"heldout": held.get("heldout_split")}
-    check_clip_job(job, config, launcher)
     result = launcher.run(context, CLIP_MODULE, job, url(lk.path("models", "clip", "runs")), tmp_url=lk.job_tmp_dir())
     result.metadata["synthetic"] = models.synthetic
     result.metadata.update(held)
@@ -301,14 +301,14 @@ def multilevel_training(
         config = synthetic_settings(config, {**SYNTHETIC_MULTILEVEL, "model": model, "pretrained": ""})
         context.log.info(f"synthetic profile: the tiny local model {config.model}, {config.steps} CPU steps")
     job = multilevel_job(config, {level: url(d) for level, d in dirs.items()})
-    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
-    job |= {"heldout": held.get("heldout_split")}
-    if launcher.backend == "subprocess":
+    if launcher.backend == "subprocess":  # settings first: resolving the split may record it
         run = MultilevelConfig.from_dict({**job, "run_dir": "-"})
         try:
             check_weights(run.model, run.pretrained)
         except (ModelUnavailableError, ValueError) as exc:
             raise Failure(str(exc), allow_retries=False) from None
+    held = resolve_heldout(context, lk, release, url, config.heldout_share) if config.exclude_heldout else {}
+    job |= {"heldout": held.get("heldout_split")}
     result = launcher.run(
         context, MULTILEVEL_MODULE, job, url(lk.path("models", "multilevel", "runs")), tmp_url=lk.job_tmp_dir()
     )
