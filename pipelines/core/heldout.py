@@ -142,25 +142,27 @@ def check_evaluation_share(lake: Lake, release: str, share: float | None, key: s
     """Refuse to record a split by another rule over the recorded one: training on ``release``
     left out exactly the recorded articles, so a new split would score articles a model trained
     on. ``share`` None (use the recorded split) or the recorded rule itself passes."""
-    if share is None or not lake.exists(heldout_path(lake, release)):
-        return
-    recorded = load_heldout(lake, release)
-    if (recorded.share, recorded.key) != (share, key):
+    if share is not None and lake.exists(heldout_path(lake, release)):
+        _same_rule(load_heldout(lake, release), share, key)
+
+
+def _same_rule(recorded: HeldoutSplit, share: float | None, key: str) -> HeldoutSplit:
+    if share is not None and (recorded.share, recorded.key) != (share, key):
         raise ValueError(
-            f"release {release} already has a held-out split (share {recorded.share}, key {recorded.key!r}; "
-            f"training leaves out exactly its {len(recorded.pmcids)} articles): a split by share {share}, "
-            f"key {key!r} would score articles a model may have trained on. Leave share unset to evaluate "
-            "on the recorded split"
+            f"release {recorded.release} already has a held-out split (share {recorded.share}, key "
+            f"{recorded.key!r}; training leaves out exactly its {len(recorded.pmcids)} articles): a split by "
+            f"share {share}, key {key!r} would score articles a model may have trained on. Leave share unset "
+            "to evaluate on the recorded split"
         )
+    return recorded
 
 
 def evaluation_split(lake: Lake, release: str, share: float | None = None, key: str = DEFAULT_KEY) -> HeldoutSplit:
     """The split an evaluation of ``release`` scores: the recorded one, or a new one recorded by
     ``share`` and ``key`` when none is; a different rule over a recorded split is refused
     (:func:`check_evaluation_share`)."""
-    check_evaluation_share(lake, release, share, key)
     if share is None or lake.exists(heldout_path(lake, release)):
-        return load_heldout(lake, release)
+        return _same_rule(load_heldout(lake, release), share, key)  # none recorded: load_heldout says so
     return make_heldout_split(lake, release, share, key)
 
 

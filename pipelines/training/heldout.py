@@ -22,6 +22,7 @@ with the tar from the same plan rows as the tar's JSON members), so OpenCLIP's
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import shlex
@@ -95,7 +96,7 @@ def filter_tar(src: IO[bytes], dst: IO[bytes], keep: Callable[[dict], bool]) -> 
             if keep({ext: data for _, data, ext in members}):
                 kept += 1
                 for info, data, _ in members:
-                    tout.addfile(info, _Bytes(data))
+                    tout.addfile(info, io.BytesIO(data))
             else:
                 dropped += 1
 
@@ -118,18 +119,6 @@ class _Discard:
 
     def write(self, data: bytes) -> int:
         return len(data)
-
-
-class _Bytes:
-    """The smallest file object ``TarFile.addfile`` reads from."""
-
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.data) if n < 0 else self.pos + n
-        out, self.pos = self.data[self.pos : end], min(end, len(self.data))
-        return out
 
 
 def main(argv: list[str] | None = None) -> None:
