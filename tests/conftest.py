@@ -6,12 +6,14 @@ The tiers are directories: ``tests/unit`` (plain functions), ``tests/stages`` (s
 lake), ``tests/assets`` (through Dagster, in this process) and ``tests/e2e`` (anything that starts
 a process: ``dagster dev``, PostgreSQL, Ray, Chromium, launched jobs, the command line). A test
 that uses a fixture of :data:`PROCESS_FIXTURES` is marked ``e2e`` and must live in ``tests/e2e``;
-a test outside it that starts a heavy program anyway fails at once (:func:`_no_processes_outside_e2e`).
+a test outside it that starts a heavy program anyway, in a fixture or in its body, fails at once
+(:func:`_no_heavy_programs`).
 docs/testing.md says how to run each tier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -90,12 +92,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
-@pytest.fixture(autouse=True)
-def _no_processes_outside_e2e(request, monkeypatch):
-    """Outside tests/e2e, starting a heavy program (see :data:`HEAVY_PROGRAM`) fails the test
-    with the program's name: what starts one belongs in tests/e2e."""
-    if _in_e2e(request.node):
-        return
+@contextlib.contextmanager
+def _no_heavy_programs(nodeid: str):
+    """While the block runs, starting a heavy program (see :data:`HEAVY_PROGRAM`) raises with the
+    program's name: what starts one belongs in tests/e2e."""
     execute = subprocess.Popen._execute_child
 
     def guarded(self, args, executable, *rest, **kwargs):
@@ -103,12 +103,36 @@ def _no_processes_outside_e2e(request, monkeypatch):
         program = os.fsdecode(executable or argv[0])
         if HEAVY_PROGRAM.search(program):
             raise RuntimeError(
-                f"{request.node.nodeid} starts {program!r} ({' '.join(map(os.fsdecode, argv))[:200]}): "
+                f"{nodeid} starts {program!r} ({' '.join(map(os.fsdecode, argv))[:200]}): "
                 "a test that starts a process belongs in tests/e2e (see tests/conftest.py)"
             )
         return execute(self, args, executable, *rest, **kwargs)
 
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", guarded)
+    subprocess.Popen._execute_child = guarded
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = execute
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Outside tests/e2e no fixture may start a heavy program while it is set up: module- and
+    session-scoped ones included (they are set up before any function-scoped fixture, so an autouse
+    fixture would not see them; a module fixture once started a whole local Ray unnoticed)."""
+    if _in_e2e(item):
+        return (yield)
+    with _no_heavy_programs(item.nodeid):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Outside tests/e2e the test itself may not start a heavy program either."""
+    if _in_e2e(item):
+        return (yield)
+    with _no_heavy_programs(item.nodeid):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ from pipelines.panels.split import panels_for_figure
 from pipelines.panels.stages import PanelCropsStage, PanelSettings, PanelStage
 from pipelines.release.stages import PairPlanStage, SamplePlanStage
 from pipelines.vlm.engine import EngineConfig
+from testing.actor_pool import actor_pool_in_process
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, sample_rows
 from testing.pipeline import parse_release
 from testing.vlm import ScriptedEngine
@@ -90,7 +91,8 @@ def test_the_public_splitters_raise_the_reason_not_oserror_and_never_decode_a_hu
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The one article through every stage that reads figure images; the engine counts what it
-    is asked about."""
+    is asked about. The embedding stage's actor pool runs in this process: what it records for a
+    refused image is the question here, not Ray (tests/e2e covers the stage on Ray)."""
     root = tmp_path_factory.mktemp("decision")
     rows = [r for r in sample_rows() if r["pmcid"] == PMCID]
     mirror = build_legacy_mirror(root / "legacy", rows=rows, extra_files={PMCID: bad_figures()})
@@ -101,7 +103,8 @@ def built(tmp_path_factory):
     (shard,) = [s for s in lake.shards() if lake.read_table("figures", RELEASE, s).num_rows]
     partition = Partition(RELEASE, shard)
     engine = ScriptedEngine(lambda r: ANSWERS[r.prompt_name], EngineConfig(model="scripted", synthetic=True))
-    EmbedStage(EmbedderConfig(synthetic=True)).run(lake, partition)
+    with actor_pool_in_process():
+        EmbedStage(EmbedderConfig(synthetic=True)).run(lake, partition)
     SamplePlanStage().run(lake, partition)
     PanelStage(PanelSettings()).run(lake, partition)
     PanelCropsStage().run(lake, partition)
