@@ -29,11 +29,16 @@ class LoopbackHttpServer(LoopbackServer):
     """A threaded HTTP server on a free loopback port."""
 
     _server: ThreadingHTTPServer | None = None
+    # How often the serving loop checks for ``stop``: ``shutdown`` waits up to this long, and the
+    # tests start and stop hundreds of these servers (socketserver's default is 0.5 s).
+    POLL_INTERVAL = 0.02
 
     def _serve(self, handler: type[BaseHTTPRequestHandler], name: str) -> Self:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name=name, daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": self.POLL_INTERVAL}, name=name, daemon=True
+        ).start()
         return self
 
     @property
