@@ -20,14 +20,20 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m jobs.demo
 
-# every tier (what CI runs), the 30 slowest tests listed at the end; docs/testing.md
+FAST_TIERS := tests/unit tests/stages tests/assets
+
+# every tier (what CI runs): the fast tiers on every core as test-fast runs them, then tests/e2e in one
+# process (its session shares one dagster dev and one PostgreSQL), each run's 30 slowest tests listed;
+# tests/e2e runs even when a fast test failed, and the target fails if either run did; docs/testing.md
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --durations=30
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=30; fast=$$?; \
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/e2e --durations=30; e2e=$$?; \
+	test $$fast -eq 0 && test $$e2e -eq 0
 
 # the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop, on every core
 # (pytest-xdist; one test module per worker, so module fixtures are built once); docs/testing.md has its times
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/unit tests/stages tests/assets -n auto --dist loadfile --durations=10
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=10
 
 # the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)

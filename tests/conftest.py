@@ -30,9 +30,10 @@ os.environ.setdefault("PANELFORGE_PROFILE", "local")
 # tests/e2e/test_vlm_ray.py does). Token auth is Ray 2.60's default for a local cluster; RayResource
 # says so too (resources/compute.py).
 os.environ.setdefault("RAY_AUTH_MODE", "token")
-# Under pytest-xdist (`make test-fast`: -n auto) each worker gets its share of the cores for torch's
-# intra-op threads (OpenMP reads this when torch is imported, after this file): N workers each
-# running a thread per core oversubscribe the machine, and OpenMP's waiting threads spin.
+# Under pytest-xdist (`make test` and `make test-fast` run the fast tiers with -n auto) each worker
+# gets its share of the cores for torch's intra-op threads (OpenMP reads this when torch is imported,
+# after this file): N workers each running a thread per core oversubscribe the machine, and OpenMP's
+# waiting threads spin.
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
