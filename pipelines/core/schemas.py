@@ -256,6 +256,8 @@ PANEL_FIGURES = pa.schema(
         pa.field("threshold", pa.float32()),
         pa.field("synthetic", pa.bool_()),
         pa.field("settings", pa.string()),  # the stage's settings, JSON: results are reused only under the same
+        # what the row was made from (image bytes, caption, figure kind, settings): its reuse key
+        pa.field("fingerprint", pa.string()),
     ]
 )
 

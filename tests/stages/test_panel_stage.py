@@ -106,9 +106,6 @@ def _counting_decisions(monkeypatch) -> list[str]:
 def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_release(tmp_path, monkeypatch):
     """The one reuse rule of the model-stage loop: the partition's own rows (a rerun), then the
     previous release's; nothing is decided again, and the tables come out the same."""
-    import os
-    import shutil
-
     copy = sample_lake(tmp_path, RELEASE)  # no panels yet
     shard = SHARDS[1]
     first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
@@ -121,16 +118,83 @@ def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_re
     assert {t: copy.read_table(t, RELEASE, shard).to_pylist() for t in written} == written
     assert again.version == first.version  # the same rows: downstream does not go stale
     # the next release, with no panels of its own yet: every image carried from this one
-    for table in ("figures", "raw_files"):
-        dst = copy.table_path(table, "2027", shard)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copyfile(copy.table_path(table, RELEASE, shard), dst)
+    _next_release(copy, shard)
     following = PanelStage(PanelSettings()).run(copy, Partition("2027", shard))
     assert made == [] and following.skipped == images and following.ok == 0
     assert {t: copy.read_table(t, "2027", shard).to_pylist() for t in written} == written
     # other settings are not carried: every image is decided again
     PanelStage(PanelSettings(consensus_min=0.69)).run(copy, Partition("2027", shard))
     assert len(made) == images
+
+
+def _next_release(lake, shard: str, release: str = "2027", edit=None) -> None:
+    """The next release of ``shard``: this release's figures (each passed to ``edit``) and raw files."""
+    import os
+    import shutil
+
+    for table in ("figures", "raw_files"):
+        dst = lake.table_path(table, release, shard)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(lake.table_path(table, RELEASE, shard), dst)
+    if edit is not None:
+        figures = lake.read_table("figures", release, shard).to_pylist()
+        lake.write_table("figures", release, shard, [edit(f) for f in figures])
+
+
+def test_a_figure_whose_caption_changed_is_decided_again(tmp_path, monkeypatch):
+    """The decision reads the caption (its label set says how many panels to expect; the panels'
+    texts are cut from it), so the reuse key holds it: in the next release, the one figure whose
+    caption was rewritten is decided again, with its new caption, and every other image is carried."""
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    figures = copy.read_table("figures", RELEASE, shard).to_pylist()
+    target = next(f for f in figures if f["image_files"])
+    new_text = "(A) The same image. (B) A caption rewritten for the next release."
+
+    def edit(figure):
+        same = (figure["pmcid"], figure["fig_id"]) == (target["pmcid"], target["fig_id"])
+        return {**figure, "caption_text": new_text} if same else figure
+
+    _next_release(copy, shard, edit=edit)
+    made = _counting_decisions(monkeypatch)
+    following = PanelStage(PanelSettings()).run(copy, Partition("2027", shard))
+    images = sum(len(f["image_files"] or []) for f in figures)
+    assert len(made) == len(target["image_files"]) and all(c.endswith(new_text) for c in made)
+    assert following.counts["carried"] == images - len(target["image_files"])
+    rows = [
+        f
+        for f in copy.read_table("panel_figures", "2027", shard).to_pylist()
+        if (f["pmcid"], f["fig_id"]) == (target["pmcid"], target["fig_id"])
+    ]
+    assert [f["caption_labels"] for f in rows] == [2] * len(target["image_files"])  # (A) and (B): the new caption
+
+
+def test_an_error_row_is_tried_again_on_the_next_run(tmp_path, monkeypatch):
+    """Like every model stage's errors, a figure the panels stage could not split is not carried:
+    the rerun decides it again (here the first run's decoder refused one image)."""
+    from pipelines.panels import stages
+    from pipelines.panels.inputs import FigureSplit
+
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    real, refused = stages.figure_decision, []
+
+    def refuse_first(data, caption=None, **kwargs):
+        if not refused:
+            refused.append(caption)
+            return FigureSplit(reason="unreadable image: refused once by the test")
+        return real(data, caption, **kwargs)
+
+    monkeypatch.setattr(stages, "figure_decision", refuse_first)
+    first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    assert first.error == 1 and first.errors[0][1] == "unreadable image: refused once by the test"
+    monkeypatch.setattr(stages, "figure_decision", real)
+    made = _counting_decisions(monkeypatch)
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    images = len(copy.read_table("panel_figures", RELEASE, shard))
+    assert made == refused and again.error == 0 and again.ok == 1 and again.counts["carried"] == images - 1
+    assert "error" not in {f["status"] for f in copy.read_table("panel_figures", RELEASE, shard).to_pylist()}
 
 
 def test_an_image_in_two_figures_is_carried_under_each_name(tmp_path):
