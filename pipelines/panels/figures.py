@@ -38,7 +38,11 @@ CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge in
 # The panel logic's version: bump it when a change to how figures are split (layout, detector use,
 # post-processing) changes the panels of the same image, so reruns and new releases split it again.
 PANELS_VERSION = "1"
-FIGURES_PER_BATCH = 512  # figure images per batch of the loop: one detector pool (a model load) and one checkpoint each
+# Figure images per batch of the loop: one detector pool (a Ray Data actor pool: actors start and
+# load the model) and one checkpoint each. Starting a pool cost 8-9 s on 2 CPU cores with the tiny
+# detector (docs/architecture.md), about what the H200 spends detecting 200 figures (22.9 figures/s),
+# so batches are large: a batch holds decisions, never images, and a kill loses at most one batch.
+FIGURES_PER_BATCH = 2048
 
 
 @dataclass(frozen=True)
