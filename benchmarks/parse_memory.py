@@ -52,7 +52,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
     def error_row(pmcid: str, error: str) -> dict:
         row = {name: None for name in ARTICLES.names}
         row.update(pmcid=pmcid, keywords=[], subjects=[], parse_status="error", parse_error=error)
-        return row
+        return row  # fingerprint None: the baseline keeps no reuse key
 
     manifest = lake.read_table("raw_manifest", release, shard)
     files_by_article: dict[str, dict[str, dict]] = defaultdict(dict)
@@ -91,7 +91,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
                 phash=[i["phash"] for i in info],
                 image_errors=[i["error"] for i in info],
             )
-        tables["articles"].append({**parsed.article, "parse_status": "ok", "parse_error": None})
+        tables["articles"].append({**parsed.article, "parse_status": "ok", "parse_error": None, "fingerprint": None})
         tables["figures"].extend(parsed.figures)
         tables["mentions"].extend(parsed.mentions)
         tables["other_graphics"].extend(parsed.other_graphics)
@@ -103,7 +103,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
 def streaming(lake, release: str, shard: str, previous_release: str | None) -> dict[str, int]:
     from pipelines.parse.shard import parse_shard
 
-    result = parse_shard(lake, release, shard, previous_release)
+    result = parse_shard(lake, release, shard)  # finds the previous release's rows itself
     return {"articles": result.articles, "figures": result.figures}
 
 

@@ -113,6 +113,8 @@ ARTICLES = pa.schema(
         pa.field("n_figures", pa.int32()),
         pa.field("parse_status", pa.string(), nullable=False),
         pa.field("parse_error", pa.string()),
+        # raw files' bytes + parse limits + parser version: the article's four tables' rows are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
