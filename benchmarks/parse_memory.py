@@ -120,13 +120,15 @@ def build_sample_lake(root: Path):
 
 def replicate(lake, copies: int, release: str, status: str) -> int:
     """Write shard ``000`` of ``release``: ``copies`` copies of every sample article under new
-    PMCIDs, pointing at the sample's tar members. Returns the number of articles."""
+    PMCIDs, pointing at the sample's tar members. Returns the number of articles. The PMCIDs
+    depend on ``copies``, so a shard of another size holds none of them (parsing reuses an
+    article's rows from any earlier release with the same PMCID and bytes)."""
     manifest = lake.read_release("raw_manifest", RELEASE).to_pylist()
     files = lake.read_release("raw_files", RELEASE).to_pylist()
     manifest_rows, file_rows = [], []
     for copy in range(copies):
         for index, article in enumerate(manifest):
-            new = f"PMC{90_000_000 + copy * 1000 + index}"
+            new = f"PMC{90_000_000 + copies * 100_000 + copy * 1000 + index}"
             manifest_rows.append({**article, "pmcid": new, "status": status})
             file_rows += [{**f, "pmcid": new} for f in files if f["pmcid"] == article["pmcid"]]
     lake.write_table("raw_manifest", release, "000", manifest_rows)

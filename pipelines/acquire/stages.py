@@ -94,7 +94,6 @@ class AcquireStage(Stage):
             release,
             shard,
             inventory.to_pylist(),
-            previous,
             self.concurrency or self.source.concurrency,
         )
         manifest = shard_result.manifest

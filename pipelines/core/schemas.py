@@ -68,6 +68,8 @@ RAW_MANIFEST = pa.schema(
         pa.field("md5", pa.list_(pa.string())),
         pa.field("dropped", pa.list_(pa.string())),
         pa.field("fetched_in_release", pa.string()),
+        # the listing's key (version, last update, paths, keep rules): the stored files are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
