@@ -208,6 +208,7 @@ def crops_result(stage: PanelCropsStage, partition: Partition, cut: Cut, dest: s
         ok=len(rows) - cut.carried,
         error=cut.uncut,
         skipped=cut.carried,
+        carried=cut.carried,
         bytes=cut.written,
         counts={
             "crops": len(rows),

@@ -198,6 +198,31 @@ def test_an_error_row_is_tried_again_on_the_next_run(tmp_path, monkeypatch):
     assert "error" not in {f["status"] for f in copy.read_table("panel_figures", RELEASE, shard).to_pylist()}
 
 
+def test_a_rerun_that_fails_the_same_image_again_is_not_a_systematic_failure(tmp_path, monkeypatch):
+    """An image that fails on every run is tried again on every rerun, while the rest is carried:
+    the error rate counts the carried figures among the tried ones (1 failed of every image, not
+    1 of 1), so one bad image does not block what reads the partition."""
+    from pipelines.panels import stages
+    from pipelines.panels.inputs import FigureSplit
+
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    real, bad = stages.figure_decision, []
+
+    def refuse_one(data, caption=None, **kwargs):
+        if not bad or bad[0] == data:
+            bad[:1] = [data]
+            return FigureSplit(reason="unreadable image: this one always fails")
+        return real(data, caption, **kwargs)
+
+    monkeypatch.setattr(stages, "figure_decision", refuse_one)
+    first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    images = len(copy.read_table("panel_figures", RELEASE, shard))
+    assert (first.error, again.error, again.ok, again.counts["carried"]) == (1, 1, 0, images - 1)
+    assert again.error_rate == pytest.approx(first.error_rate) == pytest.approx(1 / images)
+
+
 def test_an_image_in_two_figures_is_carried_under_each_name(tmp_path):
     """Reuse is by the image's bytes: where two figures hold the same bytes, each keeps its own
     names (pmcid, figure, file) when carried (it took the other's before: one image twice, the
