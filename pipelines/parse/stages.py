@@ -34,6 +34,7 @@ class ParseStage(Stage):
             ok=parsed.parsed,
             error=parsed.errors,
             skipped=parsed.carried,
+            carried=parsed.carried,
             counts={
                 "articles": parsed.articles,
                 "parsed": parsed.parsed,

@@ -60,6 +60,7 @@ def test_a_refresh_fetches_only_the_articles_whose_listing_changed(lake, sample,
         rerun, requested = _acquire(lake, server.url, "2026", plan)  # this partition's own rows
         assert requested == set()
         assert sum(r.counts.get("already_done", 0) for r in rerun.values()) == ARTICLES
+        assert sum(r.carried for r in rerun.values()) == ARTICLES  # stored before: tried items of the error rate
         assert all(rerun[s].version == first[s].version is not None for s in SHARDS)  # the same tables
     plan = FaultPlan()
     with S3LoopbackServer(build_cloud_mirror(tmp_path / "m2027", rows=_changed(sample)), plan=plan) as server:

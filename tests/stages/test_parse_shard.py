@@ -138,6 +138,7 @@ def test_a_rerun_reuses_every_article_and_writes_the_same_tables(sample_lake, pa
     assert _tables(sample_lake, "2026") == tables  # the same rows, in the same order
     for shard in SHARDS:
         assert second[shard].counts["carried"] == first[shard].counts["parsed"] and second[shard].ok == 0
+        assert second[shard].carried == second[shard].skipped == first[shard].ok  # carried items count as tried
         for name in ("articles", "figures", "child_figures", "images", "mentions", "other_graphics"):
             assert second[shard].counts[name] == first[shard].counts[name], (shard, name)
         assert second[shard].version == first[shard].version is not None
