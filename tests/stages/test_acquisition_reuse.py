@@ -39,15 +39,11 @@ def _strip_keys(lake, release: str) -> None:
 
 def _changed(sample: list[dict]) -> list[dict]:
     """The sample with VERSION_BUMPED at version 2 and UPDATED updated at the same version."""
-    out = []
-    for row in sample:
-        row = dict(row)
-        if row["pmcid"] == VERSION_BUMPED:
-            row["version"], row["last_updated"] = "2", "2027-03-01 00:00:00"
-        if row["pmcid"] == UPDATED:
-            row["last_updated"] = "2027-03-02 00:00:00"
-        out.append(row)
-    return out
+    edits = {
+        VERSION_BUMPED: {"version": "2", "last_updated": "2027-03-01 00:00:00"},
+        UPDATED: {"last_updated": "2027-03-02 00:00:00"},
+    }
+    return [{**row, **edits.get(row["pmcid"], {})} for row in sample]
 
 
 def test_a_refresh_fetches_only_the_articles_whose_listing_changed(lake, sample, tmp_path):
