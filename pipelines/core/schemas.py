@@ -68,6 +68,8 @@ RAW_MANIFEST = pa.schema(
         pa.field("md5", pa.list_(pa.string())),
         pa.field("dropped", pa.list_(pa.string())),
         pa.field("fetched_in_release", pa.string()),
+        # the listing's key (version, last update, paths, keep rules): the stored files are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
@@ -113,6 +115,8 @@ ARTICLES = pa.schema(
         pa.field("n_figures", pa.int32()),
         pa.field("parse_status", pa.string(), nullable=False),
         pa.field("parse_error", pa.string()),
+        # raw files' bytes + parse limits + parser version: the article's four tables' rows are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
@@ -256,6 +260,8 @@ PANEL_FIGURES = pa.schema(
         pa.field("threshold", pa.float32()),
         pa.field("synthetic", pa.bool_()),
         pa.field("settings", pa.string()),  # the stage's settings, JSON: results are reused only under the same
+        # what the row was made from (image bytes, caption, figure kind, settings): its reuse key
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
@@ -316,6 +322,9 @@ PANEL_CROPS = pa.schema(
         pa.field("gate", pa.string()),  # why the crop is not released as a panel; null: it passes
         pa.field("ink", pa.float32()),  # share of the crop's pixels that differ from its background
         pa.field("text_run", pa.float32()),  # the shorter longest run of inked rows/columns, in glyph heights
+        # what the crop is reused by (image sha256, box, crop settings and version), added with
+        # reuse; null in tables written before it: those crops are cut again
+        pa.field("fingerprint", pa.string()),
     ]
 )
 

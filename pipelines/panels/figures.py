@@ -11,8 +11,9 @@ in the caption; the decision is its second opinion (``choose``: consensus, or th
 method) and its fallback (a detector that finds nothing). The printed labels read by the
 decision fill the ``label`` column whichever method's boxes are kept. The rest keep the
 decision's answer (one panel, or a recorded reason such as ``uniform image``). Images
-unchanged since the previous release or the partition's last run (same sha256, same settings:
-``figure_key``) keep their panels.
+unchanged since the previous release or the partition's last run keep their panels: the same
+bytes, caption, figure kind and settings (``figure_key``, everything the decision reads); error
+rows are decided again, as every model stage retries its errors.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ CONSENSUS_MIN = 0.7  # figure agreement from which both methods' panels merge in
 # The panel logic's version: bump it when a change to how figures are split (layout, detector use,
 # post-processing) changes the panels of the same image, so reruns and new releases split it again.
 PANELS_VERSION = "1"
-FIGURES_PER_BATCH = 512  # figure images per batch of the loop: one detector pool (a model load) and one checkpoint each
+# Figure images per batch of the loop: one detector pool (a Ray Data actor pool: actors start and
+# load the model) and one checkpoint each. Starting a pool cost 8-9 s on 2 CPU cores with the tiny
+# detector (docs/architecture.md), about what the H200 spends detecting 200 figures (22.9 figures/s),
+# so batches are large: a batch holds decisions, never images, and a kill loses at most one batch.
+FIGURES_PER_BATCH = 2048
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,17 @@ def figure_images(lake: Lake, release: str, shard: str) -> list[FigureImage]:
     return items
 
 
-def figure_key(sha256: str | None, settings: str) -> str | None:
-    """What a figure image's result is reused by: its bytes (sha256) and the settings
-    fingerprint it was made with (``panel_figures.settings``)."""
-    return fingerprint({"sha256": sha256, "settings": settings}) if sha256 else None
+def figure_key(figure: FigureImage, settings: str) -> str | None:
+    """What a figure image's result is reused by (``panel_figures.fingerprint``): everything the
+    decision reads — the image's bytes (sha256), its figure's caption (its label set says how
+    many panels to expect, and the panels' texts are cut from it), the concept stage's figure
+    kind — and the settings fingerprint. None (never reused) when the image has no bytes."""
+    ref = figure.ref
+    if not ref["sha256"]:
+        return None
+    return fingerprint(
+        {"sha256": ref["sha256"], "caption": ref["caption"], "panel_type": ref["panel_type"], "settings": settings}
+    )
 
 
 def needs_detector(panel_type: str | None, layout_panels: int, caption_labels: int) -> bool:
@@ -209,6 +221,7 @@ def figure_rows(
         "threshold": detector.threshold if detector else None,
         "synthetic": bool(detector and detector.synthetic),
         "settings": settings.fingerprint,
+        "fingerprint": figure_key(figure, settings.fingerprint),
     }
     if layout.reason is not None:
         # the decoder refused it, or the decision failed: an error, not a skip

@@ -1,6 +1,7 @@
 """The panels stage: every figure image of a (release, shard) split into panels, with its caption
 split by panel label, in the loop every model stage runs (``pipelines.model_stage``: reuse by
-sha256 and settings from the previous release then the partition's own rows, batches, progress,
+the image's bytes, caption and settings from the previous release then the partition's own rows,
+batches, progress,
 checkpoints where a detector runs, one commit). How a figure is split, and when the detector
 looks: ``pipelines.panels.figures``. The panels' crops: ``pipelines.panels.crops``.
 """
@@ -76,21 +77,17 @@ class PanelStage(ModelStage):
         return self.settings.fingerprint
 
     def items(self, lake: Lake, partition: Partition) -> list[Item]:
-        self.lake, self.sent_to_detector, self.carried_errors = lake, 0, 0
+        self.lake, self.sent_to_detector = lake, 0
         self.ocr = get_reader(self.settings.ocr)  # fails the run, not the figures, when the engine is missing
         fp = self.settings_fingerprint()
         return [
-            Item(f"{f.ref['pmcid']} {f.ref['image_file']}", figure_key(f.ref["sha256"], fp), f, ref=f.ref)
+            Item(f"{f.ref['pmcid']} {f.ref['image_file']}", figure_key(f, fp), f, ref=f.ref)
             for f in figure_images(lake, partition.release, partition.shard)
         ]
 
-    def reuse_key(self, row: dict) -> str | None:
-        return figure_key(row["sha256"], row["settings"])
-
     def carried(self, item: Item, row: dict, panels: list[dict]) -> Outcome:
-        # the row of an image with the same bytes: this image's names (the same image may be in two figures)
+        # the row of an image with the same bytes and caption: this image's names (an image may be in two figures)
         names = {k: item.data.ref[k] for k in ("pmcid", "fig_id", "image_file")}
-        self.carried_errors += row["status"] == "error"  # a refused image is refused again: kept as it was
         return Outcome({**row, **names}, [{**p, **names} for p in panels])
 
     def prepare(self, item: Item, data: bytes) -> tuple[FigureSplit | None, str | None]:
@@ -117,9 +114,6 @@ class PanelStage(ModelStage):
         captions = [caption_rows(i.data, o.children) for i, o in zip(run.items, run.outcomes, strict=True)]
         return {Table.PANEL_CAPTIONS: [row for rows in captions for row in rows]}
 
-    def run_version(self, run: ModelRun) -> None:
-        return None  # the tables' digest: panel_captions follow the caption, which the reuse key does not hold
-
     def summarize(self, partition: Partition, run: ModelRun) -> StageResult:
         return panels_result(self, partition, run)
 
@@ -135,12 +129,13 @@ def panels_result(stage: PanelStage, partition: Partition, run: ModelRun) -> Sta
     matching = sum(1 for f in with_labels if f["caption_labels"] == f["n_panels"])
     agreements = Counter(figure_agreement(f["n_panels"], f["caption_labels"] or 0) for f in figures if f["n_panels"])
     detector = stage.settings.detector
-    skipped = run.carried - stage.carried_errors  # a carried error is an error (once), not a skip
+    skipped = run.carried  # error rows are never carried: they are decided again
     result = stage.result(
         partition,
         ok=len(figures) - len(errors) - skipped,
         error=len(errors),
         skipped=skipped,
+        carried=run.carried,
         counts={
             "images": len(figures),
             **{f"status_{k}": v for k, v in sorted(statuses.items())},

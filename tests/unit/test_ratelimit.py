@@ -71,4 +71,7 @@ def test_ftp_logins_are_requests_the_mirror_sees_at_the_rate(tmp_path):
     kinds = [method for _, method, _ in plan.log]
     assert kinds.count("LOGIN") == 6 and kinds.count("RETR") == 6
     assert transport.requests == 12  # every request the mirror saw took a slot
-    assert densest_window([t for t, _, _ in plan.log])[0] <= 3
+    # the server logs a request when its thread handles it, up to a scheduling delay after the slot
+    # (on a loaded machine, a fraction of a second): no 0.75 s window holds more than the rate, which
+    # the bug this guards against (four connections within milliseconds) breaks by far
+    assert densest_window([t for t, _, _ in plan.log], width=0.75)[0] <= 3
