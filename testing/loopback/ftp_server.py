@@ -18,6 +18,7 @@ import os
 import threading
 
 from pyftpdlib.authorizers import DummyAuthorizer
+from pyftpdlib.filesystems import AbstractedFS
 from pyftpdlib.handlers import FTPHandler
 from pyftpdlib.handlers.ftp.producers import FileProducer
 from pyftpdlib.servers import ThreadedFTPServer
@@ -38,6 +39,23 @@ class _DroppingFile(io.BytesIO):
         if self.tell() >= self.cut:
             raise OSError(errno.ECONNRESET, "connection reset by peer")
         return super().read(min(size if size > 0 else self.cut, self.cut - self.tell()))
+
+
+class _FolderCheckingFS(AbstractedFS):
+    """pyftpdlib's ``chdir`` changes the process's working directory to the client's folder (its CWD
+    handler changes it back). From the server's threads, with several clients at once, two of them
+    interleave and leave the whole process in a mirror folder, which pytest removes when the test
+    has passed: every later ``os.getcwd()`` of that process fails. Check the folder instead, with
+    the errors ``os.chdir`` would raise, and leave the process where it is."""
+
+    def chdir(self, path: str) -> None:
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        if not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        self.cwd = self.fs2ftp(path)
 
 
 class FtpLoopbackServer(LoopbackServer):
@@ -88,6 +106,7 @@ class FtpLoopbackServer(LoopbackServer):
                 return super().ftp_RETR(file)
 
         Handler.authorizer = authorizer
+        Handler.abstracted_fs = _FolderCheckingFS
         Handler.banner = "PanelForge loopback FTP"
         Handler.passive_ports = None
         ftp_log = logging.getLogger("pyftpdlib")

@@ -85,6 +85,37 @@ def test_ftp_source_gives_the_same_files(lake, ftp_server, tmp_path):
     assert {p: _images(f) for p, f in found.items()} == {p: _images(f) for p, f in cloud_found.items()}
 
 
+def test_ftp_clients_changing_folders_at_once_leave_the_process_where_it_was(ftp_server, legacy_mirror):
+    """Eight clients CWD at once, 25 times each, into folders of the mirror and into one that is not
+    there. pyftpdlib's own CWD changes the process's working directory and back, so threads racing
+    left the process in a mirror folder (which pytest later removed: every getcwd() after failed)."""
+    import ftplib
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = sorted(p.name for p in legacy_mirror.iterdir() if p.is_dir())
+    assert folders
+    host, port = ftp_server._server.address[:2]
+
+    def client(i: int) -> list[str]:
+        replies = []
+        with ftplib.FTP() as ftp:
+            ftp.connect(host, port, timeout=30)
+            ftp.login()
+            for j in range(25):
+                replies.append(ftp.cwd(f"/{folders[(i + j) % len(folders)]}")[:3])
+                try:
+                    ftp.cwd("/no-such-folder")
+                except ftplib.error_perm as exc:
+                    replies.append(str(exc)[:3])
+        return replies
+
+    before = os.getcwd()
+    with ThreadPoolExecutor(8) as pool:
+        replies = [r for rs in pool.map(client, range(8)) for r in rs]
+    assert os.getcwd() == before
+    assert replies.count("250") == replies.count("550") == 8 * 25
+
+
 def test_rerun_of_complete_partitions_makes_no_request_and_changes_nothing(lake, s3_server):
     with source_for(s3_server.url) as source:
         inventory, _ = run_release(lake, source, "2026")
