@@ -234,7 +234,8 @@ def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLaunche
         pass  # a text tower's config that is not at hand here: the job checks on its own machine
 
 
-# the run's fields a person may set; unset (None), each keeps the preset's value
+# the run's fields a person may set; unset (None), each keeps the preset's value (model: ViT-L-14;
+# pretrained: zoom-in BMC-CLIP, region-aware CommonPool)
 PRESET_KEYS = ("model", "pretrained", "steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device",
                "precision", "checkpoint_every", "log_every", "wise_ft_alpha")  # fmt: skip
 _MULTILEVEL_HINTS = typing.get_type_hints(MultilevelConfig)
@@ -244,8 +245,7 @@ _MultilevelJobSettings = config_from(
     fields=("preset", "allow_random_init", *PRESET_KEYS, "seed"),
     overrides={
         "preset": (str, "zoom-in"),
-        **{k: (_MULTILEVEL_HINTS[k] | None, None) for k in PRESET_KEYS},  # model None: the preset's (ViT-L-14);
-        # pretrained None: the preset's (zoom-in: BMC-CLIP; region-aware: CommonPool)
+        **{k: (_MULTILEVEL_HINTS[k] | None, None) for k in PRESET_KEYS},
     },
     module=__name__,
 )
