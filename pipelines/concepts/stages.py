@@ -130,6 +130,7 @@ class EmbedStage(Stage):
             ok=embedded.embedded - embedded.errors,
             error=embedded.errors,
             skipped=embedded.carried,
+            carried=embedded.carried,
             counts={
                 "model": self.config.model_label,
                 "synthetic_model": self.config.synthetic,

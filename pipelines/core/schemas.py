@@ -318,6 +318,9 @@ PANEL_CROPS = pa.schema(
         pa.field("gate", pa.string()),  # why the crop is not released as a panel; null: it passes
         pa.field("ink", pa.float32()),  # share of the crop's pixels that differ from its background
         pa.field("text_run", pa.float32()),  # the shorter longest run of inked rows/columns, in glyph heights
+        # what the crop is reused by (image sha256, box, crop settings and version), added with
+        # reuse; null in tables written before it: those crops are cut again
+        pa.field("fingerprint", pa.string()),
     ]
 )
 

@@ -210,6 +210,9 @@ class StageResult:
     ok: int = 0
     error: int = 0
     skipped: int = 0
+    # of ``skipped``, the items carried from an earlier run or release: they succeeded then, so
+    # they count among the tried items of the error rate (see :attr:`error_rate`)
+    carried: int = 0
     bytes: int = 0
     seconds: float = 0.0
     counts: dict[str, object] = field(default_factory=dict)
@@ -227,8 +230,11 @@ class StageResult:
 
     @property
     def error_rate(self) -> float:
-        """Failed items among the items the stage tried (skipped ones do not count)."""
-        tried = self.ok + self.error
+        """Failed items among the items the stage tried, carried ones included: errors are never
+        carried (every run tries them again), so without the carried items a rerun that carries
+        999 results and fails one bad image again would report a 100 % error rate and block
+        what reads the partition. Items skipped by rule do not count."""
+        tried = self.ok + self.error + self.carried
         return self.error / tried if tried else 0.0
 
     def add_errors(self, rows: Iterable[dict], item: str, reason: str) -> None:

@@ -225,6 +225,7 @@ def longcap_result(stage: LongCapStage, partition: Partition, run: ModelRun) -> 
         ok=len(rows) - len(errors) - run.carried,
         error=len(errors),
         skipped=run.carried,
+        carried=run.carried,
         counts=counts,
         previews={"preview": Preview(rows, ["pmcid", "image_file", "status", "reason", "tokens_after"])},
         checks=[

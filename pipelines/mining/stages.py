@@ -129,6 +129,7 @@ def mining_result(stage: MiningStage, partition: Partition, run: ModelRun) -> St
         ok=len(mined),
         error=len(run.errors),
         skipped=run.carried,
+        carried=run.carried,
         counts={
             "images": len(figures),
             "carried": run.carried,

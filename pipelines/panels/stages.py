@@ -135,6 +135,7 @@ def panels_result(stage: PanelStage, partition: Partition, run: ModelRun) -> Sta
         ok=len(figures) - len(errors) - skipped,
         error=len(errors),
         skipped=skipped,
+        carried=run.carried,
         counts={
             "images": len(figures),
             **{f"status_{k}": v for k, v in sorted(statuses.items())},

@@ -127,12 +127,13 @@ def test_a_rerun_reuses_every_figure_from_the_partition_and_from_the_previous_re
     assert len(made) == images
 
 
-def _next_release(lake, shard: str, release: str = "2027", edit=None) -> None:
-    """The next release of ``shard``: this release's figures (each passed to ``edit``) and raw files."""
+def _next_release(lake, shard: str, release: str = "2027", edit=None, tables=("figures", "raw_files")) -> None:
+    """The next release of ``shard``: this release's ``tables`` (figures, each passed to ``edit``,
+    and raw files)."""
     import os
     import shutil
 
-    for table in ("figures", "raw_files"):
+    for table in tables:
         dst = lake.table_path(table, release, shard)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copyfile(lake.table_path(table, RELEASE, shard), dst)
@@ -195,6 +196,31 @@ def test_an_error_row_is_tried_again_on_the_next_run(tmp_path, monkeypatch):
     images = len(copy.read_table("panel_figures", RELEASE, shard))
     assert made == refused and again.error == 0 and again.ok == 1 and again.counts["carried"] == images - 1
     assert "error" not in {f["status"] for f in copy.read_table("panel_figures", RELEASE, shard).to_pylist()}
+
+
+def test_a_rerun_that_fails_the_same_image_again_is_not_a_systematic_failure(tmp_path, monkeypatch):
+    """An image that fails on every run is tried again on every rerun, while the rest is carried:
+    the error rate counts the carried figures among the tried ones (1 failed of every image, not
+    1 of 1), so one bad image does not block what reads the partition."""
+    from pipelines.panels import stages
+    from pipelines.panels.inputs import FigureSplit
+
+    copy = sample_lake(tmp_path, RELEASE)
+    shard = SHARDS[1]
+    real, bad = stages.figure_decision, []
+
+    def refuse_one(data, caption=None, **kwargs):
+        if not bad or bad[0] == data:
+            bad[:1] = [data]
+            return FigureSplit(reason="unreadable image: this one always fails")
+        return real(data, caption, **kwargs)
+
+    monkeypatch.setattr(stages, "figure_decision", refuse_one)
+    first = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    again = PanelStage(PanelSettings()).run(copy, Partition(RELEASE, shard))
+    images = len(copy.read_table("panel_figures", RELEASE, shard))
+    assert (first.error, again.error, again.ok, again.counts["carried"]) == (1, 1, 0, images - 1)
+    assert again.error_rate == pytest.approx(first.error_rate) == pytest.approx(1 / images)
 
 
 def test_an_image_in_two_figures_is_carried_under_each_name(tmp_path):
@@ -302,6 +328,202 @@ def test_a_crops_tar_and_its_index_are_published_together(lake, tmp_path, monkey
     assert after == before
     for crop in after:
         assert hashlib.sha256(read_raw_file(copy, crop)).hexdigest() == crop["sha256"]
+
+
+@pytest.fixture(scope="module")
+def paneled(tmp_path_factory):
+    """A sample lake whose first shard has its panels (40 panels of 15 images) and no crops yet."""
+    lake = sample_lake(tmp_path_factory.mktemp("paneled"), RELEASE)
+    PanelStage(PanelSettings()).run(lake, Partition(RELEASE, SHARDS[0]))
+    return lake
+
+
+def _lake_copy(lake, tmp_path):
+    import shutil
+
+    from pipelines.core.lake import Lake
+
+    return Lake(shutil.copytree(lake.root, tmp_path / "lake"))
+
+
+def _counting_cuts(monkeypatch) -> dict[str, list]:
+    """Every image the crops stage decodes (its bytes' sha256) and every box it cuts, from now on."""
+    import hashlib
+
+    from pipelines.panels import crops
+
+    seen: dict[str, list] = {"decoded": [], "cut": []}
+    decode, cut = crops.decode_image, crops.crop_panel
+
+    def decoded(data, *args, **kwargs):
+        seen["decoded"].append(hashlib.sha256(data).hexdigest())
+        return decode(data, *args, **kwargs)
+
+    def counted(image, box):
+        seen["cut"].append(tuple(box))
+        return cut(image, box)
+
+    monkeypatch.setattr(crops, "decode_image", decoded)
+    monkeypatch.setattr(crops, "crop_panel", counted)
+    return seen
+
+
+def _crops(lake, release: str, shard: str) -> tuple[list[dict], bytes]:
+    """The ``panel_crops`` rows of a partition and its tar's bytes."""
+    from pipelines.panels.crops import crops_tar
+
+    with open(crops_tar(lake, release, shard), "rb") as fh:
+        return lake.read_table("panel_crops", release, shard).to_pylist(), fh.read()
+
+
+def _cut_afresh(lake, release: str, shard: str, tmp_path) -> tuple[list[dict], bytes]:
+    """What cutting every crop of the partition again (nothing reused) writes: rows and tar bytes."""
+    import tarfile
+
+    import pyarrow as pa
+
+    from pipelines.core.rawstore import RawReader
+    from pipelines.core.schemas import PANEL_CROPS
+    from pipelines.images.gate import GateSettings
+    from pipelines.panels.crops import crops_tar, cut_crops
+
+    panels = lake.read_table("panels", release, shard).to_pylist()
+    files = lake.read_table("raw_files", release, shard).to_pylist()
+    path = tmp_path / "afresh.tar"
+    relative = lake.relative(crops_tar(lake, release, shard))
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar, RawReader(lake) as reader:
+        cut = cut_crops(panels, files, tar, reader, relative, GateSettings())
+    rows = pa.Table.from_pylist(cut.rows, schema=PANEL_CROPS).to_pylist()  # as stored: float32 measures
+    return rows, path.read_bytes()
+
+
+def _by_image(panels: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    found: dict[tuple[str, str], list[dict]] = {}
+    for p in panels:
+        found.setdefault((p["pmcid"], p["image_file"]), []).append(p)
+    return found
+
+
+def test_a_rerun_of_panel_crops_cuts_nothing_and_writes_the_same_bytes(paneled, tmp_path, monkeypatch):
+    """The one reuse rule: a rerun carries every crop from the partition's own rows (no image read,
+    no crop cut) and writes the same rows and the same tar, byte for byte; the next release with the
+    same figures carries every crop from this one, its bytes copied into its own tar."""
+    from pipelines.images.gate import GateSettings
+
+    copy, shard = _lake_copy(paneled, tmp_path), SHARDS[0]
+    panels = copy.read_table("panels", RELEASE, shard).to_pylist()
+    first = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    assert first.ok == len(panels) == 40 and first.skipped == first.counts["carried"] == 0
+    rows, tar = _crops(copy, RELEASE, shard)
+    assert all(r["fingerprint"] for r in rows)
+    seen = _counting_cuts(monkeypatch)
+    again = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    assert seen == {"decoded": [], "cut": []}
+    assert again.ok == 0 and again.skipped == again.counts["carried"] == 40 and again.error == 0
+    assert _crops(copy, RELEASE, shard) == (rows, tar)
+    assert again.version == first.version and again.counts["gate_passed"] == first.counts["gate_passed"]
+    # the next release, same figures and panels, no crops of its own: every crop carried into its tar
+    _next_release(copy, shard, tables=("figures", "raw_files", "panels"))
+    following = PanelCropsStage().run(copy, Partition("2027", shard))
+    assert seen == {"decoded": [], "cut": []} and following.skipped == 40 and following.ok == 0
+    next_rows, next_tar = _crops(copy, "2027", shard)
+    assert next_tar == tar  # the same members, names and bytes
+    assert next_rows == [{**r, "tar_path": f"panels/release=2027/shard={shard}/crops.tar"} for r in rows]
+    # other gate settings (the verdict is in the row): every crop cut again, from each image once
+    PanelCropsStage(GateSettings(min_side=65)).run(copy, Partition("2027", shard))
+    assert len(seen["cut"]) == 40 and len(seen["decoded"]) == len(_by_image(panels)) == 15
+
+
+def test_earlier_crops_that_cannot_be_trusted_are_cut_again(paneled, tmp_path, monkeypatch):
+    """A crop is carried only with the bytes its row recorded: one whose bytes in the earlier tar
+    changed is cut again (and only that one), and rows written before the fingerprint column
+    reuse nothing. Either way the rows and the tar are what cutting again writes."""
+    from pipelines.panels.crops import crops_tar
+
+    copy, shard = _lake_copy(paneled, tmp_path), SHARDS[0]
+    PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    rows, tar = _crops(copy, RELEASE, shard)
+    damaged = rows[3]
+    with open(crops_tar(copy, RELEASE, shard), "r+b") as fh:  # one byte of the fourth crop flipped
+        fh.seek(damaged["offset"] + damaged["size"] // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    seen = _counting_cuts(monkeypatch)
+    again = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    assert seen["cut"] == [_box_of(copy, damaged)] and again.ok == 1
+    assert again.skipped == 39 and _crops(copy, RELEASE, shard) == (rows, tar)
+    copy.write_table("panel_crops", RELEASE, shard, [{**r, "fingerprint": None} for r in rows])
+    again = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    assert len(seen["cut"]) == 1 + 40 and again.ok == 40 and again.skipped == 0
+    assert _crops(copy, RELEASE, shard) == (rows, tar)
+
+
+def _box_of(lake, crop: dict) -> tuple[int, int, int, int]:
+    """The box of ``crop``'s panel, read from the ``panels`` table."""
+    (panel,) = [
+        p
+        for p in lake.read_table("panels", RELEASE, SHARDS[0]).to_pylist()
+        if (p["pmcid"], p["image_file"], p["panel_index"]) == (crop["pmcid"], crop["image_file"], crop["panel_index"])
+    ]
+    return (panel["x1"], panel["y1"], panel["x2"], panel["y2"])
+
+
+def test_a_changed_image_or_box_is_cut_again_and_the_rest_carried(paneled, tmp_path, monkeypatch):
+    """In the next release one image has other bytes (another figure's) and one panel another box:
+    exactly those crops are cut again, from the new bytes; the rows and the tar are what cutting
+    every crop again writes."""
+    copy, shard = _lake_copy(paneled, tmp_path), SHARDS[0]
+    PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    panels = copy.read_table("panels", RELEASE, shard).to_pylist()
+    images = _by_image(panels)
+    (a, a_panels), (b, _) = sorted(images.items(), key=lambda kv: -len(kv[1]))[:2]  # a: 5 panels
+    files = copy.read_table("raw_files", RELEASE, shard).to_pylist()
+    source = next(f for f in files if (f["pmcid"], f["name"]) == b)
+    _next_release(copy, shard, tables=("figures", "raw_files", "panels"))
+    moved = [
+        {**f, **{k: source[k] for k in ("tar_path", "offset", "size", "sha256")}} if (f["pmcid"], f["name"]) == a else f
+        for f in files
+    ]
+    copy.write_table("raw_files", "2027", shard, moved)
+    c = next(p for key, ps in images.items() if key not in (a, b) for p in ps)  # a panel of a third image
+    copy.write_table("panels", "2027", shard, [{**p, "x2": p["x2"] - 1} if p == c else p for p in panels])
+    c_sha = next(f["sha256"] for f in files if (f["pmcid"], f["name"]) == (c["pmcid"], c["image_file"]))
+    seen = _counting_cuts(monkeypatch)
+    following = PanelCropsStage().run(copy, Partition("2027", shard))
+    a_boxes = [(p["x1"], p["y1"], p["x2"], p["y2"]) for p in a_panels]
+    assert sorted(seen["cut"]) == sorted([*a_boxes, (c["x1"], c["y1"], c["x2"] - 1, c["y2"])])
+    assert sorted(seen["decoded"]) == sorted([source["sha256"], c_sha])  # each image read once
+    assert following.ok == len(a_panels) + 1 and following.skipped == 40 - following.ok
+    assert _crops(copy, "2027", shard) == _cut_afresh(copy, "2027", shard, tmp_path)
+
+
+def test_an_image_the_crops_stage_could_not_decode_is_tried_again(paneled, tmp_path, monkeypatch):
+    """An image that failed leaves no row, so nothing of it is carried: the rerun decodes it again
+    and cuts its panels, and carries every other crop."""
+    from pipelines.panels import crops
+
+    copy, shard = _lake_copy(paneled, tmp_path), SHARDS[0]
+    real, refused = crops.decode_image, []
+
+    def refuse_first(data, *args, **kwargs):
+        if not refused:
+            refused.append(data)
+            return None, "unreadable image: refused once by the test"
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(crops, "decode_image", refuse_first)
+    first = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    panels = copy.read_table("panels", RELEASE, shard).to_pylist()
+    (failed, failed_panels), *_ = sorted(_by_image(panels).items())  # images are cut in (pmcid, image_file) order
+    assert first.errors == [(f"{failed[0]} {failed[1]}", "unreadable image: refused once by the test")]
+    assert first.error == len(failed_panels) and first.ok == 40 - len(failed_panels)
+    monkeypatch.setattr(crops, "decode_image", real)
+    seen = _counting_cuts(monkeypatch)
+    again = PanelCropsStage().run(copy, Partition(RELEASE, shard))
+    assert len(seen["decoded"]) == 1 and len(seen["cut"]) == len(failed_panels) == again.ok
+    assert again.error == 0 and again.skipped == 40 - len(failed_panels) and not again.errors
+    assert _crops(copy, RELEASE, shard) == _cut_afresh(copy, RELEASE, shard, tmp_path)
 
 
 def test_the_panel_assets_through_dagster(lake, tmp_path):

@@ -79,7 +79,7 @@ def test_every_asset_is_a_stage_of_its_level():
 
 
 class _Counting(Stage):
-    """A stage that counts three items: two fine, one failed, one carried over."""
+    """A stage that counts five items: two fine, one failed, one carried over, one skipped by rule."""
 
     name = "counting"
     level = SHARD
@@ -87,7 +87,7 @@ class _Counting(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         lake.write_table("raw_manifest", partition.release, partition.shard, [])
-        return self.result(partition, ok=2, error=1, skipped=1, errors=[("PMC1", "broken")])
+        return self.result(partition, ok=2, error=1, skipped=2, carried=1, errors=[("PMC1", "broken")])
 
 
 def test_run_checks_the_level_times_and_refreshes_the_catalog(tmp_path):
@@ -95,8 +95,9 @@ def test_run_checks_the_level_times_and_refreshes_the_catalog(tmp_path):
     with pytest.raises(ValueError, match="runs per shard"):
         _Counting().run(lake, Partition("2026"))
     result = _Counting().run(lake, Partition("2026", "000"))
-    assert (result.ok, result.error, result.skipped, result.items) == (2, 1, 1, 4)
-    assert result.error_rate == pytest.approx(1 / 3)  # carried items were not tried
+    assert (result.ok, result.error, result.skipped, result.items) == (2, 1, 2, 5)
+    # one failed of four: the carried item succeeded in an earlier run, the rule-skipped one was not tried
+    assert result.error_rate == pytest.approx(1 / 4)
     assert result.seconds > 0 and lake.exists(lake.path("catalog.duckdb"))
     assert result.summary()["items_error"] == 1
 
