@@ -52,7 +52,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
     def error_row(pmcid: str, error: str) -> dict:
         row = {name: None for name in ARTICLES.names}
         row.update(pmcid=pmcid, keywords=[], subjects=[], parse_status="error", parse_error=error)
-        return row
+        return row  # fingerprint None: the baseline keeps no reuse key
 
     manifest = lake.read_table("raw_manifest", release, shard)
     files_by_article: dict[str, dict[str, dict]] = defaultdict(dict)
@@ -91,7 +91,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
                 phash=[i["phash"] for i in info],
                 image_errors=[i["error"] for i in info],
             )
-        tables["articles"].append({**parsed.article, "parse_status": "ok", "parse_error": None})
+        tables["articles"].append({**parsed.article, "parse_status": "ok", "parse_error": None, "fingerprint": None})
         tables["figures"].extend(parsed.figures)
         tables["mentions"].extend(parsed.mentions)
         tables["other_graphics"].extend(parsed.other_graphics)
@@ -103,7 +103,7 @@ def parse_shard_in_memory(lake, release: str, shard: str, previous_release: str 
 def streaming(lake, release: str, shard: str, previous_release: str | None) -> dict[str, int]:
     from pipelines.parse.shard import parse_shard
 
-    result = parse_shard(lake, release, shard, previous_release)
+    result = parse_shard(lake, release, shard)  # finds the previous release's rows itself
     return {"articles": result.articles, "figures": result.figures}
 
 
@@ -120,13 +120,15 @@ def build_sample_lake(root: Path):
 
 def replicate(lake, copies: int, release: str, status: str) -> int:
     """Write shard ``000`` of ``release``: ``copies`` copies of every sample article under new
-    PMCIDs, pointing at the sample's tar members. Returns the number of articles."""
+    PMCIDs, pointing at the sample's tar members. Returns the number of articles. The PMCIDs
+    depend on ``copies``, so a shard of another size holds none of them (parsing reuses an
+    article's rows from any earlier release with the same PMCID and bytes)."""
     manifest = lake.read_release("raw_manifest", RELEASE).to_pylist()
     files = lake.read_release("raw_files", RELEASE).to_pylist()
     manifest_rows, file_rows = [], []
     for copy in range(copies):
         for index, article in enumerate(manifest):
-            new = f"PMC{90_000_000 + copy * 1000 + index}"
+            new = f"PMC{90_000_000 + copies * 100_000 + copy * 1000 + index}"
             manifest_rows.append({**article, "pmcid": new, "status": status})
             file_rows += [{**f, "pmcid": new} for f in files if f["pmcid"] == article["pmcid"]]
     lake.write_table("raw_manifest", release, "000", manifest_rows)

@@ -2,9 +2,14 @@
 
 Work is never lost or repeated:
 
-* an article already complete in this partition (an earlier run) is kept as is — no request;
-* an article unchanged since the previous release is *carried*: its manifest and file index
-  rows point at the previous release's tar — no request, no copy;
+* every stored article is keyed by :func:`~pipelines.acquire.inventory.listing_fingerprint` of the
+  listing it was fetched for (``raw_manifest.fingerprint``), and looked up where every stage looks
+  (:func:`~pipelines.core.stage.reuse_releases`: the previous release, then this partition, whose
+  rows win);
+* an article already complete in this partition with the listing's key (an earlier run) is kept
+  as is — no request;
+* an article stored by the previous release with the listing's key (unchanged since) is *carried*:
+  its manifest and file index rows point at the previous release's tar — no request, no copy;
 * both are trusted only after :func:`verify_raw` finds their tar and bytes as recorded; an
   article whose tar vanished or whose bytes changed is fetched again (only that article);
 * every other article is fetched into the partition's staging directory (kept across runs,
@@ -24,11 +29,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from pipelines.acquire.inventory import listing_fingerprint
 from pipelines.acquire.layouts import StagedArticle
 from pipelines.acquire.source import PmcSource
 from pipelines.core.lake import Lake
 from pipelines.core.rawstore import verify_raw, write_part
-from pipelines.core.stage import Progress
+from pipelines.core.stage import Partition, Progress, reuse_releases
 from pipelines.net.retry import PermanentError, SourceUnavailableError
 
 log = logging.getLogger(__name__)
@@ -70,9 +76,43 @@ def _manifest_row(record: dict, status: str, **extra) -> dict:
         "md5": [],
         "dropped": [],
         "fetched_in_release": None,
+        "fingerprint": listing_fingerprint(record),
     }
     row.update(extra)
     return row
+
+
+def _stored_key(row: dict, listed: dict | None) -> str | None:
+    """The key a stored article is reused by: its ``fingerprint``; None for an error (fetched
+    again). A row written before the key was stored gets it from the listing of its own release
+    (``listed``), which it was fetched or carried for, when that lists the same version."""
+    if row["status"] not in DONE:
+        return None
+    if row["fingerprint"]:
+        return row["fingerprint"]
+    if listed and listed["version"] == row["version"] and not listed["retracted"] and not listed["error"]:
+        return listing_fingerprint(listed)
+    return None
+
+
+def stored_articles(
+    lake: Lake, release: str, shard: str, inventory: list[dict]
+) -> dict[str, tuple[str, dict, list[dict]]]:
+    """key: (release, manifest row, file rows) of every article stored where every stage looks
+    for results to reuse (the previous release, then this partition: a later one wins), with the
+    same key as the listing (:func:`_stored_key`). ``inventory`` is this release's listing."""
+    found: dict[str, tuple[str, dict, list[dict]]] = {}
+    for source in reuse_releases(lake, ("raw_manifest", "raw_files"), Partition(release, shard)):
+        rows = _rows(lake.read_table("raw_manifest", source, shard))
+        listed: dict[str, dict] = {}
+        if any(not r["fingerprint"] for r in rows):  # a lake written before the key was stored
+            listing = inventory if source == release else _rows(lake.read_table("inventory", source, shard))
+            listed = {r["pmcid"]: r for r in listing}
+        files = _by_pmcid(_rows(lake.read_table("raw_files", source, shard)))
+        for row in rows:
+            if key := _stored_key(row, listed.get(row["pmcid"])):
+                found[key] = (source, row, files.get(row["pmcid"], []))
+    return found
 
 
 def acquire_shard(
@@ -81,7 +121,6 @@ def acquire_shard(
     release: str,
     shard: str,
     inventory: list[dict],
-    previous_release: str | None,
     concurrency: int = 4,
 ) -> ShardResult:
     """Bring the raw layer of (``release``, ``shard``) up to date with ``inventory``.
@@ -90,13 +129,7 @@ def acquire_shard(
     left as they were and the articles fetched so far stay staged, so the rerun does not fetch
     them again.
     """
-    existing = {r["pmcid"]: r for r in _rows(lake.read_table("raw_manifest", release, shard))}
-    existing_files = _by_pmcid(_rows(lake.read_table("raw_files", release, shard)))
-    prev_manifest: dict[str, dict] = {}
-    prev_files: dict[str, list[dict]] = {}
-    if previous_release:
-        prev_manifest = {r["pmcid"]: r for r in _rows(lake.read_table("raw_manifest", previous_release, shard))}
-        prev_files = _by_pmcid(_rows(lake.read_table("raw_files", previous_release, shard)))
+    stored = stored_articles(lake, release, shard, inventory)
 
     result = ShardResult()
     manifest: dict[str, dict] = {}
@@ -111,23 +144,23 @@ def acquire_shard(
         if record["error"]:
             manifest[pmcid] = _manifest_row(record, "error", error=record["error"])
             continue
-        done = existing.get(pmcid)
-        if done and done["status"] in DONE and done["version"] == record["version"]:
-            manifest[pmcid], files[pmcid] = done, existing_files.get(pmcid, [])
-            trusted[pmcid] = (record, "already_done")
+        key = listing_fingerprint(record)
+        if key not in stored:
+            to_fetch.append(record)
             continue
-        prev = prev_manifest.get(pmcid)
-        if record["change"] == "unchanged" and prev and prev["status"] in DONE:
+        stored_in, row, files[pmcid] = stored[key]
+        if stored_in == release:
+            manifest[pmcid] = {**row, "fingerprint": key}
+            trusted[pmcid] = (record, "already_done")
+        else:
             manifest[pmcid] = {
-                **prev,
+                **row,
                 "status": "carried",
                 "warning": record.get("warning"),
-                "fetched_in_release": prev["fetched_in_release"] or previous_release,
+                "fetched_in_release": row["fetched_in_release"] or stored_in,
+                "fingerprint": key,
             }
-            files[pmcid] = prev_files.get(pmcid, [])
             trusted[pmcid] = (record, "carried")
-            continue
-        to_fetch.append(record)
 
     # Trust nothing unchecked: a deleted or damaged tar sends its articles back to be fetched.
     check = verify_raw(lake, [manifest[p] for p in trusted], [f for p in trusted for f in files[p]])
@@ -187,7 +220,9 @@ def acquire_shard(
             fetched.append((record, staged))
 
     if fetched:
-        referenced = {f["tar_path"] for rows_ in (*existing_files.values(), *files.values()) for f in rows_}
+        referenced = {f["tar_path"] for rows_ in files.values() for f in rows_}  # and the tars this partition named
+        for batch in lake.iter_batches("raw_files", release, shard, columns=["tar_path"]):
+            referenced.update(batch["tar_path"].to_pylist())
         rows = write_part(lake, release, shard, fetched, referenced)
         result.new_tar = rows[0]["tar_path"] if rows else None
         new_files = _by_pmcid(rows)

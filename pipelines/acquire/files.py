@@ -14,6 +14,9 @@ from collections.abc import Iterable
 
 from pipelines.images.info import IMAGE_EXTENSIONS
 
+# What a package keeps: bump it when a change to these rules keeps other files of the same package,
+# so every stored article is fetched again (the whole OA subset: do it only when the rows must change).
+KEEP_VERSION = "1"
 XML_EXTENSIONS = {".nxml", ".xml"}
 # Extensions we know are not figures: never fetched from sources that list files individually.
 KNOWN_OTHER = {

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from pipelines.acquire.files import KEEP_VERSION
 from pipelines.acquire.source import PmcSource
+from pipelines.core.fingerprints import fingerprint
 from pipelines.core.partitioning import shard_of
 
 
@@ -17,13 +19,26 @@ class InventoryResult:
     counts: Counter = field(default_factory=Counter)
 
 
-def _same_content(old: dict, new: dict) -> bool:
-    return (
-        old["version"] == new["version"]
-        and old["last_updated"] == new["last_updated"]
-        and list(old["source_paths"]) == list(new["source_paths"])
-        and not old["retracted"]
+def listing_fingerprint(row: dict) -> str:
+    """The key of an article's remote package as the source lists it (an ``inventory`` row or
+    record): its version, last update and file paths, with the rules of what is kept of it
+    (:data:`KEEP_VERSION`). The same key is the same package: the inventory calls the article
+    unchanged, and acquisition reuses the files it stored under that key instead of fetching
+    them (``raw_manifest.fingerprint``). A timestamp counts to the second, as the table keeps it."""
+    updated = row["last_updated"]
+    return fingerprint(
+        {
+            "pmcid": row["pmcid"],
+            "version": row["version"],
+            "last_updated": int(updated.timestamp()) if updated is not None else None,
+            "source_paths": list(row["source_paths"] or []),
+            "kept": KEEP_VERSION,
+        }
     )
+
+
+def _same_content(old: dict, new: dict) -> bool:
+    return listing_fingerprint(old) == listing_fingerprint(new) and not old["retracted"]
 
 
 def build_inventory(

@@ -92,7 +92,6 @@ class AcquireStage(Stage):
             release,
             shard,
             inventory.to_pylist(),
-            previous,
             self.concurrency or self.source.concurrency,
         )
         manifest = shard_result.manifest
@@ -104,6 +103,7 @@ class AcquireStage(Stage):
             ok=counts.get("fetched", 0),
             error=len(errors),
             skipped=skipped,
+            carried=counts.get("carried", 0) + counts.get("already_done", 0),  # stored by an earlier run
             bytes=shard_result.bytes_fetched,
             counts={
                 "articles": len(manifest),

@@ -631,7 +631,8 @@ class Lake:
         self, table: str, release: str, shard: str, batch_rows: int = BATCH_ROWS, columns: list[str] | None = None
     ) -> Iterator[pa.Table]:
         """Yield one partition of ``table`` in tables of at most ``batch_rows`` rows (nothing when
-        it was never written), cast to the table's schema (or its ``columns``)."""
+        it was never written), cast to the table's schema (or its ``columns``). A column the file
+        lacks (written before the column was added) is read as nulls, as :meth:`read_file` does."""
         self.recover(release)
         path = self.table_path(table, release, shard)
         if not self.fs.exists(path):
@@ -640,7 +641,9 @@ class Lake:
         wanted = pa.schema([schema.field(c) for c in columns]) if columns else schema
         with self.fs.open(path, "rb") as fh:
             for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=wanted.names):
-                yield pa.Table.from_batches([batch]).select(wanted.names).cast(wanted)
+                names = batch.schema.names
+                found = [batch.column(f.name) if f.name in names else pa.nulls(batch.num_rows, f.type) for f in wanted]
+                yield pa.Table.from_arrays(found, names=wanted.names).cast(wanted)
                 release_unused()
 
     def read_release(self, table: str, release: str) -> pa.Table:

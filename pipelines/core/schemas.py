@@ -68,6 +68,8 @@ RAW_MANIFEST = pa.schema(
         pa.field("md5", pa.list_(pa.string())),
         pa.field("dropped", pa.list_(pa.string())),
         pa.field("fetched_in_release", pa.string()),
+        # the listing's key (version, last update, paths, keep rules): the stored files are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 
@@ -113,6 +115,8 @@ ARTICLES = pa.schema(
         pa.field("n_figures", pa.int32()),
         pa.field("parse_status", pa.string(), nullable=False),
         pa.field("parse_error", pa.string()),
+        # raw files' bytes + parse limits + parser version: the article's four tables' rows are reused when equal
+        pa.field("fingerprint", pa.string()),
     ]
 )
 

@@ -76,6 +76,24 @@ def _by_key(
     return found
 
 
+def reuse_releases(lake: Lake, tables: tuple[str, ...], partition: Partition, this_release: bool = True) -> list[str]:
+    """Where a stage looks for results to reuse, in order (a later release's rows win): the release
+    before ``partition``'s that has ``tables[0]``, then, with ``this_release``, the partition itself
+    (a rerun). A release is left out unless every table of ``tables`` is there for the shard and
+    they were published by one commit (:meth:`Lake.commit`), so an item's rows in one table are
+    never reused with another run's rows in the next. :func:`reusable_results` reads the rows; a
+    stage whose tables must stream (parsing) reads them itself from the same releases."""
+    previous = lake.previous_release(tables[0], partition.release)
+    releases = [previous] + ([partition.release] if this_release else [])
+    return [
+        release
+        for release in releases
+        if release
+        and all(lake.exists(lake.table_path(t, release, partition.shard)) for t in tables)
+        and same_commit(lake, tables, release, partition.shard)
+    ]
+
+
 def reusable_results(
     lake: Lake,
     table: str,
@@ -88,22 +106,19 @@ def reusable_results(
     """Per-item results an earlier run left that a stage may carry instead of computing again,
     by ``key`` (a fingerprint of the inputs and settings; None: not reusable, e.g. an error).
 
-    The one reuse rule of every stage: read from the previous release with ``table`` and then,
-    with ``this_release``, from this partition itself (a rerun), so a rerun's own rows win. Each
-    row comes with its rows in the ``children`` table with the same ``link`` columns (pmcid and
-    image_file: a figure with its panels or pairs; pair_id: a region pair with its negatives).
-    Rows are used only when both tables were published by the same commit (:meth:`Lake.commit`),
-    so a parent is never reused with another run's children; a killed run's finished items are
-    in :class:`Checkpoints`."""
+    The one reuse rule of every stage: read from the releases :func:`reuse_releases` names, the
+    previous release and then, with ``this_release``, this partition itself (a rerun), so a
+    rerun's own rows win. Each row comes with its rows in the ``children`` table with the same
+    ``link`` columns (pmcid and image_file: a figure with its panels or pairs; pair_id: a region
+    pair with its negatives). Rows are used only when both tables were published by the same
+    commit, so a parent is never reused with another run's children; a killed run's finished
+    items are in :class:`Checkpoints`."""
     found: dict[str, tuple[dict, list[dict]]] = {}
-    previous = lake.previous_release(table, partition.release)
-    releases = [previous] + ([partition.release] if this_release else [])
-    for release in [r for r in releases if r]:
+    tables = (table, children) if children else (table,)
+    for release in reuse_releases(lake, tables, partition, this_release):
         rows = lake.read_table(table, release, partition.shard)
         child_rows = lake.read_table(children, release, partition.shard) if children else None
         if rows is None or (children and child_rows is None):
-            continue
-        if children and not same_commit(lake, (table, children), release, partition.shard):
             continue
         child_list = child_rows.to_pylist() if child_rows is not None else None
         found.update(_by_key(rows.to_pylist(), child_list, key, link))

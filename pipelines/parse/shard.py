@@ -1,13 +1,17 @@
 """Parse every downloaded article of one (release, shard) into the parse tables.
 
-Articles carried over unchanged from the previous release keep their previous rows (no
-re-parse, no image decode). One article's broken XML, an XML over the size limit or a raw file
+An article is parsed once for the same input: its rows are reused, with no re-parse and no image
+decode, from the previous release or an earlier run of this partition (the one reuse rule,
+:func:`pipelines.core.stage.reuse_releases`) when its fingerprint is unchanged: the bytes of its
+raw files, the :class:`ParseLimits` that change rows and :data:`PARSE_VERSION`.
+
+One article's broken XML, an XML over the size limit or a raw file
 that cannot be read (its tar deleted or cut short) is an ``articles`` row with
 ``parse_status = "error"`` and the reason; the rest of the shard is parsed. An image over the
 size limit is not read: the figure's ``image_errors`` say why.
 
 Rows stream to the four tables in batches of ``ParseLimits.batch_rows`` as articles are parsed,
-and carried rows stream from the previous release's partitions batch by batch, so memory is
+and reused rows stream from the partitions they are in batch by batch, so memory is
 bounded by the batch and the largest allowed input, not by the number of articles in the shard.
 """
 
@@ -16,14 +20,16 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.core.errors import UpstreamMissingError
+from pipelines.core.fingerprints import fingerprint
 from pipelines.core.lake import Lake, TableWriter, writer_of
 from pipelines.core.schemas import ARTICLES
+from pipelines.core.stage import Partition, reuse_releases
 from pipelines.images.decode import MAX_PIXELS
 from pipelines.images.info import image_info
 from pipelines.parse.nxml import UnsafeXmlError, XmlParseError, parse_article
@@ -33,6 +39,9 @@ PREVIEW_ROWS = 10  # figure rows kept in the result for the asset's preview
 ERROR_ROWS = 50  # (pmcid, reason) pairs kept in the result; ``errors`` counts them all
 
 MB = 1 << 20
+# The parser's version: bump it when a change to parsing (nxml.py, image measuring) changes the rows
+# of the same article, so reruns and new releases parse every article again.
+PARSE_VERSION = "1"
 
 
 @dataclass(frozen=True)
@@ -44,13 +53,26 @@ class ParseLimits:
     max_image_pixels: int = MAX_PIXELS  # decompression-bomb guard, checked before decoding
     batch_rows: int = 256  # rows buffered per table before a Parquet row group is written
 
+    def hashed(self) -> dict:
+        """The limits that change rows (an input over one is recorded, not read); ``batch_rows``
+        only changes how rows are grouped in the file."""
+        return {k: v for k, v in asdict(self).items() if k != "batch_rows"}
+
+
+def article_fingerprint(pmcid: str, files: dict[str, dict], limits: ParseLimits) -> str:
+    """What an article's parse rows are made from: its raw files' names and bytes (size and sha256
+    as ``raw_files`` records them; not where they are stored, so an article carried over or
+    fetched again with the same bytes keeps its rows), the limits and the parser's version."""
+    package = sorted((name, f["kind"], f["size"], f["sha256"]) for name, f in files.items())
+    return fingerprint({"pmcid": pmcid, "files": package, "limits": limits.hashed(), "version": PARSE_VERSION})
+
 
 @dataclass
 class ParsedShard:
     """Counters of one parsed partition (the rows themselves are in the lake)."""
 
     parsed: int = 0
-    carried: int = 0
+    carried: int = 0  # reused: the previous release's or this partition's rows, same fingerprint
     errors: int = 0
     figures: int = 0
     child_figures: int = 0
@@ -60,6 +82,12 @@ class ParsedShard:
     flags: Counter[str] = field(default_factory=Counter)  # figure flags by kind (text before ":")
     preview: list[dict] = field(default_factory=list, repr=False)  # the first PREVIEW_ROWS figure rows
     first_errors: list[tuple[str, str]] = field(default_factory=list)  # the first ERROR_ROWS errors
+    fingerprints: list[tuple[str, str, str | None]] = field(default_factory=list, repr=False)  # article rows
+
+    @property
+    def version(self) -> str:
+        """The data version: every article's fingerprint and outcome (the rows follow from them)."""
+        return fingerprint(sorted(self.fingerprints, key=lambda f: f[0]))
 
     @property
     def articles(self) -> int:
@@ -170,9 +198,9 @@ class _RawFiles:
         self._tars.clear()
 
 
-def _error_row(pmcid: str, error: str) -> dict:
+def _error_row(pmcid: str, error: str, key: str) -> dict:
     row = {name: None for name in ARTICLES.names}
-    row.update(pmcid=pmcid, keywords=[], subjects=[], parse_status="error", parse_error=error)
+    row.update(pmcid=pmcid, keywords=[], subjects=[], parse_status="error", parse_error=error, fingerprint=key)
     return row
 
 
@@ -243,18 +271,25 @@ class _FileIndex:
         return {row["name"]: row for row in self.table.slice(*self.spans[pmcid]).to_pylist()}
 
 
-def _previous_ok(lake: Lake, release: str | None, shard: str) -> set[str]:
-    """Articles the previous release parsed without error."""
-    ok: set[str] = set()
-    for batch in lake.iter_batches("articles", release, shard, columns=["pmcid", "parse_status"]) if release else ():
-        ok.update(batch.filter(pc.equal(batch.column("parse_status"), "ok")).column("pmcid").to_pylist())
-    return ok
+def _reusable(lake: Lake, release: str, shard: str) -> dict[str, tuple[str, str]]:
+    """fingerprint: (release, pmcid) of every article an earlier run parsed without error, looked
+    up where every stage looks (the previous release, then this partition; a later one wins). Only
+    the key columns are read; error rows and rows from before fingerprints were stored are parsed
+    again."""
+    found: dict[str, tuple[str, str]] = {}
+    for source in reuse_releases(lake, PARSE_TABLES, Partition(release, shard)):
+        for batch in lake.iter_batches("articles", source, shard, columns=["pmcid", "parse_status", "fingerprint"]):
+            ok = batch.filter(pc.and_(pc.equal(batch.column("parse_status"), "ok"), pc.is_valid(batch["fingerprint"])))
+            found.update(
+                (r["fingerprint"], (source, r["pmcid"])) for r in ok.select(["pmcid", "fingerprint"]).to_pylist()
+            )
+    return found
 
 
 def _carry(
     lake: Lake, release: str, shard: str, pmcids: set[str], writers: dict[str, TableWriter], result: ParsedShard
 ) -> None:
-    """Copy the previous release's rows of ``pmcids`` into ``writers``, batch by batch."""
+    """Copy the rows of ``pmcids`` in (``release``, ``shard``) into ``writers``, batch by batch."""
     keep = pa.array(sorted(pmcids), pa.string())
     for table, writer in writers.items():
         for batch in lake.iter_batches(table, release, shard, writer.batch_rows):
@@ -262,25 +297,26 @@ def _carry(
             if rows.num_rows:
                 writer.write(rows)
                 result.count(table, rows)
+                if table == "articles":
+                    keys = rows.select(["pmcid", "fingerprint", "parse_status"]).to_pylist()
+                    result.fingerprints.extend((r["pmcid"], r["fingerprint"], r["parse_status"]) for r in keys)
 
 
 PARSE_STAGE = "parsed_articles"
 
 
-def parse_shard(
-    lake: Lake, release: str, shard: str, previous_release: str | None, limits: ParseLimits = ParseLimits()
-) -> ParsedShard:
+def parse_shard(lake: Lake, release: str, shard: str, limits: ParseLimits = ParseLimits()) -> ParsedShard:
     """Parse the partition and write its four tables; return the counters.
 
-    Newly parsed articles come first, in manifest order, then the carried articles' rows in the
-    previous partition's order. The four tables are published together (one commit of
-    ``parsed_articles``): if anything raises, or the process dies, no table of the partition is
-    replaced.
+    Newly parsed articles come first, in manifest order, then the reused articles' rows in the
+    order of the partitions they come from. The four tables are published together (one commit
+    of ``parsed_articles``): if anything raises, or the process dies, no table of the partition
+    is replaced.
     """
     manifest = _manifest(lake, release, shard)
     index = _FileIndex(lake, release, shard)
-    previous_ok = _previous_ok(lake, previous_release, shard)
-    result, carried = ParsedShard(), set()
+    reusable = _reusable(lake, release, shard)
+    result, carried = ParsedShard(), {}  # carried: release -> pmcids reused from it
     with lake.commit(PARSE_STAGE, release, shard) as commit, contextlib.ExitStack() as stack:
         raw = _RawFiles(lake)
         stack.callback(raw.close)
@@ -291,15 +327,21 @@ def parse_shard(
         for pmcid, status in manifest:
             if status not in ("ok", "carried"):
                 continue
-            if status == "carried" and pmcid in previous_ok:
-                carried.add(pmcid)
+            files = index.files(pmcid)
+            key = article_fingerprint(pmcid, files, limits)
+            if key in reusable:
+                carried.setdefault(reusable[key][0], set()).add(pmcid)
                 continue
-            parsed = _parse_one(raw, pmcid, index.files(pmcid), limits)
+            parsed = _parse_one(raw, pmcid, files, limits)
             if isinstance(parsed, str):
-                writers["articles"].write([_error_row(pmcid, parsed)])
+                writers["articles"].write([_error_row(pmcid, parsed, key)])
                 result.error(pmcid, parsed)
+                result.fingerprints.append((pmcid, key, "error"))
                 continue
-            writers["articles"].write([{**parsed.article, "parse_status": "ok", "parse_error": None}])
+            writers["articles"].write(
+                [{**parsed.article, "parse_status": "ok", "parse_error": None, "fingerprint": key}]
+            )
+            result.fingerprints.append((pmcid, key, "ok"))
             for table, rows in (
                 ("figures", parsed.figures),
                 ("mentions", parsed.mentions),
@@ -308,7 +350,7 @@ def parse_shard(
                 writers[table].write(rows)
                 result.count(table, rows)
             result.parsed += 1
-        if carried:
-            _carry(lake, previous_release, shard, carried, writers, result)
-            result.carried = len(carried)
+        for source, pmcids in sorted(carried.items()):
+            _carry(lake, source, shard, pmcids, writers, result)
+            result.carried += len(pmcids)
     return result

@@ -15,8 +15,10 @@ from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 @dataclass
 class ParseStage(Stage):
     """Every article's metadata and text, its figures (image size, sha256, dHash), the
-    paragraphs that mention them and other graphics; unchanged articles are carried over.
-    Rows stream to Parquet in batches, so memory is bounded by ``limits``, not by the shard."""
+    paragraphs that mention them and other graphics; an article whose raw bytes, limits and
+    parser version are unchanged keeps the rows an earlier run made (previous release or this
+    partition). Rows stream to Parquet in batches, so memory is bounded by ``limits``, not by
+    the shard. Its data version is a hash of the articles' fingerprints and outcomes."""
 
     limits: ParseLimits = field(default_factory=ParseLimits)
 
@@ -26,13 +28,13 @@ class ParseStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
-        previous = lake.previous_release(Table.ARTICLES, release)
-        parsed = parse_shard(lake, release, shard, previous, self.limits)
+        parsed = parse_shard(lake, release, shard, self.limits)
         result = self.result(
             partition,
             ok=parsed.parsed,
             error=parsed.errors,
             skipped=parsed.carried,
+            carried=parsed.carried,
             counts={
                 "articles": parsed.articles,
                 "parsed": parsed.parsed,
@@ -47,6 +49,7 @@ class ParseStage(Stage):
             },
             paths={"path": lake.path("tables", Table.FIGURES, f"release={release}", f"shard={shard}")},
             previews={"preview": Preview(parsed.preview, ["pmcid", "fig_id", "label", "caption_text", "image_files"])},
+            version=parsed.version,
         )
         result.errors = list(parsed.first_errors)
         return result

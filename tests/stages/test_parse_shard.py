@@ -11,9 +11,11 @@ import pytest
 from PIL import Image
 
 import pipelines.parse.shard as shard_module
+from pipelines.core.stage import Partition
 from pipelines.images.duplicates import find_duplicates
 from pipelines.images.info import image_info
 from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
+from pipelines.parse.stages import ParseStage
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
 from tests.helpers import N_SHARDS, files, run_release, source_for
 from tests.unit.test_parse import ARTICLE_FACTS
@@ -22,8 +24,8 @@ BROKEN, BOMB = "PMC534114", "PMC900000012"  # an nXML-only article; elife-54296 
 SHARDS = [f"{i:03d}" for i in range(N_SHARDS)]
 
 
-def _parse_all(lake, release, previous=None, limits=ParseLimits()):
-    return {shard: parse_shard(lake, release, shard, previous, limits) for shard in SHARDS}
+def _parse_all(lake, release, limits=ParseLimits()):
+    return {shard: parse_shard(lake, release, shard, limits) for shard in SHARDS}
 
 
 def _rows(lake, release, table):
@@ -72,7 +74,7 @@ def test_unchanged_articles_carry_their_parse_rows(lake, s3_server, tmp_path):
         run_release(lake, source, "2025")
         first = _parse_all(lake, "2025")
         run_release(lake, source, "2026")
-    second = _parse_all(lake, "2026", previous="2025")
+    second = _parse_all(lake, "2026")
     assert sum(r.parsed for r in first.values()) == 38 and sum(r.carried for r in first.values()) == 0
     assert sum(r.carried for r in second.values()) == 38 and sum(r.parsed for r in second.values()) == 0
     for table in ("articles", "figures", "mentions", "other_graphics"):
@@ -111,6 +113,77 @@ def test_the_written_tables_hold_every_article_in_batches(sample_lake):
     assert groups.num_rows == results["003"].figures and groups.num_row_groups == -(-groups.num_rows // 3)
 
 
+@pytest.fixture
+def parsed_calls(monkeypatch):
+    """The PMCIDs ``parse_article`` is called for (an article parsed, not reused)."""
+    calls = []
+    original = shard_module.parse_article
+    monkeypatch.setattr(shard_module, "parse_article", lambda *a, **kw: calls.append(kw["pmcid"]) or original(*a, **kw))
+    return calls
+
+
+def _tables(lake, release):
+    return {t: _rows(lake, release, t) for t in PARSE_TABLES}
+
+
+def test_a_rerun_reuses_every_article_and_writes_the_same_tables(sample_lake, parsed_calls):
+    stage = ParseStage()
+    first = {s: stage.run(sample_lake, Partition("2026", s)) for s in SHARDS}
+    assert len(parsed_calls) == 38 and len(set(parsed_calls)) == 38  # the sample's 38 articles, each once
+    tables = _tables(sample_lake, "2026")
+    assert all(a["fingerprint"] for a in tables["articles"])
+    parsed_calls.clear()
+    second = {s: stage.run(sample_lake, Partition("2026", s)) for s in SHARDS}
+    assert parsed_calls == []  # nothing parsed again
+    assert _tables(sample_lake, "2026") == tables  # the same rows, in the same order
+    for shard in SHARDS:
+        assert second[shard].counts["carried"] == first[shard].counts["parsed"] and second[shard].ok == 0
+        assert second[shard].carried == second[shard].skipped == first[shard].ok  # carried items count as tried
+        for name in ("articles", "figures", "child_figures", "images", "mentions", "other_graphics"):
+            assert second[shard].counts[name] == first[shard].counts[name], (shard, name)
+        assert second[shard].version == first[shard].version is not None
+
+
+def test_changed_limits_or_parser_version_parse_again(sample_lake, parsed_calls, monkeypatch):
+    _parse_all(sample_lake, "2026")
+    parsed_calls.clear()
+    _parse_all(sample_lake, "2026", ParseLimits(batch_rows=7))  # only how rows are grouped in the file
+    assert parsed_calls == []
+    # elife-46472's fig1.jpg (PMC900000009) is 71,657 bytes: a limit below it changes its figure row
+    results = _parse_all(sample_lake, "2026", ParseLimits(max_image_bytes=71_656))
+    assert len(parsed_calls) == 38 and sum(r.carried for r in results.values()) == 0
+    figures = _rows(sample_lake, "2026", "figures")
+    (fig1,) = [f for f in figures if f["pmcid"] == "PMC900000009" and f["image_files"] == ["fig1.jpg"]]
+    assert fig1["image_errors"] == ["image not read: 71657 bytes, over the 71656-byte limit"]
+    parsed_calls.clear()
+    monkeypatch.setattr(shard_module, "PARSE_VERSION", "a new parser")
+    _parse_all(sample_lake, "2026", ParseLimits(max_image_bytes=71_656))
+    assert len(parsed_calls) == 38
+
+
+def test_an_error_row_is_parsed_again_and_old_rows_without_a_fingerprint_are_not_reused(sample_lake, parsed_calls):
+    tar = sample_lake.path("raw/release=2026/shard=001/part-00000.tar")
+    os.rename(tar, f"{tar}.away")
+    first = _parse_all(sample_lake, "2026")
+    assert first["001"].errors == 12 and first["001"].parsed == 0  # shard 001's 12 articles are in that tar
+    os.rename(f"{tar}.away", tar)
+    parsed_calls.clear()
+    second = _parse_all(sample_lake, "2026")
+    assert (second["001"].parsed, second["001"].errors, second["001"].carried) == (12, 0, 0)
+    assert len(parsed_calls) == 12 and sum(r.carried for r in second.values()) == 26
+    assert all(a["parse_status"] == "ok" for a in _rows(sample_lake, "2026", "articles"))
+    # shard 002's rows as a lake written before fingerprints were stored holds them: parsed again
+    old = {t: sample_lake.read_table(t, "2026", "002").to_pylist() for t in PARSE_TABLES}
+    with sample_lake.commit("parsed_articles", "2026", "002") as commit:
+        for table, rows in old.items():
+            commit.write_table(table, [{**r, "fingerprint": None} if table == "articles" else r for r in rows])
+    parsed_calls.clear()
+    third = parse_shard(sample_lake, "2026", "002")
+    n = len(old["articles"])  # the articles of shard 002
+    assert n > 0 and third.parsed == n and third.carried == 0 and len(parsed_calls) == n
+    assert {t: sample_lake.read_table(t, "2026", "002").to_pylist() for t in PARSE_TABLES} == old
+
+
 def test_an_xml_over_the_size_limit_is_an_error_and_never_read(sample_lake, monkeypatch):
     read = []
     original = shard_module._RawFiles.read
@@ -134,7 +207,7 @@ def test_an_image_over_the_size_limit_is_an_image_error_and_never_decoded(sample
     original = shard_module.image_info
     monkeypatch.setattr(shard_module, "image_info", lambda stream, px: decoded.append(stream) or original(stream, px))
     # elife-46472's images (PMC900000009): fig1 71,657 bytes, fig5 63,078, fig7 49,640, the others larger
-    parse_shard(sample_lake, "2026", "000", None, ParseLimits(max_image_bytes=71_656))
+    parse_shard(sample_lake, "2026", "000", ParseLimits(max_image_bytes=71_656))
     figures = {f["image_files"][0]: f for f in _rows(sample_lake, "2026", "figures") if f["pmcid"] == "PMC900000009"}
     assert figures["fig1.jpg"]["image_errors"] == ["image not read: 71657 bytes, over the 71656-byte limit"]
     assert figures["fig1.jpg"]["widths"] == [None] and figures["fig1.jpg"]["phash"] == [None]
@@ -151,6 +224,10 @@ def test_an_image_over_the_size_limit_is_an_image_error_and_never_decoded(sample
 def test_a_deleted_or_truncated_raw_tar_is_a_per_article_error(sample_lake):
     tar = "raw/release=2026/shard=001/part-00000.tar"
     os.unlink(sample_lake.path(tar))
+    # cut shard 000's tar just after PMC900000009's XML (offset 617,984 + 208,247 bytes): its
+    # images and every article stored after it are short; the articles before it parse
+    tar0 = sample_lake.path("raw/release=2026/shard=000/part-00000.tar")
+    os.truncate(tar0, 617_984 + 208_247)
     results = _parse_all(sample_lake, "2026")
     articles = _rows(sample_lake, "2026", "articles")
     in_tar = {r["pmcid"] for r in sample_lake.read_table("raw_files", "2026", "001").to_pylist()}
@@ -158,14 +235,9 @@ def test_a_deleted_or_truncated_raw_tar_is_a_per_article_error(sample_lake):
     for a in articles:
         if a["pmcid"] in in_tar:
             assert (a["parse_status"], a["parse_error"]) == ("error", f"raw file missing: {tar}")
-        else:
+        elif a["pmcid"] not in {r["pmcid"] for r in sample_lake.read_table("raw_files", "2026", "000").to_pylist()}:
             assert a["parse_status"] == "ok"
     assert len(articles) == 38
-    # cut shard 000's tar just after PMC900000009's XML (offset 617,984 + 208,247 bytes): its
-    # images and every article stored after it are short; the articles before it parse
-    tar0 = sample_lake.path("raw/release=2026/shard=000/part-00000.tar")
-    os.truncate(tar0, 617_984 + 208_247)
-    parse_shard(sample_lake, "2026", "000", None)
     rows = sample_lake.read_table("raw_files", "2026", "000").to_pylist()
     short = {r["pmcid"] for r in rows if r["offset"] + r["size"] > 617_984 + 208_247}
     assert "PMC900000009" in short and len(short) < 4
@@ -179,7 +251,8 @@ def test_a_deleted_or_truncated_raw_tar_is_a_per_article_error(sample_lake):
 
 
 def test_a_failure_mid_shard_publishes_nothing(sample_lake, monkeypatch):
-    parse_shard(sample_lake, "2026", "003", None)
+    parse_shard(sample_lake, "2026", "003")
+    monkeypatch.setattr(shard_module, "PARSE_VERSION", "a new parser")  # parse again, not reuse
     before = {t: open(sample_lake.table_path(t, "2026", "003"), "rb").read() for t in PARSE_TABLES}
     calls = []
     original = shard_module.parse_article
@@ -192,14 +265,14 @@ def test_a_failure_mid_shard_publishes_nothing(sample_lake, monkeypatch):
 
     monkeypatch.setattr(shard_module, "parse_article", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        parse_shard(sample_lake, "2026", "003", None, ParseLimits(batch_rows=2))  # row groups were written
+        parse_shard(sample_lake, "2026", "003", ParseLimits(batch_rows=2))  # row groups were written
     for table in PARSE_TABLES:
         path = sample_lake.table_path(table, "2026", "003")
         assert open(path, "rb").read() == before[table]
         assert os.listdir(os.path.dirname(path)) == ["data.parquet"]  # no temporary file left
     calls.clear()
     with pytest.raises(RuntimeError, match="disk on fire"):
-        parse_shard(sample_lake, "2026", "002", None)  # never written before: still no file
+        parse_shard(sample_lake, "2026", "002")  # never written before: still no file
     for table in PARSE_TABLES:
         assert not os.path.exists(os.path.dirname(sample_lake.table_path(table, "2026", "002")))
     # nothing of either attempt is left in the lake's _tmp/ either

@@ -53,8 +53,8 @@ def _two_tars(lake, source) -> list[dict]:
     """Shard 002 of release 2026 in two runs: part-00000 holds FIRST, part-00001 holds REST."""
     rows = _inventory(source)
     assert [r["pmcid"] for r in rows] == PMCIDS and len(rows) == SHARD_ARTICLES
-    first = acquire_shard(lake, source, "2026", SHARD, [r for r in rows if r["pmcid"] in FIRST], None)
-    second = acquire_shard(lake, source, "2026", SHARD, rows, None)
+    first = acquire_shard(lake, source, "2026", SHARD, [r for r in rows if r["pmcid"] in FIRST])
+    second = acquire_shard(lake, source, "2026", SHARD, rows)
     assert first.new_tar.endswith("part-00000.tar") and second.new_tar.endswith("part-00001.tar")
     found = files(lake, "2026")
     assert {f["tar_path"].rsplit("/", 1)[1] for p in FIRST for f in found[p].values()} == {"part-00000.tar"}
@@ -100,7 +100,7 @@ def test_deleted_tar_is_refetched_and_never_collides(lake, mirror):
         assert found.bad_pmcids == set(FIRST)
 
         served = len(server.plan.log)
-        result = acquire_shard(lake, source, "2026", SHARD, rows, None)
+        result = acquire_shard(lake, source, "2026", SHARD, rows)
         assert _requested_articles(server.plan, served) == set(FIRST)
     assert result.counts["repaired"] == len(FIRST) and result.counts["fetched"] == len(FIRST)
     assert result.counts["already_done"] == len(REST)
@@ -166,7 +166,7 @@ def test_corrupt_member_is_reported_and_repaired(lake, mirror):
         assert verify_raw(lake, m, f, checksums=False).ok
 
         served = len(server.plan.log)
-        result = acquire_shard(lake, source, "2026", SHARD, rows, None)
+        result = acquire_shard(lake, source, "2026", SHARD, rows)
         assert _requested_articles(server.plan, served) == {victim}
     assert result.counts["repaired"] == 1 and result.new_tar.endswith("part-00002.tar")
     _assert_bytes_are_the_mirrors(lake, "2026", mirror)
@@ -196,7 +196,7 @@ def test_carried_articles_whose_tar_vanished_are_fetched_again(lake, mirror):
             os.remove(os.path.join(lake.raw_dir("2026", SHARD), name))
         assert not _consistent(lake, "2027")
         served = len(server.plan.log)
-        result = acquire_shard(lake, source, "2027", SHARD, inventory_rows(lake, "2027")[SHARD], "2026")
+        result = acquire_shard(lake, source, "2027", SHARD, inventory_rows(lake, "2027")[SHARD])
         assert _requested_articles(server.plan, served) == set(PMCIDS)
     assert result.counts["repaired"] == SHARD_ARTICLES and result.new_tar.endswith(
         "release=2027/shard=002/part-00000.tar"
@@ -224,7 +224,7 @@ def test_unreachable_http_source_raises_and_records_nothing(lake, mirror):
             build_inventory(source, [], None, N_SHARDS)
         assert exc.value.host.startswith("127.0.0.1:") and "ConnectionError" in exc.value.cause
         with pytest.raises(SourceUnavailableError) as exc:
-            acquire_shard(lake, source, "2026", SHARD, rows, None)
+            acquire_shard(lake, source, "2026", SHARD, rows)
         assert "ConnectionError" in exc.value.cause
     assert lake.read_table("raw_manifest", "2026", SHARD) is None
     assert lake.read_table("raw_files", "2026", SHARD) is None
@@ -238,7 +238,7 @@ def test_stopped_ftp_server_raises_and_records_nothing(lake, legacy_mirror):
         source.transport.close()  # no pooled connection survives the outage
         server.stop()
         with pytest.raises(SourceUnavailableError, match="cannot connect to ftp://127.0.0.1"):
-            acquire_shard(lake, source, "2026", SHARD, rows, None)
+            acquire_shard(lake, source, "2026", SHARD, rows)
         with pytest.raises(SourceUnavailableError):
             build_inventory(source, [], None, N_SHARDS)
     assert lake.read_table("raw_manifest", "2026", SHARD) is None
@@ -255,7 +255,7 @@ def test_5xx_on_every_request_raises_after_retries(lake, mirror):
         rows = _inventory(source)
         server.plan.faults.append(Fault(".*", status=503, times=10**6))
         with pytest.raises(SourceUnavailableError, match="HTTP 503") as exc:
-            acquire_shard(lake, source, "2026", SHARD, rows, None)
+            acquire_shard(lake, source, "2026", SHARD, rows)
         assert exc.value.host == server.url.split("/")[2]
         with pytest.raises(SourceUnavailableError, match="HTTP 503"):
             build_inventory(source, [], None, N_SHARDS)
@@ -270,12 +270,12 @@ def test_outage_mid_run_keeps_what_was_staged(lake, mirror):
         server.plan.faults.append(Fault(f"/{down}\\.", status=502, times=10**6))
         served = len(server.plan.log)
         with pytest.raises(SourceUnavailableError, match="HTTP 502"):
-            acquire_shard(lake, source, "2026", SHARD, rows, None, concurrency=1)
+            acquire_shard(lake, source, "2026", SHARD, rows, concurrency=1)
         assert _requested_articles(server.plan, served) == set(PMCIDS[:5])
         assert lake.read_table("raw_manifest", "2026", SHARD) is None
         server.plan.faults.clear()  # the service is back
         served = len(server.plan.log)
-        result = acquire_shard(lake, source, "2026", SHARD, rows, None, concurrency=1)
+        result = acquire_shard(lake, source, "2026", SHARD, rows, concurrency=1)
         assert _requested_articles(server.plan, served) == set(PMCIDS[4:])
     assert result.counts["fetched"] == SHARD_ARTICLES
     assert {r["status"] for r in manifest(lake, "2026").values()} == {"ok"}
@@ -286,7 +286,7 @@ def test_one_missing_article_is_its_error_and_the_run_succeeds(lake, mirror):
     gone = PMCIDS[3]
     (mirror / f"{gone}.1" / f"{gone}.1.xml").unlink()
     with S3LoopbackServer(mirror) as server, source_for(server.url) as source:
-        result = acquire_shard(lake, source, "2026", SHARD, _inventory(source), None)
+        result = acquire_shard(lake, source, "2026", SHARD, _inventory(source))
     rows = manifest(lake, "2026")
     assert {p for p, r in rows.items() if r["status"] == "error"} == {gone}
     assert "HTTP 404" in rows[gone]["error"] and result.counts["fetched"] == SHARD_ARTICLES - 1
@@ -299,7 +299,7 @@ def test_ftp_550_is_the_articles_error(lake, tmp_path):
     (mirror / package_path(gone)).unlink()
     with FtpLoopbackServer(mirror) as server, source_for(server.url) as source:
         rows = build_inventory(source, [], None, N_SHARDS).rows_by_shard[SHARD]
-        acquire_shard(lake, source, "2026", SHARD, rows, None)
+        acquire_shard(lake, source, "2026", SHARD, rows)
     found = manifest(lake, "2026")
     assert {p for p, r in found.items() if r["status"] == "error"} == {gone}
     assert "not found on server" in found[gone]["error"]

@@ -27,6 +27,7 @@ ROW = {
     "md5": ["0" * 32, "1" * 32],
     "dropped": [],
     "fetched_in_release": "2026",
+    "fingerprint": None,
 }
 
 
