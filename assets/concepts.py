@@ -6,11 +6,11 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
-    Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
 )
 
+from assets.config import config_from
 from assets.groups import CONCEPTS
 from assets.parsing import parsed_articles
 from assets.partitions import release_shard_partitions, releases_partitions
@@ -55,17 +55,21 @@ def figure_embeddings(
     return run_stage(context, stage, lake.lake(), quality.max_error_rate, retry)
 
 
-class ConceptModelSettings(Config):
+_ConceptModelConfigSettings = config_from(
+    ConceptModelConfig,
+    "ConceptModelSettings",
+    fields=("n_components", "k", "sample_size", "seed", "backend"),
+    rename={"backend": "kmeans_backend"},  # auto (faiss when installed), faiss or sklearn
+    module=__name__,
+)
+
+
+class ConceptModelSettings(_ConceptModelConfigSettings):
     """PCA and k-means settings. ``reuse_previous`` (the default, so a yearly refresh needs no
     new annotations) labels the release with the newest earlier model when one exists; set it
     to false to fit a new model, which then needs annotating."""
 
-    n_components: int = 25
-    k: int = 2000
-    sample_size: int = 200_000
-    seed: int = 0
-    kmeans_backend: str = "auto"  # auto (faiss when installed), faiss or sklearn
-    reuse_previous: bool = True
+    reuse_previous: bool = True  # the stage's switch, on by default here (a refresh keeps its annotations)
 
 
 @stage_asset(
@@ -77,16 +81,11 @@ class ConceptModelSettings(Config):
 def concept_model(
     context: AssetExecutionContext, config: ConceptModelSettings, lake: LakeResource, models: ModelsResource
 ) -> MaterializeResult:
-    settings = ConceptModelConfig(
-        config.n_components, config.k, config.sample_size, config.seed, backend=config.kmeans_backend
-    )
-    stage = ConceptModelStage(settings, models.dinov2_config().model_label, config.reuse_previous)
+    stage = ConceptModelStage(config.to_settings(), models.dinov2_config().model_label, config.reuse_previous)
     return run_stage(context, stage, lake.lake())
 
 
-class ReviewSettings(Config):
-    annotators: list[str] = ["annotator_1", "annotator_2", "annotator_3"]
-    seed: int = 0
+ReviewSettings = config_from(ConceptReviewStage, "ReviewSettings", "", module=__name__)  # the stage's own fields
 
 
 @stage_asset(
@@ -96,13 +95,16 @@ class ReviewSettings(Config):
     kinds={"html"},
 )
 def concept_review(context: AssetExecutionContext, config: ReviewSettings, lake: LakeResource) -> MaterializeResult:
-    return run_stage(context, ConceptReviewStage(list(config.annotators), config.seed), lake.lake())
+    return run_stage(context, config.to_settings(), lake.lake())
 
 
-class AnnotationSettings(Config):
-    """Where the filled CSVs are; empty means ``<lake>/annotations/<model version>/``."""
-
-    directory: str = ""
+AnnotationSettings = config_from(
+    ClusterLabelsStage,
+    "AnnotationSettings",
+    """Where the filled CSVs are; empty means ``<lake>/annotations/<model version>/``.""",
+    fields=("directory",),  # the taxonomy: the quality resource
+    module=__name__,
+)
 
 
 @stage_asset(
@@ -123,7 +125,7 @@ class AnnotationSettings(Config):
 def cluster_labels(
     context: AssetExecutionContext, config: AnnotationSettings, lake: LakeResource, quality: QualityResource
 ) -> MaterializeResult:
-    return run_stage(context, ClusterLabelsStage(config.directory, quality.taxonomy), lake.lake())
+    return run_stage(context, config.to_settings(taxonomy=quality.taxonomy), lake.lake())
 
 
 @stage_asset(

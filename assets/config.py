@@ -6,7 +6,10 @@ types and defaults: ``config_from`` generates it, so a field added or a default 
 dataclass is in the launchpad at once, and ``to_settings`` turns the run's values back into the
 dataclass. Fields the launchpad should not offer (set from resources, e.g. the tokenizer) are
 left out; a field whose launchpad form differs (a list for an optional tuple, an empty string
-for "decided by the resources") is given with its type and default and converted by the asset.
+for "decided by the resources") is given with its type and default and converted by the asset;
+a field the launchpad has always named otherwise keeps its name (``rename``). An asset's own
+options, which no dataclass holds (which subsets to train on, a switch), are fields of a
+subclass of the generated class; ``to_settings`` leaves them out.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ class SettingsConfig(Config):
 
     settings_class: ClassVar[type]
     overridden: ClassVar[dict[str, tuple[Any, Any]]]  # fields whose type or default differs on purpose
+    settings_fields: ClassVar[dict[str, str]]  # launchpad name -> the dataclass's field it sets
 
     def values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in type(self).model_fields}
+        """The generated fields' values by the dataclass's names (a subclass's own fields left out)."""
+        return {field: getattr(self, name) for name, field in type(self).settings_fields.items()}
 
     def to_settings(self, **extra: Any) -> Any:
         """The settings dataclass with the run's values (``extra``: the fields set elsewhere)."""
@@ -41,19 +46,23 @@ def config_from(
     fields: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
     overrides: dict[str, tuple[Any, Any]] | None = None,
+    rename: dict[str, str] | None = None,
     module: str | None = None,
 ) -> type[SettingsConfig]:
     """A ``Config`` class named ``name`` with the fields of the dataclass ``settings`` (all, or
     ``fields``, less ``exclude``), their types and defaults; ``overrides`` maps a field to the
-    (type, default) the launchpad shows instead."""
+    (type, default) the launchpad shows instead, ``rename`` a field to the name it shows under.
+    ``doc`` (the dataclass's docstring when None) is the class's docstring."""
     hints = typing.get_type_hints(settings)
     wanted = set(fields) if fields is not None else None
-    overrides = overrides or {}
+    overrides, rename = overrides or {}, rename or {}
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
+    shown: dict[str, str] = {}
     for field in dataclasses.fields(settings):
         if field.name in set(exclude) or (wanted is not None and field.name not in wanted):
             continue
+        shown[rename.get(field.name, field.name)] = field.name
         if field.name in overrides:
             annotations[field.name], namespace[field.name] = overrides[field.name]
             continue
@@ -64,14 +73,17 @@ def config_from(
         else:
             raise TypeError(f"{settings.__name__}.{field.name} has no default: a run configuration needs one")
         annotations[field.name], namespace[field.name] = hints[field.name], default
-    if wanted is not None and (unknown := wanted - set(annotations)):
+    if unknown := ((wanted or set()) | set(overrides) | set(rename)) - set(annotations):
         raise TypeError(f"{settings.__name__} has no fields {sorted(unknown)}")
+    annotations = {name: annotations[field] for name, field in shown.items()}
+    namespace = {name: namespace[field] for name, field in shown.items()}
     namespace.update(
         __annotations__=annotations,
-        __doc__=doc or settings.__doc__,
+        __doc__=settings.__doc__ if doc is None else doc,
         __module__=module or settings.__module__,
         __qualname__=name,
         settings_class=settings,
-        overridden=dict(overrides),
+        overridden={rename.get(field, field): spec for field, spec in overrides.items()},
+        settings_fields=shown,
     )
     return typing.cast(type[SettingsConfig], type(name, (SettingsConfig,), namespace))

@@ -2,8 +2,9 @@
 
 from typing import Any
 
-from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
 
+from assets.config import config_from
 from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs
@@ -11,13 +12,15 @@ from assets.synthetic import synthetic_models, synthetic_settings
 from pipelines.compute.weights import ModelUnavailableError
 from pipelines.core.heldout import check_evaluation_share, heldout_path
 from pipelines.core.stage import GPU_POOL
+from pipelines.evaluation.job import EvalJobConfig
 from pipelines.training.clip import COMMONPOOL, check_weights
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
 
-
-class EvaluationSettings(Config):
+EvaluationSettings = config_from(
+    EvalJobConfig,
+    "EvaluationSettings",
     """``model``: an OpenCLIP name (with ``pretrained``), ``hf-hub:<id>`` or ``local-dir:<dir>``
     (a training run's exported ``model/``); ``baseline``: a checkpoint evaluated in the same run
     for comparison; ``share``: record an article-disjoint held-out split of that share first when
@@ -25,19 +28,20 @@ class EvaluationSettings(Config):
     refused, since training left out exactly the recorded articles); ``benchmarks``: extra datasets, each
     ``{kind: vqa-rad | slake | medmnist | hf | image-folder | manifest, path: ..., <options>}``
     (paths as the job's machine sees them). In the synthetic profile a model left at its default
-    is the tiny local one the training assets use (its numbers are marked synthetic)."""
-
-    model: str = "ViT-L-14"
-    pretrained: str = COMMONPOOL
-    baseline: str = ""
-    baseline_pretrained: str = ""
-    license_group: str = "commercial"
-    share: float = 0.0
-    limit: int = 5000
-    batch_size: int = 64
-    n_resamples: int = 1000
-    seed: int = 0
-    benchmarks: list[dict[str, Any]] = []
+    is the tiny local one the training assets use (its numbers are marked synthetic).""",
+    exclude=("lake", "release", "device", "synthetic"),  # the partition, the lake, the launcher and the profile
+    # the launchpad's forms: empty for "none" (the job's None), a list for the job's tuple
+    overrides={
+        "model": (str, "ViT-L-14"),
+        "pretrained": (str, COMMONPOOL),
+        "baseline": (str, ""),
+        "baseline_pretrained": (str, ""),
+        "share": (float, 0.0),
+        "limit": (int, 5000),
+        "benchmarks": (list[dict[str, Any]], []),
+    },
+    module=__name__,
+)
 
 
 @asset(
@@ -77,22 +81,14 @@ def clip_evaluation(
                     check_weights(model, pretrained)
         except (ModelUnavailableError, ValueError) as exc:
             raise Failure(str(exc), allow_retries=False) from None
+    unset = ("pretrained", "baseline", "baseline_pretrained", "share")  # empty or 0 in the launchpad: None
     job = {
         "lake": lk.url,
         "release": context.partition_key,
-        "model": config.model,
-        "pretrained": config.pretrained or None,
-        "baseline": config.baseline or None,
-        "baseline_pretrained": config.baseline_pretrained or None,
-        "license_group": config.license_group,
-        "share": config.share or None,
-        "limit": config.limit,
-        "batch_size": config.batch_size,
-        "n_resamples": config.n_resamples,
-        "seed": config.seed,
+        **config.values(),
+        **{k: getattr(config, k) or None for k in unset},
         "device": "cuda" if launcher.gpus else "cpu",
         "synthetic": models.synthetic,
-        "benchmarks": config.benchmarks,
     }
     result = launcher.run(
         context, "pipelines.evaluation.job", job, lk.path("models", "eval", "runs"), tmp_url=lk.job_tmp_dir()

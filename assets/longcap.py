@@ -1,6 +1,6 @@
 """Long captions (BIOMEDICA-LongCAP) and region hard negatives (RegionMed-CLIP)."""
 
-from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, Config, MaterializeResult
+from dagster import AssetCheckSpec, AssetExecutionContext, BackfillPolicy, MaterializeResult
 
 from assets.config import config_from
 from assets.groups import LONG_CAPTIONS
@@ -28,14 +28,15 @@ from resources.lake import LakeResource
 from resources.quality import QualityResource
 from resources.vlm import VlmEngineResource
 
+_NegativesStageSettings = config_from(
+    NegativesStage, "NegativesSettings", fields=("max_per_type", "vlm_per_pair", "seed"), module=__name__
+)
 
-class NegativesSettings(Config):
+
+class NegativesSettings(_NegativesStageSettings):
     """``use_vlm``: also ask the VLM for negatives (each checked like the rule ones)."""
 
-    use_vlm: bool = False
-    max_per_type: int = 1
-    vlm_per_pair: int = 2
-    seed: int = 0
+    use_vlm: bool = False  # the asset's own: the stage is given an engine or None
 
 
 @stage_asset(
@@ -60,11 +61,9 @@ def pair_negatives(
 ) -> MaterializeResult:
     lk = lake.lake()
     if not config.use_vlm:
-        stage = NegativesStage(None, config.max_per_type, config.vlm_per_pair, config.seed)
-        return run_stage(context, stage, lk)
+        return run_stage(context, config.to_settings(engine=None), lk)
     with vlm.engine(cache_dir=lk.path("models", "vlm")) as engine:
-        stage = NegativesStage(engine, config.max_per_type, config.vlm_per_pair, config.seed)
-        return run_stage(context, stage, lk, outage=outage_of(vlm))
+        return run_stage(context, config.to_settings(engine=engine), lk, outage=outage_of(vlm))
 
 
 LongCapRunSettings = config_from(

@@ -8,7 +8,6 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
-    Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
     asset,
@@ -34,6 +33,7 @@ from pipelines.panels.stages import (
     PanelSettings,
     PanelStage,
 )
+from pipelines.panels.train import TrainConfig
 from pipelines.panels.training import SyntheticSetStage, latest_training_set
 from resources.compute import ModelsResource, RayResource
 from resources.lake import LakeResource
@@ -143,16 +143,27 @@ def panel_training_set(
     return run_stage(context, stage, lake.lake())
 
 
-class DetectorTrainingSettings(Config):
+_DetectorJobSettings = config_from(
+    TrainConfig,
+    "DetectorTrainingSettings",
+    fields=("steps", "batch_size", "lr", "checkpoint_every", "real_eval"),
+    overrides={
+        # a release's training at full size (the job's own defaults are a short run)
+        "steps": (int, 20_000),
+        "batch_size": (int, 16),
+        "checkpoint_every": (int, 500),
+        # hand-boxed real figures, evaluated after training; relative to the repository, empty: none
+        "real_eval": (str, "sample/panels/boxes.json"),
+    },
+    module=__name__,
+)
+
+
+class DetectorTrainingSettings(_DetectorJobSettings):
     """Training of DAB-DETR on the release's synthetic set, launched as an external job (the
     ``launcher`` resource: a subprocess here, a Ray job or a Kubernetes job on a cluster)."""
 
-    steps: int = 20_000
-    batch_size: int = 16
-    lr: float = 1e-4
-    checkpoint_every: int = 500
-    training_set_version: str = ""  # empty: the newest set of the release
-    real_eval: str = "sample/panels/boxes.json"  # hand-boxed real figures, evaluated after training
+    training_set_version: str = ""  # the asset's own: which set to train on; empty: the newest of the release
 
 
 @asset(
@@ -185,10 +196,7 @@ def panel_detector(
     job = {
         "train_dir": f"{dataset}/train",
         "val_dir": f"{dataset}/val",
-        "steps": config.steps,
-        "batch_size": config.batch_size,
-        "lr": config.lr,
-        "checkpoint_every": config.checkpoint_every,
+        **config.values(),
         "real_eval": str(real_eval) if real_eval and real_eval.exists() else None,
         "detector": asdict(detector),
     }

@@ -6,13 +6,13 @@ from dagster import (
     AssetDep,
     AssetExecutionContext,
     BackfillPolicy,
-    Config,
     MaterializeResult,
     MultiToSingleDimensionPartitionMapping,
     asset,
 )
 
 from assets.concepts import figure_concepts
+from assets.config import config_from
 from assets.groups import RELEASE
 from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
@@ -25,6 +25,7 @@ from pipelines.core.stage import StageInputError
 from pipelines.release.stages import (
     BIOMEDICA_FILTERED_CONCEPTS,
     NO_MACHINE_PATHS,
+    SHARD_NAME,
     DatasetCardStage,
     HubUploadStage,
     PairPlanStage,
@@ -44,10 +45,12 @@ from resources.quality import QualityResource
 _whole_release = MultiToSingleDimensionPartitionMapping("release")
 
 
-class SamplePlanSettings(Config):
-    """``shuffle_seed`` fixes the release's sample order; every shard of a release must use one seed."""
-
-    shuffle_seed: int = 0
+SamplePlanSettings = config_from(
+    SamplePlanStage,
+    "SamplePlanSettings",
+    """``shuffle_seed`` fixes the release's sample order; every shard of a release must use one seed.""",
+    module=__name__,
+)
 
 
 @stage_asset(
@@ -60,18 +63,25 @@ class SamplePlanSettings(Config):
 def dataset_samples(
     context: AssetExecutionContext, config: SamplePlanSettings, lake: LakeResource
 ) -> MaterializeResult:
-    return run_stage(context, SamplePlanStage(config.shuffle_seed), lake.lake())
+    return run_stage(context, config.to_settings(), lake.lake())
 
 
-class ShardSettings(Config):
+_ShardLimitSettings = config_from(
+    ShardLimits,
+    "ShardSettings",
+    # the launchpad's names since the first release; ShardLimits's are those of every subset's manifest.json
+    rename={"max_samples": "max_samples_per_shard", "max_bytes": "max_shard_bytes"},
+    module=__name__,
+)
+
+
+class ShardSettings(_ShardLimitSettings):
     """At most ``max_samples_per_shard`` samples or ``max_shard_bytes`` bytes per tar."""
 
-    max_samples_per_shard: int = 10_000
-    max_shard_bytes: int = 1_000_000_000
-    shard_name: str = "panelforge"
+    shard_name: str = SHARD_NAME  # the stages' own default: the tars' name
 
     def limits(self) -> ShardLimits:
-        return ShardLimits(self.max_samples_per_shard, self.max_shard_bytes)
+        return self.to_settings()
 
 
 def _write_subsets(context, lake: LakeResource, name: str, subsets, config: ShardSettings, mixture=None):
@@ -131,11 +141,14 @@ def webdataset_concept_balanced(
     return _write_subsets(context, lake, "webdataset_concept_balanced", subsets, config, "concept-balanced")
 
 
-class PairPlanSettings(Config):
+PairPlanSettings = config_from(
+    PairPlanStage,
+    "PairPlanSettings",
     """``include_vlm_text``: also ship panel samples whose text the VLM associated with the panel
-    (``text_match`` ``vlm``); by default only caption-matched texts (printed label, reading order)."""
-
-    include_vlm_text: bool = False
+    (``text_match`` ``vlm``); by default only caption-matched texts (printed label, reading order).""",
+    fields=("include_vlm_text",),  # the gate's settings: the stage's defaults
+    module=__name__,
+)
 
 
 @stage_asset(
@@ -146,13 +159,13 @@ class PairPlanSettings(Config):
     backfill_policy=BackfillPolicy.multi_run(1),
 )
 def pair_samples(context: AssetExecutionContext, config: PairPlanSettings, lake: LakeResource) -> MaterializeResult:
-    return run_stage(context, PairPlanStage(include_vlm_text=config.include_vlm_text), lake.lake())
+    return run_stage(context, config.to_settings(), lake.lake())
 
 
 class PairShardSettings(ShardSettings):
     """``token_sample``: texts per level whose CLIP tokens the statistics count."""
 
-    token_sample: int = 5_000
+    token_sample: int = PairWebDatasetStage.token_sample
 
 
 @stage_asset(
@@ -168,10 +181,7 @@ def webdataset_pairs(
     return run_stage(context, stage, lake.lake())
 
 
-class StatsSettings(Config):
-    reservoir: int = 100_000
-    token_sample: int = 5_000
-    seed: int = 0
+StatsSettings = config_from(ReleaseTablesStage, "StatsSettings", "", module=__name__)  # the stage's own fields
 
 
 @stage_asset(
@@ -184,8 +194,7 @@ class StatsSettings(Config):
     kinds={"parquet"},
 )
 def release_parquet(context: AssetExecutionContext, config: StatsSettings, lake: LakeResource) -> MaterializeResult:
-    stage = ReleaseTablesStage(config.reservoir, config.token_sample, config.seed)
-    return run_stage(context, stage, lake.lake())
+    return run_stage(context, config.to_settings(), lake.lake())
 
 
 @stage_asset(
@@ -214,10 +223,13 @@ def dataset_card(context: AssetExecutionContext, lake: LakeResource, hub: Huggin
     return run_stage(context, DatasetCardStage(hub.repo_id), lake.lake())
 
 
-class UploadSettings(Config):
-    """``dry_run`` checks and lists everything that would be uploaded without any network call."""
-
-    dry_run: bool = False
+UploadSettings = config_from(
+    HubUploadStage,
+    "UploadSettings",
+    """``dry_run`` checks and lists everything that would be uploaded without any network call.""",
+    fields=("dry_run",),  # the repository, its client and privacy: the hub resource
+    module=__name__,
+)
 
 
 @stage_asset(

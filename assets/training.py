@@ -15,9 +15,11 @@ default rule, :func:`pipelines.core.heldout.training_split`) and give the job it
 """
 
 import json
+import typing
 
-from dagster import AssetExecutionContext, Config, Failure, MaterializeResult, asset
+from dagster import AssetExecutionContext, Failure, MaterializeResult, asset
 
+from assets.config import config_from
 from assets.groups import TRAINING
 from assets.partitions import releases_partitions
 from assets.release import webdataset_pairs, webdataset_shards
@@ -43,7 +45,6 @@ from resources.launcher import JobLauncherResource
 
 CLIP_MODULE = "pipelines.training.clip"
 MULTILEVEL_MODULE = "pipelines.training.multilevel"
-_BIOMEDICA = ClipTrainConfig(train_data=["-"], run_dir="-")  # the recipe's defaults, read below
 LONGCLIP = "bmc-longclip"
 LONGCLIP_SUBSETS = ["commercial", "longcap-commercial"]  # figure-level + long-caption (BMC-LongCLIP+)
 TRAINED_KEYS = ("model", "pretrained", "batch_size", "accum_freq", "lr", "warmup", "precision", "workers", "device",
@@ -56,7 +57,34 @@ SYNTHETIC_MULTILEVEL = {"steps": 4, "batch_size": 4, "warmup": 1, "device": "cpu
                         "checkpoint_every": 2}  # fmt: skip
 
 
-class ClipTrainingSettings(Config):
+_ClipJobSettings = config_from(
+    ClipTrainConfig,
+    "ClipTrainingSettings",
+    fields=(
+        "upsampling_factors",
+        "epochs",
+        *TRAINED_KEYS,
+        "log_every_n_steps",
+        "wise_ft_alpha",
+        "seed",
+        "text_model",
+        "context_length",
+        "gpu_memory_gb",
+    ),  # fmt: skip
+    overrides={
+        "upsampling_factors": (list[float], []),  # empty: no mixture weights
+        "epochs": (int, 0),  # 0: the recipe's
+        "text_model": (str, ""),  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
+        "context_length": (int, 512),  # with a Hugging Face text tower only
+        # the memory of the job's GPUs (an H100's 80 GB; 141 for an H200): the batch is checked against it
+        # before launch and again by the job (pipelines/training/memory.py); 0: no check
+        "gpu_memory_gb": (float, 80.0),
+    },
+    module=__name__,
+)
+
+
+class ClipTrainingSettings(_ClipJobSettings):
     """BIOMEDICA's continual pretraining (``pipelines/training/clip.py``). ``subsets``: WebDataset
     subsets of the release (``commercial``, ``concept-filtered-commercial``, ...); more than one
     is a mixture, weighted by ``upsampling_factors`` when given. ``recipe`` picks the epochs
@@ -67,28 +95,9 @@ class ClipTrainingSettings(Config):
     BioClinical ModernBERT, ``context_length`` 77 / 154 / 512, on ``commercial`` + ``longcap-commercial``):
     every setting left at its default here takes that recipe's value; one you change is kept."""
 
+    # the asset's own options (the job's fields come from ClipTrainConfig, above)
     subsets: list[str] = ["commercial"]
-    upsampling_factors: list[float] = []
     recipe: str = "full"
-    epochs: int = 0
-    model: str = _BIOMEDICA.model
-    pretrained: str = _BIOMEDICA.pretrained
-    batch_size: int = _BIOMEDICA.batch_size
-    accum_freq: int = _BIOMEDICA.accum_freq
-    lr: float = _BIOMEDICA.lr
-    warmup: int = _BIOMEDICA.warmup
-    precision: str = _BIOMEDICA.precision
-    workers: int = _BIOMEDICA.workers
-    device: str = _BIOMEDICA.device
-    log_every_n_steps: int = _BIOMEDICA.log_every_n_steps
-    wise_ft_alpha: float = _BIOMEDICA.wise_ft_alpha
-    seed: int = 0
-    text_model: str = ""  # a Hugging Face text tower (Hub id or folder); bmc-longclip's by default
-    context_length: int = 512  # with a Hugging Face text tower only
-    grad_checkpointing: bool = _BIOMEDICA.grad_checkpointing
-    # the memory of the job's GPUs (an H100's 80 GB; 141 for an H200): the batch is checked against it
-    # before launch and again by the job (pipelines/training/memory.py); 0: no check
-    gpu_memory_gb: float = 80.0
     # leave the release's held-out articles out (models/eval/<release>/heldout.json); False trains
     # on every article, and then no evaluation on that split measures generalisation
     exclude_heldout: bool = True
@@ -225,28 +234,31 @@ def check_clip_job(job: dict, config: ClipTrainingSettings, launcher: JobLaunche
         pass  # a text tower's config that is not at hand here: the job checks on its own machine
 
 
-class MultilevelTrainingSettings(Config):
+# the run's fields a person may set; unset (None), each keeps the preset's value (model: ViT-L-14;
+# pretrained: zoom-in BMC-CLIP, region-aware CommonPool)
+PRESET_KEYS = ("model", "pretrained", "steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device",
+               "precision", "checkpoint_every", "log_every", "wise_ft_alpha")  # fmt: skip
+_MULTILEVEL_HINTS = typing.get_type_hints(MultilevelConfig)
+_MultilevelJobSettings = config_from(
+    MultilevelConfig,
+    "MultilevelTrainingSettings",
+    fields=("preset", "allow_random_init", *PRESET_KEYS, "seed"),
+    overrides={
+        "preset": (str, "zoom-in"),
+        **{k: (_MULTILEVEL_HINTS[k] | None, None) for k in PRESET_KEYS},
+    },
+    module=__name__,
+)
+
+
+class MultilevelTrainingSettings(_MultilevelJobSettings):
     """Zoom-in (Panel2Patch) or region-aware (RegionMed-CLIP) training
     (``pipelines/training/multilevel/``) on one license group's figure, panel and region subsets.
     A field left unset keeps the preset's value; ``overrides``: a JSON object of any other
     ``MultilevelConfig`` field (schedule, loss_weights, curriculum, negative_loss, ...)."""
 
-    preset: str = "zoom-in"
+    # the asset's own options (the job's fields come from MultilevelConfig, above)
     license_group: str = "commercial"
-    model: str | None = None  # None: the preset's (ViT-L-14)
-    pretrained: str | None = None  # None: the preset's (zoom-in: BMC-CLIP; region-aware: CommonPool)
-    allow_random_init: bool = False  # train from random weights (refused otherwise)
-    steps: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    warmup: int | None = None
-    unfreeze_last_blocks: int | None = None
-    device: str | None = None
-    precision: str | None = None
-    checkpoint_every: int | None = None
-    log_every: int | None = None
-    wise_ft_alpha: float | None = None
-    seed: int = 0
     overrides: str = ""
     exclude_heldout: bool = True  # leave the release's held-out articles out (see ClipTrainingSettings)
     heldout_share: float = DEFAULT_SHARE  # of the articles, when the release has no recorded split yet
@@ -259,10 +271,7 @@ def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, st
         raise Failure(f"preset must be one of {sorted(PRESETS)}, got {config.preset!r}", allow_retries=False)
     job = {"preset": config.preset, "seed": config.seed, "allow_random_init": config.allow_random_init}
     job |= {f"{level}_data": [d] for level, d in subset_dirs.items()}
-    optional = ("model", "pretrained", "steps", "batch_size", "lr", "warmup", "unfreeze_last_blocks", "device",
-                "precision")  # fmt: skip
-    job |= {k: getattr(config, k) for k in (*optional, "checkpoint_every", "log_every", "wise_ft_alpha")
-            if getattr(config, k) is not None}  # fmt: skip
+    job |= {k: getattr(config, k) for k in PRESET_KEYS if getattr(config, k) is not None}
     try:
         job |= json.loads(config.overrides) if config.overrides else {}
         MultilevelConfig.from_dict({**job, "run_dir": "-"}).validate()

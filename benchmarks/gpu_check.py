@@ -152,7 +152,7 @@ def check_detector(run: Run, tmp: Path) -> dict:
 
 
 def check_vlm(run: Run, tmp: Path, name: str) -> dict:
-    from pipelines.vlm.engine import VlmRequest
+    from pipelines.vlm.prompt import Prompt
     from resources.vlm import VlmEngineResource
     from testing.published import QWEN_REDUCED, QWEN_REDUCED_VISION, published_config, reduced, write_qwen2_5_vl
 
@@ -168,7 +168,8 @@ def check_vlm(run: Run, tmp: Path, name: str) -> dict:
     )
     new_tokens = 4 if run.dry_run else 64
     images = figures(2 if run.dry_run else 8)
-    requests = [VlmRequest(f"f{i}", "Describe the figure.", [im], max_tokens=new_tokens) for i, im in enumerate(images)]
+    probe = Prompt("gpu_check", "Describe the figure.", schema=None, max_tokens=new_tokens)  # free text: throughput
+    requests = [probe.request(f"f{i}", [im]) for i, im in enumerate(images)]
     with resource.engine() as engine:
         engine.generate(requests[:1])  # warm-up
         done: list = []

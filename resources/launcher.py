@@ -34,7 +34,6 @@ checkpoint and resumes; each attempt's Dagster run id is in the config and the m
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import re
@@ -67,6 +66,7 @@ from dagster_pipes import PipesExtras, PipesParams
 from pydantic import Field
 
 from pipelines.core.errors import StageInputError
+from pipelines.core.fingerprints import fingerprint
 from pipelines.launch import CONFIG_FILE, FSSPEC_URL_KEY, atomic_write, checkpoint_dir, run_dir
 
 BACKENDS = ("subprocess", "ray", "kubernetes")
@@ -90,7 +90,8 @@ def build_command(python: str, module: str, config_url: str, gpus: int = 0) -> l
 
 
 def job_run_id(context: AssetExecutionContext | OpExecutionContext, config: Mapping[str, Any]) -> str:
-    """A training's stable id: the asset (or op), the partition, and a hash of the job config.
+    """A training's stable id: the asset (or op), the partition, and the job config's fingerprint
+    (its first 12 characters, as the ids of earlier versions: a training under way still resumes).
     The same asset, partition and config resume one training; a changed config starts anew."""
     if context.has_assets_def:
         name = "__".join(context.assets_def.key.path)
@@ -98,8 +99,7 @@ def job_run_id(context: AssetExecutionContext | OpExecutionContext, config: Mapp
         name = context.op.name
     if context.has_partition_key:
         name += f"__{context.partition_key}"
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{name}__{digest}")
+    return re.sub(r"[^A-Za-z0-9_.=-]", "_", f"{name}__{fingerprint(config)[:12]}")
 
 
 class PipesFsspecMessageReader(PipesBlobStoreMessageReader):

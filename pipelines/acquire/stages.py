@@ -11,7 +11,7 @@ from pipelines.acquire.source import PmcSource
 from pipelines.core.lake import Lake
 from pipelines.core.rawstore import verify_raw
 from pipelines.core.schemas import Table
-from pipelines.core.stage import RELEASE, Check, Compute, Partition, Preview, Stage, StageInputError, StageResult
+from pipelines.core.stage import RELEASE, Check, Compute, Partition, Preview, Stage, StageResult
 
 POOL = "pmc_source"  # one concurrency pool for every stage that talks to the PMC source
 
@@ -84,9 +84,7 @@ class AcquireStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
-        inventory = lake.read_table(Table.INVENTORY, release, shard)
-        if inventory is None:
-            raise StageInputError(f"no inventory for release {release}: run the inventory of {release} first")
+        inventory = lake.require(Table.INVENTORY, release, shard)
         previous = lake.previous_release(Table.RAW_MANIFEST, release)
         shard_result = acquire_shard(
             lake,

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipelines.core.fingerprints import fingerprint, model_identity
 from pipelines.core.lake import Lake
 
 KMEANS_BACKENDS = ("auto", "faiss", "sklearn")
@@ -44,9 +45,10 @@ class ConceptModelConfig:
         if self.backend not in KMEANS_BACKENDS:
             raise ValueError(f"k-means backend must be one of {', '.join(KMEANS_BACKENDS)}, got {self.backend!r}")
 
-    def version(self, release: str, model_label: str) -> str:
-        digest = hashlib.sha1(json.dumps([asdict(self), model_label], sort_keys=True).encode()).hexdigest()[:8]
-        return f"{release}-{digest}"
+    def version(self, release: str, model: str) -> str:
+        """``<release>-<fingerprint>`` of these settings and the embedder ``model`` (a hub id, a
+        label, or a local directory: by its :func:`model_identity`, so a moved model keeps the version)."""
+        return f"{release}-{fingerprint({'settings': asdict(self), 'model': model_identity(model)})}"
 
 
 @dataclass

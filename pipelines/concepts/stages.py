@@ -322,12 +322,12 @@ class FigureConceptsStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release, shard = partition.release, partition.shard
+        embeddings = lake.require(Table.EMBEDDINGS, release, shard)  # a shard without figures has an empty one
         version = current_version(lake, release)
         model = load_model(lake, version)
-        labels_table = lake.read_table(Table.CLUSTER_LABELS, release, "all")
+        labels_table = lake.read_table(Table.CLUSTER_LABELS, release, "all")  # none before the first review
         labels = {r["cluster_id"]: r for r in (labels_table.to_pylist() if labels_table is not None else [])}
-        embeddings = lake.read_table(Table.EMBEDDINGS, release, shard)
-        rows = propagate(embeddings.to_pylist() if embeddings is not None else [], model, version, labels)
+        rows = propagate(embeddings.to_pylist(), model, version, labels)
         lake.write_table(Table.FIGURE_CONCEPTS, release, shard, rows)
         statuses = Counter(r["label_status"] for r in rows)
         concepts = Counter(r["global_concept"] for r in rows if r["global_concept"])

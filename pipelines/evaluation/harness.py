@@ -11,16 +11,17 @@ model), so the two are always compared on the same items.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from pipelines.evaluation import metrics
 from pipelines.evaluation.datasets import CLASSIFICATION, VQA, EvalDataset, ImageSource
+from pipelines.images.decode import open_figure
 
 
 @dataclass
@@ -54,14 +55,13 @@ def load_clip(spec: str, pretrained: str | None = None, name: str | None = None,
 
 
 def decode(source: ImageSource):
-    """A PIL RGB image, or None when the bytes or file are not a decodable image."""
-    from PIL import Image, UnidentifiedImageError
-
+    """A PIL RGB image by the pipeline's one decoder (``open_figure``: the same pixels the release
+    was made from), or None when the bytes or file are not a usable image."""
     try:
-        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
-        return image.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError):
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    except OSError:
         return None
+    return open_figure(data).image
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:

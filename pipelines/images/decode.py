@@ -10,7 +10,8 @@ file alone, so every stage and every rerun decides alike (and parsing records it
   PIL's own decompression-bomb threshold), read from the header, before any pixel is decoded,
   whatever the format (a huge JPEG is refused too, not decoded reduced: its crops, pairs and long
   captions would need the full image);
-* ``unreadable image: ...``: truncated or corrupt data, found while decoding (never half-decoded).
+* ``unreadable image: ...``: truncated or corrupt data, found while decoding (never half-decoded),
+  or an image of no pixels (``empty image``).
 
 Modes are converted deliberately: CMYK to RGB with PIL's profile-free conversion, palette and
 alpha images composited on white (figures are drawn on white paper; black would invent a
@@ -142,6 +143,8 @@ def open_image(image: Image.Image, max_pixels: int = MAX_PIXELS, draft_side: int
     reason = too_large(width, height, max_pixels)
     if reason:
         return OpenedFigure(None, width, height, reason)
+    if not width or not height:  # nothing to embed, split or crop
+        return OpenedFigure(None, width, height, f"{UNREADABLE}: empty image ({width}x{height} px)")
     try:
         if draft_side and image.format == "JPEG" and min(width, height) >= 2 * draft_side:
             image.draft("RGB", (draft_side, draft_side))

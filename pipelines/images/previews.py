@@ -15,7 +15,11 @@ import textwrap
 
 from PIL import Image, ImageDraw, ImageFont
 
+from pipelines.images.decode import open_figure
+from pipelines.images.jpeg import jpeg_bytes
+
 PREVIEW_WIDTH = 480  # the sheet shown in the UI's metadata panel: small enough for the event log
+PREVIEW_QUALITY = 80  # of the preview's JPEG: small enough for the event log, text still legible
 SHEET_ITEMS = 12  # crops per sheet
 THUMB, COLUMNS, TEXT_LINES, LINE_CHARS = 150, 4, 4, 26
 
@@ -23,12 +27,11 @@ THUMB, COLUMNS, TEXT_LINES, LINE_CHARS = 150, 4, 4, 26
 def sheet_preview(png: bytes, width: int = PREVIEW_WIDTH, title: str = "contact sheet") -> str:
     """A contact sheet scaled to ``width`` as a Markdown image (a JPEG data URI), so the asset's
     metadata panel shows it without opening the lake."""
-    image = Image.open(io.BytesIO(png)).convert("RGB")
+    image = Image.open(io.BytesIO(png)).convert("RGB")  # our own sheet (captioned_sheet), not a figure
     if image.width > width:  # exactly ``width`` wide (``thumbnail`` may round a pixel off)
         image = image.resize((width, max(1, round(image.height * width / image.width))), Image.LANCZOS)
-    out = io.BytesIO()
-    image.save(out, "JPEG", quality=80)
-    return f"![{title}](data:image/jpeg;base64,{base64.b64encode(out.getvalue()).decode()})"
+    encoded = jpeg_bytes(image, quality=PREVIEW_QUALITY)
+    return f"![{title}](data:image/jpeg;base64,{base64.b64encode(encoded).decode()})"
 
 
 def _font(size: int):
@@ -67,11 +70,4 @@ def captioned_sheet(items: list[tuple[bytes | None, str]], title: str) -> bytes:
 
 
 def _decoded(data: bytes | None) -> Image.Image | None:
-    if not data:
-        return None
-    try:
-        image = Image.open(io.BytesIO(data))
-        image.load()
-    except Exception:  # noqa: BLE001 - a preview never fails a stage
-        return None
-    return image.convert("RGB")
+    return open_figure(data).image if data else None  # a preview never fails a stage: None, "unreadable"

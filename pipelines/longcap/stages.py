@@ -18,7 +18,7 @@ import numpy as np
 from pipelines.core.fingerprints import fingerprint, model_identity
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import Table
-from pipelines.core.stage import GPU_POOL, Check, Compute, Markdown, Partition, Preview, StageInputError, StageResult
+from pipelines.core.stage import GPU_POOL, Check, Compute, Markdown, Partition, Preview, StageResult
 from pipelines.images.plots import figure_png
 from pipelines.longcap.negatives import NEGATIVES_PROMPT_VERSION, RULES_VERSION, pair_negatives
 from pipelines.longcap.prompts import FEASIBLE, PROMPT_VERSION
@@ -94,9 +94,7 @@ class NegativesStage(ModelStage):
 
 def region_pairs(lake: Lake, release: str, shard: str) -> list[dict]:
     """The partition's region pairs with text: what gets negatives."""
-    pairs = lake.read_table(Table.PAIRS, release, shard)
-    if pairs is None:
-        raise StageInputError(f"release {release} shard {shard} has no pairs yet: materialize `pairs` first")
+    pairs = lake.require(Table.PAIRS, release, shard)
     return [p for p in pairs.to_pylist() if p["level"] == "region" and (p["text"] or "").strip()]
 
 

@@ -19,7 +19,6 @@ from pipelines.core.figures import image_refs
 from pipelines.core.fingerprints import fingerprint
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import TABLES, Table
-from pipelines.core.stage import StageInputError
 from pipelines.images.boxes import Box, Panel, iou
 from pipelines.mining.markers import detect_markers
 from pipelines.mining.phrases import MarkerPhrase, find_marker_phrases
@@ -71,14 +70,9 @@ def _key(item: dict) -> str:
 def figure_items(lake: Lake, release: str, shard: str) -> list[dict]:
     """One item per figure image with what mining needs: raw location, caption, concept label,
     panels (original pixels) and the caption split by panel."""
-    figures = lake.read_table(Table.FIGURES, release, shard)
-    panels = lake.read_table(Table.PANELS, release, shard)
-    panel_captions = lake.read_table(Table.PANEL_CAPTIONS, release, shard)
-    if figures is None or panels is None or panel_captions is None:
-        raise StageInputError(
-            f"release {release} shard {shard} has no panels yet: materialize `panels` for this partition first"
-        )
-    figures = figures.to_pylist()
+    figures = lake.require(Table.FIGURES, release, shard).to_pylist()
+    panels = lake.require(Table.PANELS, release, shard)
+    panel_captions = lake.require(Table.PANEL_CAPTIONS, release, shard)
     concepts = lake.read_table(Table.FIGURE_CONCEPTS, release, shard)
     concept = {(c["pmcid"], c["image_file"]): c["global_concept"] for c in (concepts.to_pylist() if concepts else [])}
     by_image: dict[tuple[str, str], list[dict]] = defaultdict(list)

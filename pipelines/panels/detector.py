@@ -513,12 +513,10 @@ def _prepare_batch(batch: dict, lake_root: str, input_size: int) -> dict:
     with RawReader(Lake(lake_root)) as reader:
         for tar_path, offset, size in zip(batch["tar_path"], batch["offset"], batch["size"], strict=True):
             data = reader.read(str(tar_path), int(offset), int(size))  # a missing tar is an outage: raise
-            image, error = decode_image(data)
-            if image is not None and (image.width == 0 or image.height == 0):
-                image, error = None, "empty image"
+            image, error = decode_image(data)  # an image of no pixels is one of its reasons too
             if image is None:
                 pixels.append(np.zeros((input_size, input_size, 3), dtype=np.uint8))
-                widths.append(0), heights.append(0), errors.append(error or "undecodable image")
+                widths.append(0), heights.append(0), errors.append(error)
                 continue
             canvas, _ = prepare_image(image, input_size)
             pixels.append(canvas)

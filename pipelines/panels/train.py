@@ -368,14 +368,16 @@ def evaluate_on_real_figures(detector, boxes_json: str) -> dict:
     pipeline keeps them (``postprocess.finalize``)."""
     from pathlib import Path
 
-    from PIL import Image
-
     from pipelines.images.boxes import finalize
+    from pipelines.images.decode import UnusableFigureError, open_figure
     from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 
     root = Path(boxes_json).resolve().parents[2]  # <repo>/sample/panels/boxes.json
     figures = load_eval_set(boxes_json, root)
-    images = [Image.open(f["path"]).convert("RGB") for f in figures]
+    opened = [open_figure(Path(f["path"]).read_bytes()) for f in figures]
+    if unusable := [f"{f['path']}: {o.reason}" for f, o in zip(figures, opened, strict=True) if o.image is None]:
+        raise UnusableFigureError(f"hand-boxed figures the decoder refuses: {'; '.join(unusable)}")
+    images = [o.image for o in opened]
     found = detector.detect(images)
     results = [
         match_at_iou([p.box for p in finalize(d.panels, f["width"], f["height"])], f["boxes"])

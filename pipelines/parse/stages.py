@@ -65,7 +65,7 @@ class DuplicatesStage(Stage):
     writes = (Table.IMAGE_DUPLICATES,)
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
-        rows = find_duplicates(lake.read_release(Table.FIGURES, partition.release).to_pylist())
+        rows = find_duplicates(lake.require(Table.FIGURES, partition.release).to_pylist())
         lake.write_table(Table.IMAGE_DUPLICATES, partition.release, "all", rows)
         kinds = Counter(r["kind"] for r in rows)
         return self.result(

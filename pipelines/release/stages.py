@@ -212,10 +212,8 @@ class PairPlanStage(Stage):
         with lake.commit(self.name, release, shard) as commit:
             matches = (*CAPTION_MATCHES, VLM) if self.include_vlm_text else CAPTION_MATCHES
             plan = plan_pair_shard(lake, release, shard, crops, matches, self.gate, commit=commit)
-            if Table.PAIRS in plan.inputs_absent and Table.LONG_CAPTIONS in plan.inputs_absent:
-                raise StageInputError(
-                    f"release {release} shard {shard} has neither pairs nor long_captions: materialize them first"
-                )
+            if {Table.PAIRS, Table.LONG_CAPTIONS} <= set(plan.inputs_absent):  # either one gives samples
+                lake.require(Table.PAIRS, release, shard)  # says: materialize `pairs` first
             commit.write_table(Table.PAIR_SAMPLES, plan.rows)
         counts: dict[str, object] = {f"{level}_samples": plan.included(level) for level in PAIR_LEVELS}
         counts |= {f"excluded_{reason}": plan.excluded.get(reason, 0) for reason in PAIR_REASONS}
@@ -375,6 +373,7 @@ class ReleaseTablesStage(Stage):
 
     def process(self, lake: Lake, partition: Partition) -> StageResult:
         release = partition.release
+        lake.require(Table.SAMPLES, release)  # the articles' shards are parsed and planned: not an empty release
         tables = export_tables(lake, release, lake.shards())
         stats = release_stats(
             included_samples(lake, release),

@@ -103,6 +103,55 @@ def test_pubmed_writes_nothing_when_articles_are_missing(tmp_path):
     assert lake.read_table("pubmed", RELEASE, SHARD) is None
 
 
+def test_the_hand_worded_missing_inputs_say_what_to_materialize(tmp_path):
+    """Acquisition, mining, negatives and the pair plan read their inputs through ``Lake.require``."""
+    from pipelines.acquire.stages import AcquireStage
+    from pipelines.longcap.stages import region_pairs
+    from pipelines.mining.mine import figure_items
+
+    lake, part = Lake(tmp_path), Partition(RELEASE, SHARD)
+    no_inventory = _missing(lambda: AcquireStage(source=None).run(lake, part))  # the source is never reached
+    assert no_inventory == "release 2026 shard 000 has no `inventory` table: materialize `pmc_inventory` first"
+    assert _missing(lambda: region_pairs(lake, RELEASE, SHARD)).endswith("no `pairs` table: materialize `pairs` first")
+    assert _missing(lambda: figure_items(lake, RELEASE, SHARD)).endswith("materialize `parsed_articles` first")
+    lake.write_table("figures", RELEASE, SHARD, [])
+    assert _missing(lambda: figure_items(lake, RELEASE, SHARD)).endswith(
+        "no `panels` table: materialize `panels` first"
+    )
+    lake.write_table("panels", RELEASE, SHARD, [])
+    no_captions = _missing(lambda: figure_items(lake, RELEASE, SHARD))
+    assert no_captions.endswith("no `panel_captions` table: materialize `panels` first")
+    lake.write_table("panel_captions", RELEASE, SHARD, [])
+    assert figure_items(lake, RELEASE, SHARD) == []  # a shard without figures: empty, not missing
+
+
+def test_stages_write_nothing_when_their_input_is_missing_and_run_on_an_empty_one(tmp_path):
+    """A missing table is not an empty table: duplicates, the release tables and the figure
+    concepts wrote an empty output over a missing input; a shard without figures still runs."""
+    from pipelines.concepts.stages import FigureConceptsStage
+    from pipelines.parse.stages import DuplicatesStage
+    from pipelines.release.stages import ReleaseTablesStage
+
+    lake = Lake(tmp_path)
+    assert _missing(lambda: DuplicatesStage().run(lake, Partition(RELEASE))).endswith(
+        "release 2026 has no `figures` table: materialize `parsed_articles` first"
+    )
+    assert lake.read_table("image_duplicates", RELEASE, "all") is None
+    no_samples = _missing(lambda: ReleaseTablesStage().run(lake, Partition(RELEASE)))
+    assert no_samples == "release 2026 has no `samples` table: materialize `dataset_samples` first"
+    assert not list(tmp_path.rglob("tables.json"))
+    no_embeddings = _missing(lambda: FigureConceptsStage().run(lake, Partition(RELEASE, SHARD)))
+    assert no_embeddings == "release 2026 shard 000 has no `embeddings` table: materialize `figure_embeddings` first"
+    assert lake.read_table("figure_concepts", RELEASE, SHARD) is None
+
+    lake.write_table("figures", RELEASE, SHARD, [])  # a shard whose articles have no figures
+    assert DuplicatesStage().run(lake, Partition(RELEASE)).ok == 0
+    assert lake.read_table("image_duplicates", RELEASE, "all").num_rows == 0
+    lake.write_table("embeddings", RELEASE, SHARD, [])
+    no_model = _missing(lambda: FigureConceptsStage().run(lake, Partition(RELEASE, SHARD)))
+    assert no_model.startswith("no concept model for release 2026")  # past the embeddings, at the next input
+
+
 class _Raising(Stage):
     name = "raising"
 

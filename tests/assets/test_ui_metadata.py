@@ -7,7 +7,7 @@ import io
 
 import numpy as np
 from dagster import MetadataValue
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 
 from assets.report import _value
 from pipelines.core.stage import Markdown
@@ -31,6 +31,16 @@ def test_a_contact_sheet_preview_is_a_small_jpeg_in_markdown():
     assert image.format == "JPEG" and image.size == (480, 174)  # half of 960 x 348
     red, blue = image.getpixel((60, 87)), image.getpixel((420, 87))
     assert red[0] > 200 > red[2] and blue[2] > 200 > blue[0]
+    assert JpegImagePlugin.get_sampling(image) == 0  # the one JPEG encoder's 4:4:4 (PIL's own default: 4:2:0)
+
+
+def test_a_sheet_cell_whose_image_the_decoder_refuses_says_unreadable():
+    """A crop's bytes go through the one decoder: a cell it refuses is drawn as "unreadable"
+    (red text on white), never a stage failure, like a cell with no bytes at all."""
+    refused, missing = (captioned_sheet([(data, "x")], "t") for data in (b"not an image", None))
+    assert refused == missing
+    cell = np.asarray(Image.open(io.BytesIO(refused)).convert("RGB").crop((4, 30, 146, 50)))
+    assert ((cell[..., 0] > 150) & (cell[..., 1] < 100)).any()  # red text where the thumbnail would be
 
 
 def test_markdown_counts_become_markdown_metadata():

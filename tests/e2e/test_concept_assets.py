@@ -158,7 +158,7 @@ def test_shipped_demo_annotations_describe_the_demo_model(concept_lake):
     vectors, keys = sample_vectors(lake, DEMO_RELEASE, settings.sample_size, settings.seed)
     model = fit_concept_model(vectors, settings, keys)
     version = settings.version(DEMO_RELEASE, EmbedderConfig(synthetic=True).model_label)
-    assert version == "2026-4e388acf" and model.info["kmeans_backend"] == "scikit-learn"
+    assert version == "2026-864d3d5a96bf6f37" and model.info["kmeans_backend"] == "scikit-learn"
     files = {p.name: p.read_text() for p in sorted((REPO / "sample" / "annotations").glob("*.csv"))}
     taxonomy = load_taxonomy()
     labels = resolve(read_annotations(files, taxonomy, 8, version, model.fingerprints()), taxonomy).labels

@@ -128,6 +128,27 @@ def test_artifacts_round_trip_and_versions(lake):
     assert latest_version(lake, before_release="2025") is None
 
 
+def test_a_model_version_survives_moving_the_embedder_directory(tmp_path):
+    """The version hashes the embedder by what its directory holds, not where it is: a lake built
+    with DINOv2 at one absolute path keeps its concept-model versions when the weights move."""
+    import shutil
+
+    here = tmp_path / "here" / "dinov2"
+    here.mkdir(parents=True)
+    (here / "config.json").write_text('{"model_type": "dinov2", "hidden_size": 32}')
+    (here / "model.safetensors").write_bytes(b"\0" * 64)
+    there = tmp_path / "elsewhere" / "weights" / "dinov2"
+    shutil.copytree(here, there)
+    settings = ConceptModelConfig(n_components=4, k=3)
+    version = settings.version("2026", str(here))
+    assert version.startswith("2026-") and str(tmp_path) not in version
+    assert settings.version("2026", str(there)) == version
+    assert ConceptModelConfig(n_components=4, k=4).version("2026", str(there)) != version  # settings count
+    (there / "config.json").write_text('{"model_type": "dinov2", "hidden_size": 64}')
+    assert settings.version("2026", str(there)) != version  # another model in the same place is not the same
+    assert settings.version("2026", "facebook/dinov2-large") != settings.version("2026", "facebook/dinov2-base")
+
+
 def _embedding_row(sha: str, vector: np.ndarray) -> dict:
     return {
         "pmcid": f"PMC{sha}",

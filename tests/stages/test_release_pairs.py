@@ -252,8 +252,9 @@ def test_plan_needs_pairs_or_long_captions(tmp_path):
     with pytest.raises(StageInputError, match="dataset_samples"):
         PairPlanStage().run(lake, Partition(RELEASE, shard))
     SamplePlanStage().run(lake, Partition(RELEASE, shard))
-    with pytest.raises(StageInputError, match="neither pairs nor long_captions"):
+    with pytest.raises(StageInputError, match="has no `pairs` table: materialize `pairs` first"):
         PairPlanStage().run(lake, Partition(RELEASE, shard))
+    assert lake.read_table("pair_samples", RELEASE, shard) is None
 
 
 def test_panel_subset_reuses_crops_and_cuts_the_rest_once(built):

@@ -20,7 +20,7 @@ from pipelines.concepts.dinov2 import EmbedderConfig
 from pipelines.concepts.stages import EmbedStage
 from pipelines.core.lake import Lake
 from pipelines.core.stage import Partition
-from pipelines.images.decode import decode_image, is_loaded, open_figure
+from pipelines.images.decode import UnusableFigureError, decode_image, is_loaded, open_figure
 from pipelines.images.info import image_info
 from pipelines.images.jpeg import to_jpeg
 from pipelines.longcap.stages import LongCapSettings, LongCapStage
@@ -72,6 +72,41 @@ def test_every_decoder_entry_point_gives_the_same_reason(name):
     }
     assert expected(name, reasons["parse (image facts)"]), reasons
     assert len(set(reasons.values())) == 1, reasons
+
+
+@pytest.mark.parametrize("name", ["fig1.jpg", "fig2.jpg", "fig3.jpg"])
+def test_evaluation_and_training_read_images_by_the_same_rule(name):
+    """The evaluation harness and the multi-level trainer decode through ``open_figure`` too: an
+    image the release would refuse is no image to them either, for the same reason."""
+    import random
+
+    from pipelines.evaluation.harness import decode as evaluation_decode
+    from pipelines.training.multilevel.config import MultilevelConfig
+    from pipelines.training.multilevel.decoding import decode as training_decode
+
+    data = bad_figures()[name]
+    assert evaluation_decode(data) is None
+    sample = {"__key__": "k", "jpg": data, "txt": b"a cell"}
+    with pytest.raises(UnusableFigureError) as refused:
+        training_decode(sample, "figure", lambda im: im, MultilevelConfig(run_dir="-"), random.Random(0))
+    assert refused.value.reason == open_figure(data).reason and expected(name, refused.value.reason)
+
+
+def test_transparency_is_white_paper_and_no_pixels_is_unreadable_in_every_reader(tmp_path):
+    """A transparent PNG (a chart drawn on nothing) is composited on white by the one decoder, in
+    the evaluation harness as in the release (``convert("RGB")`` made it black); an image of no
+    pixels is one of the decoder's reasons, not a word of the detector's own."""
+    from pipelines.evaluation.harness import decode as evaluation_decode
+    from pipelines.images.decode import open_image
+
+    out = io.BytesIO()
+    Image.new("RGBA", (4, 3), (0, 0, 0, 0)).save(out, "PNG")
+    (tmp_path / "clear.png").write_bytes(out.getvalue())
+    for source in (out.getvalue(), str(tmp_path / "clear.png")):
+        assert evaluation_decode(source).getpixel((1, 1)) == (255, 255, 255)
+    assert evaluation_decode(str(tmp_path / "missing.png")) is None
+    empty = open_image(Image.new("RGB", (0, 4)))
+    assert empty.image is None and empty.reason == "unreadable image: empty image (0x4 px)"
 
 
 @pytest.mark.parametrize("split", [split_panels, panels_for_figure])

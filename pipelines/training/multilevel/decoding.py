@@ -3,12 +3,12 @@ two), the hard negatives, and an ROI region's box in its parent's frame."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.images.decode import UnusableFigureError, open_figure
 from pipelines.training.multilevel.config import IMAGE_EXTS, REGION, MultilevelConfig
 
 
@@ -38,13 +38,15 @@ def region_text(sample: dict, prob: float, rng: random.Random) -> str:
 
 
 def decode(sample: dict, level: str, preprocess, config: MultilevelConfig, rng: random.Random) -> Decoded:
-    """The sample's image (preprocessed) and text; raises ValueError for an unusable sample."""
-    from PIL import Image
-
+    """The sample's image (preprocessed) and text; raises ValueError for an unusable sample (the
+    decoder's ``UnusableFigureError`` with its reason for an image it refuses)."""
     ext = next((e for e in IMAGE_EXTS if e in sample), None)
     if ext is None:
         raise ValueError("no image member")
-    image = Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    figure = open_figure(sample[ext])
+    if figure.image is None:
+        raise UnusableFigureError(figure.reason)
+    image = figure.image
     text = region_text(sample, config.region_description_prob, rng) if level == REGION else _text(sample, "txt")
     if not text.strip():
         raise ValueError("empty text")
