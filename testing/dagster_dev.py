@@ -148,17 +148,19 @@ class DagsterDev:
         self.log.flush()
         return self.log_path.read_text(errors="replace")[-n:]
 
-    def stop(self) -> list[int]:
+    def stop(self, grace: float = 120) -> list[str]:
         """SIGTERM to ``dagster dev`` and its process group (it was started in a session of its own);
-        returns the pids of its processes (the group and every descendant: code servers, run
-        workers) still alive 30 s later, which are then killed."""
+        returns what is left of its processes (the group and every descendant: code servers, run
+        workers) ``grace`` seconds later, as ``pid command line``, then kills them. An orphan never
+        ends by itself; a shutdown on a loaded 2-core machine once took over 60 s, hence the grace."""
         processes = set(_group(self.proc.pid)) | set(_descendants(self.proc.pid))
+        commands = {pid: _command(pid) for pid in processes}
         os.killpg(self.proc.pid, signal.SIGTERM)
+        deadline = time.time() + grace
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.time() + 30
         left = _alive(processes)
         while left and time.time() < deadline:
             time.sleep(0.5)
@@ -170,7 +172,7 @@ class DagsterDev:
             self.proc.kill()
             self.proc.wait(timeout=30)
         self.log.close()
-        return sorted(left)
+        return [f"{pid} {commands[pid]}" for pid in sorted(left)]
 
 
 def _stats() -> dict[int, tuple[str, int, int]]:
@@ -197,6 +199,14 @@ def _descendants(pid: int) -> list[int]:
         found += children
         todo += children
     return found
+
+
+def _command(pid: int) -> str:
+    """The command line of ``pid`` (shortened), to say what a process left running was."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+    except OSError:
+        return "?"
 
 
 def _alive(pids: set[int]) -> list[int]:
