@@ -1,9 +1,8 @@
 """The panels stage: every figure image of a (release, shard) split into panels, with its caption
 split by panel label, in the loop every model stage runs (``pipelines.model_stage``: reuse by
 the image's bytes, caption and settings from the previous release then the partition's own rows,
-batches, progress,
-checkpoints where a detector runs, one commit). How a figure is split, and when the detector
-looks: ``pipelines.panels.figures``. The panels' crops: ``pipelines.panels.crops``.
+batches, progress, checkpoints where a detector runs, one commit). How a figure is split, and when
+the detector looks: ``pipelines.panels.figures``. The panels' crops: ``pipelines.panels.crops``.
 """
 
 from __future__ import annotations
@@ -129,12 +128,11 @@ def panels_result(stage: PanelStage, partition: Partition, run: ModelRun) -> Sta
     matching = sum(1 for f in with_labels if f["caption_labels"] == f["n_panels"])
     agreements = Counter(figure_agreement(f["n_panels"], f["caption_labels"] or 0) for f in figures if f["n_panels"])
     detector = stage.settings.detector
-    skipped = run.carried  # error rows are never carried: they are decided again
-    result = stage.result(
+    result = stage.result(  # error rows are never carried: they are decided again
         partition,
-        ok=len(figures) - len(errors) - skipped,
+        ok=len(figures) - len(errors) - run.carried,
         error=len(errors),
-        skipped=skipped,
+        skipped=run.carried,
         carried=run.carried,
         counts={
             "images": len(figures),
