@@ -8,6 +8,7 @@ Everything is deterministic: the same rows give byte-identical mirrors.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import hashlib
 import io
@@ -108,8 +109,18 @@ def write_package(path: Path, pmcid: str, files: dict[str, bytes]) -> None:
             info = tarfile.TarInfo(f"{pmcid}/{name}")
             info.size, info.mode, info.mtime = len(files[name]), 0o644, 0
             tar.addfile(info, io.BytesIO(files[name]))
-    with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0) as gz:
-        gz.write(raw.getvalue())
+    path.write_bytes(_gzipped(path.name, raw.getvalue()))
+
+
+@functools.lru_cache(maxsize=128)
+def _gzipped(name: str, tar: bytes) -> bytes:
+    """The gzip file ``name`` of ``tar`` (mtime 0: the same bytes every time). Kept for the process:
+    the sample's packages are mostly JPEG, which deflate cannot shrink but spends seconds on, and
+    the tests build the same 38 packages into a dozen mirrors."""
+    out = io.BytesIO()
+    with gzip.GzipFile(filename=name, fileobj=out, mode="wb", mtime=0) as gz:
+        gz.write(tar)
+    return out.getvalue()
 
 
 def build_legacy_mirror(
