@@ -16,6 +16,7 @@ from pipelines.images.duplicates import find_duplicates
 from pipelines.images.info import image_info
 from pipelines.parse.shard import PARSE_TABLES, ParseLimits, parse_shard
 from pipelines.parse.stages import ParseStage
+from testing import pipeline
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, package_path, write_package
 from tests.helpers import N_SHARDS, files, run_release, source_for
 from tests.unit.test_parse import ARTICLE_FACTS
@@ -33,10 +34,10 @@ def _rows(lake, release, table):
 
 
 @pytest.fixture
-def sample_lake(lake, cloud_mirror):
-    with source_for(cloud_mirror.as_uri()) as source:
-        run_release(lake, source, "2026")
-    return lake
+def sample_lake(tmp_path):
+    """The sample acquired (not parsed) as release 2026, in a lake of this test's own: a copy of
+    the one acquisition this process makes (``testing.pipeline.sample_lake``)."""
+    return pipeline.sample_lake(tmp_path / "acquired", "2026", parse=False)
 
 
 def test_broken_xml_and_a_decompression_bomb_are_recorded(lake, sample, tmp_path):
