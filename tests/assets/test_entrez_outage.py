@@ -4,6 +4,7 @@ Citation counts read -1 (unknown, as in the release's samples) unless NCBI answe
 that PubMed knows. Expected values are read by hand from ``sample/entrez``.
 """
 
+import functools
 import socket
 
 import pytest
@@ -172,7 +173,10 @@ def materialize_pubmed(lake, tmp_path, url):
     )
 
 
-def test_the_asset_fails_and_writes_no_rows_when_ncbi_is_unreachable(lake, tmp_path):
+def test_the_asset_fails_and_writes_no_rows_when_ncbi_is_unreachable(lake, tmp_path, monkeypatch):
+    # the resource's client with the tests' fast retries: the production backoff only waits here
+    # (five attempts, up to 7.5 s of sleep), it changes nothing the asset does with the outage
+    monkeypatch.setattr("resources.eutils.EntrezClient", functools.partial(EntrezClient, retry=FAST))
     result = materialize_pubmed(lake, tmp_path, closed_port_url())
     assert not result.success
     assert lake.read_table("pubmed", "2026", "000") is None and cached(lake) == []
