@@ -39,27 +39,41 @@ def build_sample_lake(root: Path, release: str = "2026", n_shards: int = 4, pars
     return lake
 
 
-_TEMPLATES: dict[tuple[str, int, bool], Path] = {}  # built sample lakes of this process, by what they hold
+_TEMPLATES: dict[tuple, Path] = {}  # built sample lakes of this process, by what they hold
 
 
-def _template(release: str, n_shards: int, parse: bool) -> Path:
-    key = (release, n_shards, parse)
+def _template(release: str, n_shards: int, parse: bool, panels: tuple[str, ...] = ()) -> Path:
+    key = (release, n_shards, parse, panels)
     if key not in _TEMPLATES:
         root = Path(tempfile.mkdtemp(prefix="panelforge-sample-lake-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)
-        build_sample_lake(root, release, n_shards, parse)
+        if panels:
+            from pipelines.panels.stages import PanelSettings, PanelStage
+
+            lake = _copy(_template(release, n_shards, parse), root)
+            for shard in panels:
+                PanelStage(PanelSettings()).run(lake, Partition(release, shard))
+        else:
+            build_sample_lake(root, release, n_shards, parse)
         _TEMPLATES[key] = root
     return _TEMPLATES[key]
 
 
-def sample_lake(root: Path, release: str = "2026", n_shards: int = 4, parse: bool = True) -> Lake:
-    """The bundled sample acquired (and parsed) into ``root/lake``, its mirror at ``root/mirror``.
-
-    Built once per process for each (release, shards, parse) and copied here after: a lake is
-    relocatable (every path in it is relative to its root), so the copy is the lake a fresh build
-    would write, and a dozen test modules and benchmarks pay for one acquisition and one parse."""
-    template = _template(release, n_shards, parse)
+def _copy(template: Path, root: Path) -> Lake:
     root.mkdir(parents=True, exist_ok=True)
     shutil.copytree(template / "mirror", root / "mirror")
     shutil.copytree(template / "lake", root / "lake")
     return Lake(root / "lake")
+
+
+def sample_lake(
+    root: Path, release: str = "2026", n_shards: int = 4, parse: bool = True, panels: tuple[str, ...] = ()
+) -> Lake:
+    """The bundled sample acquired (and parsed) into ``root/lake``, its mirror at ``root/mirror``;
+    with ``panels``, those shards split into panels by the panels stage (default settings).
+
+    Built once per process for each (release, shards, parse, panels) and copied here after: a lake
+    is relocatable (every path in it is relative to its root), so the copy is the lake a fresh
+    build would write, and a dozen test modules and benchmarks pay for one acquisition, one parse
+    and one panel split of a shard (a second of OCR per ten figures)."""
+    return _copy(_template(release, n_shards, parse, tuple(panels)), root)

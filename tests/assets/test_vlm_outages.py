@@ -22,7 +22,6 @@ from assets.longcap import long_captions, pair_negatives
 from assets.mining import pairs
 from pipelines.core.stage import Partition
 from pipelines.mining.stages import MiningSettings, MiningStage
-from pipelines.panels.stages import PanelSettings, PanelStage
 from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, VlmRequest
 from resources.compute import ModelsResource, RayResource
@@ -51,8 +50,7 @@ def mined_lake(root: Path):
     """The sample release parsed, split into panels and mined once by a scripted model, plus one
     region pair written by hand (pair_negatives perturbs region texts); the outages below then
     hit reruns under another engine."""
-    lake = sample_lake(root, RELEASE)
-    PanelStage(PanelSettings()).run(lake, Partition(RELEASE, SHARD))
+    lake = sample_lake(root, RELEASE, panels=(SHARD,))
     MiningStage(ScriptedEngine(_mine), MiningSettings(som_views=1)).run(lake, Partition(RELEASE, SHARD))
     rows = lake.read_table("pairs", RELEASE, SHARD).to_pylist()
     panel = next(p for p in rows if p["level"] == "panel")

@@ -26,7 +26,6 @@ from pipelines.mining.stages import (
     MiningSettings,
     MiningStage,
 )
-from pipelines.panels.stages import PanelSettings, PanelStage
 from pipelines.vlm import prompts
 from pipelines.vlm.engine import EngineConfig, Sampling, VlmOutage, VlmRequest
 from testing.pipeline import sample_lake
@@ -44,9 +43,7 @@ REGION_ANSWER = '{"regions": [{"bbox_2d": [225, 146, 324, 200]}]}'
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
-    lake = sample_lake(tmp_path_factory.mktemp("mining"), RELEASE)
-    PanelStage(PanelSettings()).run(lake, Partition(RELEASE, SHARD))
-    return lake
+    return sample_lake(tmp_path_factory.mktemp("mining"), RELEASE, panels=(SHARD,))
 
 
 def scripted(overrides: dict[str, str] | None = None) -> ScriptedEngine:
@@ -233,8 +230,7 @@ def test_an_engine_that_ignores_schemas_is_refused_before_mining(lake):
 
 
 def test_an_outage_fails_the_run_and_writes_nothing(tmp_path):
-    lake = sample_lake(tmp_path, RELEASE)
-    PanelStage(PanelSettings()).run(lake, Partition(RELEASE, SHARD))
+    lake = sample_lake(tmp_path, RELEASE, panels=(SHARD,))
 
     class Down(ScriptedEngine):
         """The server answers the canary, then goes away."""
