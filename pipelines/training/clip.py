@@ -490,17 +490,8 @@ def check_memory(config: ClipTrainConfig, gpu_bytes: float) -> memory.MemoryEsti
 
 
 def job_gpu_bytes(config: ClipTrainConfig) -> float | None:
-    """The memory of the GPU the job trains on: ``gpu_memory_gb`` when set, else the first visible
-    CUDA device's (None on CPU: nothing to check)."""
-    if config.gpu_memory_gb is not None:
-        return config.gpu_memory_gb * memory.GB or None
-    if not config.device.startswith("cuda"):
-        return None
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return float(torch.cuda.get_device_properties(0).total_memory)
+    """The memory of the GPU the job trains on (:func:`memory.job_gpu_bytes`)."""
+    return memory.job_gpu_bytes(config.gpu_memory_gb, config.device)
 
 
 # ----------------------------------------------------------------------------------- the log
