@@ -11,7 +11,7 @@ with 1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clippin
 epochs on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`). Like
 BIOMEDICA's launch scripts (``scripts/submit_and_manage_jobs_wds.py`` in
 ``Ale9806/open_clip_with_biomedica``) the trainer runs with ``--grad-checkpointing --local-loss
---gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 455 MB of fp32
+--gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 482 MB of fp32
 activations and 1,024 of them cannot fit an 80 GB GPU. Before the trainer starts, the job
 estimates the step's memory (:mod:`pipelines.training.memory`) and refuses a batch that cannot
 fit its GPU, naming the setting to change.

@@ -11,20 +11,23 @@ What a step holds (``B`` samples per GPU, ``P`` parameters):
   and in OpenCLIP's ``amp`` modes (autocast keeps fp32 master weights), 8 in its ``bf16`` /
   ``fp16`` / ``pure_*`` modes (the model itself in 16 bits); DistributedDataParallel adds its
   gradient buckets, one more copy of the gradients, above one GPU.
-* **activations**, per sample: what each transformer block saves for its backward pass. Counted
-  from PyTorch 2.14's saved tensors for OpenCLIP's ``ResidualAttentionBlock`` (sequence ``s``,
-  width ``w``, MLP width ``m``, ``h`` heads): 8·s·w (the inputs of both LayerNorms, of the QKV
-  and output projections and of the first MLP layer, the packed Q, K, V and the attention
-  output) + 2·s·m (the GELU's input and the second MLP layer's input) + s·h (the fused
-  attention kernel's log-sum-exp; no s² matrix is kept) + 4·s (LayerNorm statistics), plus the
-  tower's stem and head (the image itself and 3·s·w for the image tower, s·w + w for the text
-  tower). In fp32 that is 408.5 MB per sample for ViT-L/14's image tower and 45.7 MB for its
-  text tower, what PyTorch saved in our measurement to within 0.03%. In the ``amp`` modes the
-  residual stream (the two LayerNorm inputs) stays fp32 and the rest is 16-bit.
+* **activations**, per sample: what each transformer block saves for its backward pass, as
+  PyTorch saves it on CUDA for OpenCLIP's ``ResidualAttentionBlock`` (sequence ``s``, width
+  ``w``, MLP width ``m``, ``h`` heads): 9·s·w (the inputs of both LayerNorms, of the QKV and
+  output projections and of the first MLP layer, the packed Q, K, V, the attention output, and
+  on CUDA the output projection's input as a copy of it in another layout) + 2·s·m (the GELU's
+  input and the second MLP layer's input) + h·s' (the fused attention kernel's log-sum-exp,
+  ``s'`` = s padded to a multiple of 32 by the memory-efficient kernel; no s² matrix is kept) +
+  4·s (LayerNorm statistics), plus the tower's stem and head (the image itself and 3·s·w for the
+  image tower, s·w + w for the text tower). In fp32 that is 433.8 MB per sample for ViT-L/14's
+  image tower and 48.6 MB for its text tower. Measured on an H100 (PyTorch 2.11, fp32,
+  ViT-B/16) the towers saved that to within 0.1%; on CPU PyTorch saves one s·w and the
+  log-sum-exp padding less per block (the tests check both). In the ``amp`` modes the residual
+  stream (the two LayerNorm inputs) stays fp32 and the rest is 16-bit.
   With gradient checkpointing (``--grad-checkpointing``) a block keeps only its input (s·w) and
   is recomputed in the backward pass, so the peak is every block's input + one block's full
-  activations + its gradients in flight (2·s·w): 51.5 MB per sample for ViT-L/14 in fp32,
-  against 454 MB without.
+  activations + its gradients in flight (2·s·w): 52.6 MB per sample for ViT-L/14 in fp32,
+  against 482 MB without.
 * **the batch and the loss**: OpenCLIP keeps every accumulation step's images and tokens on the
   GPU (``accum_freq`` x ``B`` inputs) and their features; the contrastive logits are B x (B x
   GPUs) with ``--local-loss`` (and the global batch squared without it), in fp32, each with its
@@ -76,11 +79,11 @@ class Tower:
     def block_bytes(self, precision: str) -> int:
         """Bytes one block saves for its backward pass, per sample (see the module docstring)."""
         s, w = self.tokens, self.width
-        small = s * (self.heads + 4) * 4  # log-sum-exp and LayerNorm statistics, always fp32
+        small = (self.heads * -(-s // 32) * 32 + 4 * s) * 4  # log-sum-exp (padded) and LayerNorm statistics, fp32
         if precision in FP32_PRECISIONS:
-            return (8 * s * w + s * self._mlp_saved()) * 4 + small
+            return (9 * s * w + s * self._mlp_saved()) * 4 + small
         residual = 2 * s * w * (4 if precision in AMP_PRECISIONS else 2)  # the two LayerNorm inputs
-        return residual + (6 * s * w + s * self._mlp_saved()) * 2 + small
+        return residual + (7 * s * w + s * self._mlp_saved()) * 2 + small
 
     def stem_bytes(self, precision: str) -> int:
         return self.stem * _residual_bytes(precision)
