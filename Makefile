@@ -78,9 +78,11 @@ bench-report: $(STAMP)
 	$(BIN)/python -m benchmarks.report
 
 # On a GPU machine without network: every production architecture at real size, random weights
-# (DINOv2-L, the DC5 DAB-DETR, Qwen2.5-VL-3B/7B, ViT-L-14 training) -> benchmarks/results/gpu_*.json
+# (DINOv2-L, the DC5 DAB-DETR, Qwen2.5-VL-3B/7B, ViT-L-14 training) -> benchmarks/results/gpu_*.json,
+# then the training-throughput benchmark on the GPU (ViT-B-16, both trainers) -> training_gpu.json
 gpu-check: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.gpu_check
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.training --device cuda --model ViT-B-16 --batch-size 64 --workers 8 --multilevel-workers 0,8 --steps 10 --warmup-steps 2 --figures 512 --out benchmarks/results/training_gpu.json
 	$(BIN)/python -m benchmarks.report
 
 clean:
