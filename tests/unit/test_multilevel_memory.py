@@ -27,19 +27,24 @@ def _config(**fields) -> MultilevelConfig:
     return MultilevelConfig.from_dict(base | fields)
 
 
-def test_a_region_aware_step_by_hand():
-    """Figure + region in one slot, every term on, 2 hard negatives per region, batch 3, both
-    towers training. Images 3 + 3 = 6, texts 3 + 3 + 3·2 = 12, logits 2·3·3 per level = 36.
-    Activations (6 + 12)·6272 = 112,896; inputs 6·40 + 12·40 = 720; features 18·4·2·4 = 576;
-    logits 36·12 = 432; states: 5000 weights x 4 + 4999 trained (all but the logit scale) x 12
-    = 79,988. Total 194,612."""
-    config = _config(
+def _region_aware() -> MultilevelConfig:
+    """Figure + region in one slot, every term on, 2 hard negatives per region, both towers training."""
+    return _config(
         schedule=[["figure", "region"]],
         loss_weights={"figure": 1.0, "region": 1.0, "negative": 1.0},
         max_negatives=2,
         unfreeze_last_blocks=None,
         freeze_text=False,
     )
+
+
+def test_a_region_aware_step_by_hand():
+    """Figure + region in one slot, every term on, 2 hard negatives per region, batch 3, both
+    towers training. Images 3 + 3 = 6, texts 3 + 3 + 3·2 = 12, logits 2·3·3 per level = 36.
+    Activations (6 + 12)·6272 = 112,896; inputs 6·40 + 12·40 = 720; features 18·4·2·4 = 576;
+    logits 36·12 = 432; states: 5000 weights x 4 + 4999 trained (all but the logit scale) x 12
+    = 79,988. Total 194,612."""
+    config = _region_aware()
     (load,) = step_loads(config, 3, ARCH)
     assert (load.images, load.texts, load.rois, load.logits) == (6, 12, 0, 36)
     assert (load.vision_layers, load.text_trains) == (2, True)
@@ -110,13 +115,7 @@ def test_a_step_that_cannot_fit_is_refused_naming_the_largest_batch():
     On 320,000 bytes less 10% (288,000): b = 5 gives 271,508, b = 6 gives 310,100. In bf16
     (autocast) a sample of a tower is 3872 bytes: 79,988 + 23,664b + 48b²: b = 8 gives 272,372,
     b = 9 gives 296,852."""
-    config = _config(
-        schedule=[["figure", "region"]],
-        loss_weights={"figure": 1.0, "region": 1.0, "negative": 1.0},
-        max_negatives=2,
-        unfreeze_last_blocks=None,
-        freeze_text=False,
-    )
+    config = _region_aware()
     loads = lambda b: step_loads(config, b, ARCH)  # noqa: E731
     memory.check_step(ARCH, loads, 5, 320_000, 4999)
     with pytest.raises(ValueError) as refused:
