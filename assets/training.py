@@ -39,6 +39,7 @@ from pipelines.training.clip import (
 )
 from pipelines.training.memory import GB
 from pipelines.training.multilevel import PRESETS, MultilevelConfig
+from pipelines.training.multilevel.budget import check_memory as multilevel_memory
 from resources.compute import ModelsResource
 from resources.lake import LakeResource
 from resources.launcher import JobLauncherResource
@@ -242,10 +243,13 @@ _MULTILEVEL_HINTS = typing.get_type_hints(MultilevelConfig)
 _MultilevelJobSettings = config_from(
     MultilevelConfig,
     "MultilevelTrainingSettings",
-    fields=("preset", "allow_random_init", *PRESET_KEYS, "seed"),
+    fields=("preset", "allow_random_init", *PRESET_KEYS, "seed", "gpu_memory_gb"),
     overrides={
         "preset": (str, "zoom-in"),
         **{k: (_MULTILEVEL_HINTS[k] | None, None) for k in PRESET_KEYS},
+        # as clip_continual_pretraining's: the largest step is checked against it before launch and
+        # again by the job (pipelines/training/multilevel/budget.py); 0: no check
+        "gpu_memory_gb": (float, 80.0),
     },
     module=__name__,
 )
@@ -266,15 +270,20 @@ class MultilevelTrainingSettings(_MultilevelJobSettings):
 
 def multilevel_job(config: MultilevelTrainingSettings, subset_dirs: dict[str, str]) -> dict:
     """The launched job's config (the launcher adds run_dir, checkpoint_dir and gpus); checked
-    here so a typo fails the asset at once instead of on a GPU machine."""
+    here, the largest step against ``gpu_memory_gb`` included, so a typo or a batch that cannot
+    fit fails the asset at once instead of on a GPU machine."""
     if config.preset not in PRESETS:
         raise Failure(f"preset must be one of {sorted(PRESETS)}, got {config.preset!r}", allow_retries=False)
     job = {"preset": config.preset, "seed": config.seed, "allow_random_init": config.allow_random_init}
     job |= {f"{level}_data": [d] for level, d in subset_dirs.items()}
     job |= {k: getattr(config, k) for k in PRESET_KEYS if getattr(config, k) is not None}
+    job |= {"gpu_memory_gb": config.gpu_memory_gb}
     try:
         job |= json.loads(config.overrides) if config.overrides else {}
-        MultilevelConfig.from_dict({**job, "run_dir": "-"}).validate()
+        run = MultilevelConfig.from_dict({**job, "run_dir": "-"})
+        run.validate()
+        if run.gpu_memory_gb and run.device.startswith("cuda"):
+            multilevel_memory(run, run.gpu_memory_gb * GB)
     except (ValueError, TypeError) as exc:
         raise Failure(f"multi-level training config: {exc}", allow_retries=False) from exc
     return job

@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -36,6 +37,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 # waiting threads spin.
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
+# A runner that starts `make test` as a background job of a non-interactive shell starts it with
+# SIGINT ignored (POSIX shells do that), and an ignored signal is inherited across fork and exec.
+# `dagster dev`, its web server, daemon and code servers make SIGTERM do what SIGINT does
+# (dagster._utils.interrupts.setup_interrupt_handlers), so each one the tests start ignored SIGTERM
+# too and outlived its stop (CI, twice). The test process handles SIGINT as an interactive one does;
+# a handled signal is reset to its default in a child, so every process the tests start sees it so.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest
 

@@ -11,7 +11,7 @@ with 1,000 warm-up steps, Adam beta 0.9/0.95, weight decay 0.2, gradient clippin
 epochs on the full data, 27 concept-balanced, 36 concept-filtered (:data:`RECIPE_EPOCHS`). Like
 BIOMEDICA's launch scripts (``scripts/submit_and_manage_jobs_wds.py`` in
 ``Ale9806/open_clip_with_biomedica``) the trainer runs with ``--grad-checkpointing --local-loss
---gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 455 MB of fp32
+--gather-with-grad``: without checkpointing a ViT-L-14 sample holds about 482 MB of fp32
 activations and 1,024 of them cannot fit an 80 GB GPU. Before the trainer starts, the job
 estimates the step's memory (:mod:`pipelines.training.memory`) and refuses a batch that cannot
 fit its GPU, naming the setting to change.
@@ -490,17 +490,8 @@ def check_memory(config: ClipTrainConfig, gpu_bytes: float) -> memory.MemoryEsti
 
 
 def job_gpu_bytes(config: ClipTrainConfig) -> float | None:
-    """The memory of the GPU the job trains on: ``gpu_memory_gb`` when set, else the first visible
-    CUDA device's (None on CPU: nothing to check)."""
-    if config.gpu_memory_gb is not None:
-        return config.gpu_memory_gb * memory.GB or None
-    if not config.device.startswith("cuda"):
-        return None
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return float(torch.cuda.get_device_properties(0).total_memory)
+    """The memory of the GPU the job trains on (:func:`memory.job_gpu_bytes`)."""
+    return memory.job_gpu_bytes(config.gpu_memory_gb, config.device)
 
 
 # ----------------------------------------------------------------------------------- the log

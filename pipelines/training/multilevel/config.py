@@ -19,6 +19,7 @@ CHILD = {FIGURE: (PANEL, FIGURE_PANEL), PANEL: (REGION, PANEL_REGION)}  # parent
 PARENT_SUFFIX = {PANEL: re.compile(r"^(.+)_p\d{3}$"), REGION: re.compile(r"^(.+_p\d{3})_r\d{2}$")}
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 REGION_FEATURES = ("crop", "roi_pool", "roi_processor")
+PRECISIONS = ("fp32", "bf16")  # bf16: autocast on CUDA, fp32 weights
 PARAM_GROUPS = ("vision", "text", "roi_processor")  # what a curriculum stage's "train" may name
 FIGURE_OF_REGION = re.compile(r"^(.+)_p\d{3}_r\d{2}$")
 
@@ -102,6 +103,7 @@ class MultilevelConfig(launch.JobConfig):
     beta2: float = 0.95
     grad_clip_norm: float | None = 1.0
     precision: str = "fp32"  # or "bf16" (autocast on CUDA)
+    gpu_memory_gb: float | None = None  # for the memory check; None: the job's GPU's own (no check on CPU); 0: none
     device: str = "cuda"
     seed: int = 0
     checkpoint_every: int = 500
@@ -165,6 +167,8 @@ class MultilevelConfig(launch.JobConfig):
             bad = sorted(set(stage.get("train", PARAM_GROUPS)) - set(PARAM_GROUPS))
             if bad or "train" in stage and not stage["train"]:
                 raise ValueError(f"a curriculum stage's train lists groups of {PARAM_GROUPS}, got {stage['train']}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.negative_loss not in ("sigmoid", "softmax"):
             raise ValueError(f"negative_loss must be sigmoid or softmax, got {self.negative_loss!r}")
         if not 0.0 <= self.region_description_prob <= 1.0 or not 0.0 <= self.wise_ft_alpha <= 1.0:

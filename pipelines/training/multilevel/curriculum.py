@@ -41,6 +41,19 @@ def _stage_lengths(curriculum: list[dict], steps: int, epoch_steps: int | None =
     return out
 
 
+def stage_spans(curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> list[tuple[int, int]]:
+    """Each stage's first and last step: a stage of no steps ends before it starts; the last one
+    holds past its end, so it reaches at least the run's last step."""
+    spans, start = [], 0
+    for index, (length, _) in enumerate(_stage_lengths(curriculum, steps, epoch_steps)):
+        last = start + length - 1
+        if index == len(curriculum) - 1:
+            last = max(last, steps - 1, start)
+        spans.append((start, last))
+        start += length
+    return spans
+
+
 def stage_at(step: int, curriculum: list[dict], steps: int, epoch_steps: int | None = None) -> int | None:
     """The index of the curriculum stage ``step`` falls in (the last one past the end); None
     without a curriculum."""

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 
 from pipelines import launch
-from pipelines.training import clip
+from pipelines.training import clip, memory
 from pipelines.training.distributed import DistInfo
+from pipelines.training.multilevel.budget import check_memory
 from pipelines.training.multilevel.config import MultilevelConfig
 from pipelines.training.multilevel.data import heldout_counts
 from pipelines.training.multilevel.trainer import Trainer
@@ -25,6 +26,11 @@ def train(config: MultilevelConfig, info: DistInfo | None = None) -> dict:
     from pipelines.training.distributed import barrier, gather_objects
 
     config.validate()
+    gpu_bytes = memory.job_gpu_bytes(config.gpu_memory_gb, config.device)
+    if gpu_bytes is not None:  # before any weights or data are read: a step that cannot fit fails now
+        found = check_memory(config, gpu_bytes)
+        if found is not None:
+            launch.log(f"memory per GPU of the largest step ({found[0].label}): about {found[1].describe()}")
     trainer = Trainer(config, info)
     info = trainer.info
     resumed = trainer.resume()
