@@ -354,9 +354,10 @@ def check_step(
     def most(prec: str) -> int:
         return _largest(lambda b: worst_step(arch, loads_of(b), b, trainable, prec, gpus)[1].total <= usable)
 
-    fixes = [f"lower batch_size to {most(precision)} or less"] if most(precision) else []
-    fixes += [f"set {setting} (then up to {most(prec)} fit)" for setting, prec in (lighter or {}).items()]
-    if not any(most(prec) for prec in (precision, *(lighter or {}).values())):
+    largest = {prec: most(prec) for prec in (precision, *(lighter or {}).values())}  # each a search: once
+    fixes = [f"lower batch_size to {largest[precision]} or less"] if largest[precision] else []
+    fixes += [f"set {setting} (then up to {largest[prec]} fit)" for setting, prec in (lighter or {}).items()]
+    if not any(largest.values()):
         fixes.append("use a GPU with more memory")
     where = f" ({load.label})" if load.label else ""
     raise ValueError(
