@@ -22,12 +22,15 @@ demo: $(STAMP)
 
 FAST_TIERS := tests/unit tests/stages tests/assets
 
-# every tier (what CI runs): the fast tiers on every core as test-fast runs them, then tests/e2e in one
-# process (its session shares one dagster dev and one PostgreSQL), each run's 30 slowest tests listed;
-# tests/e2e runs even when a fast test failed, and the target fails if either run did; docs/testing.md
+# every tier (what CI runs): the fast tiers on every core as test-fast runs them, then tests/e2e on
+# E2E_WORKERS workers, a module each at a time, the longest first (tests/conftest.py), each run's 30
+# slowest tests listed; tests/e2e runs even when a fast test failed, and the target fails if either
+# run did; docs/testing.md has the times (a third worker on 2 cores was slower)
+E2E_WORKERS ?= 2
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=30; fast=$$?; \
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/e2e --durations=30; e2e=$$?; \
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=30; e2e=$$?; \
 	test $$fast -eq 0 && test $$e2e -eq 0
 
 # the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop, on every core

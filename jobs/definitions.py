@@ -111,8 +111,9 @@ def build_definitions(settings: Settings | None = None) -> Definitions:
         jobs=[pmc_inventory_job, pmc_download_job, publish_release_job],
         sensors=[yearly_refresh_sensor(settings.shards), automation_sensor(settings.automation_interval_s)],
         resources=build_resources(settings),
-        # Dagster's default executor, plus an INFO line naming who holds a pool a step waits for
-        executor=with_pool_waits(),
+        # Dagster's default executor in the profile's mode, plus an INFO line naming who holds a
+        # pool a step waits for
+        executor=with_pool_waits(settings.executor),
     )
 
 

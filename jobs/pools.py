@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from dagster import DagsterEventType, DagsterInstance, ExecutorDefinition
+from dagster import DagsterEventType, DagsterInstance, ExecutorDefinition, Field
 from dagster._core.definitions.executor_definition import multi_or_in_process_executor
 from dagster._core.events import DagsterEvent
 from dagster._core.execution.context.system import PlanOrchestrationContext
@@ -23,6 +23,8 @@ from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.executor.base import Executor
 from dagster._core.storage.dagster_run import DagsterRunStatus
 from dagster._core.storage.tags import PARTITION_NAME_TAG
+
+from resources.settings import EXECUTORS
 
 FREE_SLOTS = "python -m jobs.cli free-slots"
 IN_PROGRESS = {DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING}
@@ -207,16 +209,22 @@ class PoolWaitReporter(Executor):
             plan_context.log.info(line)
 
 
-def with_pool_waits(base: ExecutorDefinition = multi_or_in_process_executor) -> ExecutorDefinition:
-    """``base`` (Dagster's default executor: multiprocess, or in-process by config) whose runs
-    say at INFO who holds the pool a step waits for; same name, config and requirements."""
+def with_pool_waits(mode: str = "multiprocess") -> ExecutorDefinition:
+    """Dagster's default executor (a process per step, or every step in the run's process) whose
+    runs say at INFO who holds the pool a step waits for; same name, config and requirements.
+    ``mode`` is what a run without executor config gets (``PANELFORGE_EXECUTOR``): on one small
+    machine a process per step costs an import of torch and Dagster each (~5 s on 2 cores), more
+    than most of the demo's steps compute; a run config may still choose either."""
+    base = multi_or_in_process_executor
+    if mode not in EXECUTORS:
+        raise ValueError(f"executor mode must be one of {EXECUTORS}, got {mode!r}")
 
     def create(init_context) -> Executor:
         return PoolWaitReporter(base.executor_creation_fn(init_context))
 
     return ExecutorDefinition(
         name=base.name,
-        config_schema=base.config_schema,
+        config_schema=Field(base.config_schema.config_type, default_value={mode: {}}),
         requirements=base.get_requirements,
         executor_creation_fn=create,
         description=base.description,

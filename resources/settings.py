@@ -42,8 +42,11 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "PANELFORGE_GPUS_PER_ACTOR": {"demo": 0.0, "local": 0.0, "cluster": 1.0},
     "PANELFORGE_LAUNCHER": {"demo": "subprocess", "local": "subprocess", "cluster": "ray"},
     "PANELFORGE_VLM_BACKEND": {"demo": "transformers", "local": "transformers", "cluster": "ray"},
+    # a run's steps in its own process on the demo's one small machine, a process per step elsewhere
+    "PANELFORGE_EXECUTOR": {"demo": "in_process", "local": "multiprocess", "cluster": "multiprocess"},
 }
 LAUNCHERS = ("subprocess", "ray", "kubernetes")
+EXECUTORS = ("multiprocess", "in_process")  # Dagster's default executor's two modes (jobs/pools.py)
 VLM_BACKENDS = ("transformers", "openai", "ray")  # where the mining model runs (resources/vlm.py)
 DEFAULT_VLM = "Qwen/Qwen2.5-VL-7B-Instruct"  # where training and evaluation jobs run (resources/launcher.py)
 
@@ -84,6 +87,7 @@ class Settings:
     outage_retries: int = 3
     outage_retry_delay_s: float = 300.0
     automation_interval_s: int = 30
+    executor: str = "multiprocess"
 
     launcher: str = "subprocess"
     job_gpus: int = 0
@@ -133,6 +137,7 @@ class Settings:
             outage_retries=env.integer("PANELFORGE_OUTAGE_RETRIES", minimum=0, default=3),
             outage_retry_delay_s=env.number("PANELFORGE_OUTAGE_RETRY_DELAY", 300.0, minimum=0.0),
             automation_interval_s=env.integer("PANELFORGE_AUTOMATION_INTERVAL", minimum=1, default=30),
+            executor=_one_of("PANELFORGE_EXECUTOR", env.text("PANELFORGE_EXECUTOR"), EXECUTORS),
             launcher=_one_of("PANELFORGE_LAUNCHER", env.text("PANELFORGE_LAUNCHER"), LAUNCHERS),
             job_gpus=env.integer("PANELFORGE_JOB_GPUS", minimum=0, default=0),
             vlm_backend=_one_of("PANELFORGE_VLM_BACKEND", env.text("PANELFORGE_VLM_BACKEND"), VLM_BACKENDS),

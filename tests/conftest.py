@@ -84,6 +84,21 @@ def _in_e2e(item: pytest.Item) -> bool:
     return Path(str(item.path)).resolve().is_relative_to(E2E)
 
 
+# Under xdist `make test` runs tests/e2e one module per worker at a time (--dist loadfile, so module
+# fixtures are built once), the modules that take longest first (--no-loadscope-reorder keeps this
+# order; xdist would otherwise start the modules with most tests): the refresh daemon alone is about a
+# third of the tier, and the two modules on the session's `dagster dev` start it early.
+LONGEST_FIRST = (
+    "tests/e2e/test_refresh_daemon.py",
+    "tests/e2e/test_e2e_dagster_dev.py",
+    "tests/e2e/test_postgres_instance.py",
+)
+
+
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(REPO).as_posix()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     misplaced = []
     for item in items:
@@ -100,6 +115,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "tests that start a process belong in tests/e2e (conftest.PROCESS_FIXTURES), not in the fast tiers:\n"
             + "\n".join(misplaced)
         )
+
+    def rank(item: pytest.Item) -> int:
+        module = _module(item)
+        return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: collection order within each rank
 
 
 @contextlib.contextmanager

@@ -81,6 +81,29 @@ def test_profile_defaults():
 
 
 @pytest.mark.parametrize(
+    ("env", "mode"),
+    [
+        ({"PANELFORGE_PROFILE": "demo"}, "in_process"),
+        ({}, "multiprocess"),
+        ({"PANELFORGE_PROFILE": "cluster"}, "multiprocess"),
+        ({"PANELFORGE_PROFILE": "cluster", "PANELFORGE_EXECUTOR": "in_process"}, "in_process"),
+    ],
+)
+def test_a_run_without_executor_config_runs_its_steps_as_the_profile_says(env, mode):
+    """What Dagster resolves for a run that names no executor (an automation run, a UI click):
+    the demo's runs keep their steps in the run's process; a run config may still choose."""
+    from dagster._core.system_config.objects import ResolvedRunConfig
+
+    from jobs.definitions import build_definitions
+
+    job = build_definitions(Settings.from_env(env)).get_job_def("pmc_inventory_job")
+    assert list(ResolvedRunConfig.build(job, {}).execution.execution_engine_config) == [mode]
+    other = "multiprocess" if mode == "in_process" else "in_process"
+    chosen = ResolvedRunConfig.build(job, {"execution": {"config": {other: {}}}})
+    assert list(chosen.execution.execution_engine_config) == [other]
+
+
+@pytest.mark.parametrize(
     ("name", "value", "message"),
     [
         ("PANELFORGE_SHARDS", "0", "PANELFORGE_SHARDS must be at least 1, got 0"),
@@ -95,6 +118,7 @@ def test_profile_defaults():
         ("PANELFORGE_GPUS_PER_ACTOR", "-0.5", "PANELFORGE_GPUS_PER_ACTOR must be at least 0.0"),
         ("PANELFORGE_MAX_ERROR_RATE", "2", "PANELFORGE_MAX_ERROR_RATE must be at most 1.0"),
         ("PANELFORGE_SYNTHETIC", "maybe", "PANELFORGE_SYNTHETIC must be 1 or 0"),
+        ("PANELFORGE_EXECUTOR", "threads", "PANELFORGE_EXECUTOR must be one of ('multiprocess', 'in_process')"),
         ("NCBI_EUTILS_URL", "eutils.ncbi.nlm.nih.gov", "NCBI_EUTILS_URL must be an http(s):// URL"),
         ("PANELFORGE_TAXONOMY", "/nonexistent/taxonomy.json", "PANELFORGE_TAXONOMY names no file"),
     ],

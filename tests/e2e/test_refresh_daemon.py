@@ -354,3 +354,13 @@ def test_mining_reused_every_figure_that_did_not_change(refreshed):
     assert {r["pmcid"] for r in rows if r["status"] == "carried"} == set(CARRIED)
     pairs = lake.read_release("pairs", SECOND).to_pylist()
     assert RETRACTED not in {p["pmcid"] for p in pairs} and ADDED in {p["pmcid"] for p in pairs}
+
+
+def test_the_demo_profiles_runs_kept_their_steps_in_the_run_process(refreshed):
+    """The demo profile's executor (PANELFORGE_EXECUTOR defaults to in_process there): no run the
+    daemon launched started a process per step."""
+    instance = refreshed["instance"]
+    for run in refreshed["later_runs"]:
+        messages = [e.message for e in instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)]
+        assert any(m.startswith("Executing steps in process") for m in messages), (run.run_id, messages)
+        assert not any("multiprocess executor" in m for m in messages), (run.run_id, messages)

@@ -68,6 +68,8 @@ the same checkpoint on resume and continues from its own saved data position. Th
 terms stay per rank (each region against its own negatives).
 """
 
+import importlib
+
 from pipelines.training.multilevel.config import (
     CHILD,
     FIGURE,
@@ -86,17 +88,29 @@ from pipelines.training.multilevel.config import (
 )
 from pipelines.training.multilevel.curriculum import curriculum_weights, levels_at, param_group, stage_at
 from pipelines.training.multilevel.decoding import Decoded, RoiRegion, box_in_parent, decode, decode_roi, region_text
-from pipelines.training.multilevel.job import main, process_group, run, train
-from pipelines.training.multilevel.losses import (
-    clip_loss,
-    cross_level_loss,
-    negative_sigmoid_loss,
-    negative_softmax_loss,
-    pooled_children,
-)
-from pipelines.training.multilevel.model import Batch, RoiBatch, StepInputs, StepModel, lr_factor, set_trainable
-from pipelines.training.multilevel.readers import ChildBuffer, LevelReader, parent_key, roi_parent_key, shard_pattern
-from pipelines.training.multilevel.trainer import Trainer
+
+# The torch-heavy parts are imported on first use (PEP 562): the assets import the configuration
+# from here, and every Dagster process that loads the code location (code servers, run workers,
+# the command line) would otherwise import torch (~1.7 s of CPU) for runs that never touch it.
+_LAZY = {
+    **dict.fromkeys(("main", "process_group", "run", "train"), "job"),
+    **dict.fromkeys(
+        ("clip_loss", "cross_level_loss", "negative_sigmoid_loss", "negative_softmax_loss", "pooled_children"),
+        "losses",
+    ),
+    **dict.fromkeys(("Batch", "RoiBatch", "StepInputs", "StepModel", "lr_factor", "set_trainable"), "model"),
+    **dict.fromkeys(("ChildBuffer", "LevelReader", "parent_key", "roi_parent_key", "shard_pattern"), "readers"),
+    "Trainer": "trainer",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CHILD",
