@@ -20,6 +20,9 @@ from dagster import (
     AssetSelection,
     AutomationCondition,
     AutomationConditionSensorDefinition,
+    AutomationContext,
+    AutomationResult,
+    DagsterEventType,
     DefaultSensorStatus,
 )
 
@@ -56,10 +59,55 @@ def no_dep_partition_failed_a_blocking_check() -> AutomationCondition:
     return (~failed_somewhere).with_label("no_dep_partition_failed_a_blocking_check")
 
 
+class OlderThanAParent(AutomationCondition):
+    """True for a partition that is missing or whose latest materialization is older than the
+    latest of one of its parent partitions: never materialize again what is already newer than
+    everything it was built from.
+
+    ``eager`` alone re-ran a finished partition (CI, 2026-11-26: ``pairs`` of one shard, mined a
+    second time seconds after its run wrote it). Two Dagster behaviours meet there. A parent
+    updated by the very run that also materializes the child is ignored only when the parent's
+    latest materialization, over all its partitions, is of that partition (the other shard's run
+    had just written its own), so the child's "parent updated" memory was set while it was in
+    progress. That memory is cleared when the child's materialization is seen, which a tick counts
+    only up to the event id it read when it began, while "in progress" is read live: a child that
+    finished during the tick's evaluation looked neither in progress nor updated, and was requested.
+    Read live here too, the finished child is newer than its parent and is not requested.
+    """
+
+    @property
+    def name(self) -> str:
+        return "older_than_a_parent"
+
+    def evaluate(self, context: AutomationContext) -> AutomationResult:
+        candidates = context.candidate_subset
+        storage = context.asset_graph_view.instance.event_log_storage
+        keys = sorted(candidates.expensively_compute_partition_keys())
+        own = storage.get_latest_storage_id_by_partition(context.key, DagsterEventType.ASSET_MATERIALIZATION, set(keys))
+        stale = [key for key in keys if key not in own or _newest_parent(context, key) > own[key]]
+        return AutomationResult(context, true_subset=candidates.compute_intersection_with_partition_keys(set(stale)))
+
+
+def _newest_parent(context: AutomationContext, partition: str) -> int:
+    """The largest storage id among the latest materializations of ``partition``'s parent partitions."""
+    view, storage = context.asset_graph_view, context.asset_graph_view.instance.event_log_storage
+    subset = context.candidate_subset.compute_intersection_with_partition_keys({partition})
+    newest = -1
+    for parent in view.asset_graph.get(context.key).parent_keys:
+        parent_subset = subset.compute_parent_subset(parent)
+        if parent_subset.is_empty:
+            continue
+        keys = set(parent_subset.expensively_compute_partition_keys()) if parent_subset.is_partitioned else None
+        latest = storage.get_latest_storage_id_by_partition(parent, DagsterEventType.ASSET_MATERIALIZATION, keys)
+        newest = max([newest, *latest.values()])
+    return newest
+
+
 def release_condition() -> AutomationCondition:
-    """Materialize when the parents are all there, up to date and not in progress, and no
-    partition of any parent failed a blocking check."""
-    return AutomationCondition.eager() & no_dep_partition_failed_a_blocking_check()
+    """Materialize when the parents are all there, up to date and not in progress, no partition
+    of any parent failed a blocking check, and the partition is older than one of its parents
+    (:class:`OlderThanAParent`, checked last: only for what the rest would request)."""
+    return AutomationCondition.eager() & no_dep_partition_failed_a_blocking_check() & OlderThanAParent()
 
 
 def with_automation(assets: list[AssetsDefinition], publish: bool) -> list[AssetsDefinition]:
@@ -86,5 +134,8 @@ def automation_sensor(interval_s: int = 30) -> AutomationConditionSensorDefiniti
         # one run per partition, tagged with it, so checks record their partition (runs emitted
         # as backfills carry a partition range instead, and their check results no partition)
         emit_backfills=False,
+        # evaluated in the code server, as a custom condition (OlderThanAParent) must be: the
+        # daemon evaluates only Dagster's own conditions (at most 500 assets and checks this way)
+        use_user_code_server=True,
         description="Carries every open release through every stage (eager, after blocking checks passed).",
     )

@@ -183,3 +183,46 @@ def test_a_stale_annotation_warning_does_not_stop_the_release():
     refresh = Refresh(publish=True, failing={("cluster_labels", RELEASE): ANNOTATIONS_MATCH})
     refresh.run()
     assert (UPLOAD, RELEASE) in refresh.done
+
+
+def test_a_partition_newer_than_all_its_parents_is_never_requested_again():
+    """``OlderThanAParent``, the last term of every automated asset's condition, on its own: true
+    for a missing partition or one older than a parent partition, false once it is newer than all
+    of them (what ``eager`` missed when a child finished during a tick: CI, 2026-11-26)."""
+    from dagster import Definitions, StaticPartitionsDefinition, asset
+
+    from jobs.automation import OlderThanAParent
+
+    parts = StaticPartitionsDefinition(["a", "b"])
+
+    @asset(partitions_def=parts)
+    def up() -> None: ...
+
+    @asset(partitions_def=parts, deps=[up], automation_condition=OlderThanAParent())
+    def down() -> None: ...
+
+    defs, instance, cursor = Definitions(assets=[up, down]), DagsterInstance.ephemeral(), None
+
+    def report(key: str, partition: str) -> None:
+        instance.report_runless_asset_event(AssetMaterialization(asset_key=key, partition=partition))
+
+    def requested() -> set[str]:
+        nonlocal cursor
+        result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
+        cursor = result.cursor
+        return {
+            pk
+            for r in result.results
+            if r.key == AssetKey("down")
+            for pk in r.true_subset.expensively_compute_partition_keys()
+        }
+
+    assert requested() == {"a", "b"}  # missing
+    for partition in ("a", "b"):
+        report("up", partition)
+        report("down", partition)
+    assert requested() == set()  # each newer than its parent
+    report("up", "a")
+    assert requested() == {"a"}  # its parent changed after it
+    report("down", "a")
+    assert requested() == set()
