@@ -81,16 +81,18 @@ class OlderThanAParent(AutomationCondition):
 
     def evaluate(self, context: AutomationContext) -> AutomationResult:
         candidates = context.candidate_subset
+        if not candidates.is_partitioned:  # every automated asset is partitioned; eager decides alone otherwise
+            return AutomationResult(context, true_subset=candidates)
         storage = context.asset_graph_view.instance.event_log_storage
         keys = sorted(candidates.expensively_compute_partition_keys())
         own = storage.get_latest_storage_id_by_partition(context.key, DagsterEventType.ASSET_MATERIALIZATION, set(keys))
-        stale = [key for key in keys if key not in own or _newest_parent(context, key) > own[key]]
+        stale = [key for key in keys if key not in own or _newest_parent(context, storage, key) > own[key]]
         return AutomationResult(context, true_subset=candidates.compute_intersection_with_partition_keys(set(stale)))
 
 
-def _newest_parent(context: AutomationContext, partition: str) -> int:
+def _newest_parent(context: AutomationContext, storage, partition: str) -> int:
     """The largest storage id among the latest materializations of ``partition``'s parent partitions."""
-    view, storage = context.asset_graph_view, context.asset_graph_view.instance.event_log_storage
+    view = context.asset_graph_view
     subset = context.candidate_subset.compute_intersection_with_partition_keys({partition})
     newest = -1
     for parent in view.asset_graph.get(context.key).parent_keys:
