@@ -35,8 +35,10 @@ from itertools import combinations
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
-from scipy.spatial import ConvexHull, QhullError
+
+# scipy is imported in the functions that use it: every process that loads the code location (code
+# servers, run workers, the command line) imports this module, and scipy.ndimage and scipy.spatial
+# cost each of them ~0.4 s
 
 ARROW, ARROWHEAD, ASTERISK, BOX, CIRCLE = "arrow", "arrowhead", "asterisk", "box", "circle"
 KINDS = (ARROW, ARROWHEAD, ASTERISK, BOX, CIRCLE)
@@ -168,6 +170,8 @@ def _masks(rgb: np.ndarray, hsv: np.ndarray):
 
 def _components(rgb: np.ndarray, hsv: np.ndarray):
     """Components of every mask that pass the size, contrast and uniformity filters."""
+    from scipy import ndimage
+
     height, width = rgb.shape[:2]
     val = hsv[..., 2]
     for colour, mask, needs_contrast in _masks(rgb, hsv):
@@ -205,6 +209,8 @@ def _components(rgb: np.ndarray, hsv: np.ndarray):
 def _stands_out(own: np.ndarray, value: np.ndarray) -> bool:
     """A white or black mark differs from the ring of pixels just around it; the page and grey
     content do not (their surroundings are the same shade)."""
+    from scipy import ndimage
+
     ring = ndimage.binary_dilation(own, iterations=3) & ~own
     if not ring.any():
         return False
@@ -217,6 +223,8 @@ def _stands_out(own: np.ndarray, value: np.ndarray) -> bool:
 def _uniform(own: np.ndarray, value: np.ndarray) -> bool:
     """Drawn marks are flat colour; the inner pixels (edges are blurred by resampling and JPEG)
     vary little. Thin marks with no inner pixel are judged on all their pixels."""
+    from scipy import ndimage
+
     inner = ndimage.binary_erosion(own)
     pixels = value[inner] if inner.sum() >= 4 else value[own]
     return float(pixels.std()) <= UNIFORM_STD_MAX
@@ -228,6 +236,9 @@ def _uniform(own: np.ndarray, value: np.ndarray) -> bool:
 def _hull(mask: np.ndarray) -> np.ndarray | None:
     """Vertices (x, y) of the convex hull of the pixel squares' corners of the boundary pixels,
     counter-clockwise; None when degenerate."""
+    from scipy import ndimage
+    from scipy.spatial import ConvexHull, QhullError
+
     edge = mask & ~ndimage.binary_erosion(mask)
     ys, xs = np.nonzero(edge)
     corners = np.concatenate(
@@ -266,6 +277,8 @@ def _pca(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
 
 
 def _classify(c: _Component) -> Marker | None:
+    from scipy import ndimage
+
     mask = c.mask
     area = int(mask.sum())
     filled = ndimage.binary_fill_holes(mask)
@@ -303,6 +316,8 @@ def _ring(c: _Component, filled: np.ndarray, hole_share: float) -> Marker | None
     extent (area over its bounding box) separates rectangles (~1) from ellipses (~pi/4).
     Black outlines on a light page are chart frames, legend boxes and table cells far more often
     than drawn marks, so black rings are not taken."""
+    from scipy import ndimage
+
     if c.colour == "black":
         return None
     ys, xs = np.nonzero(filled)
@@ -453,6 +468,8 @@ def _arrowhead(
     nearly a triangle, the mark is thick (unlike the thin strokes of ``V`` or ``L``). The tip is
     the triangle's vertex opposite the notch (the mark's mass is displaced towards its tip), or
     for a solid triangle the sharpest vertex."""
+    from scipy import ndimage
+
     if solidity < 0.5 or hull_area < 30 or max(c.mask.shape) - 2 > SMALL_SHARE * c.panel_side:
         return None
     verts = _simplify(hull)
