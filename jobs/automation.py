@@ -84,10 +84,10 @@ class OlderThanAParent(AutomationCondition):
         if not candidates.is_partitioned:  # every automated asset is partitioned; eager decides alone otherwise
             return AutomationResult(context, true_subset=candidates)
         storage = context.asset_graph_view.instance.event_log_storage
-        keys = sorted(candidates.expensively_compute_partition_keys())
-        own = storage.get_latest_storage_id_by_partition(context.key, DagsterEventType.ASSET_MATERIALIZATION, set(keys))
-        stale = [key for key in keys if key not in own or _newest_parent(context, storage, key) > own[key]]
-        return AutomationResult(context, true_subset=candidates.compute_intersection_with_partition_keys(set(stale)))
+        keys = set(candidates.expensively_compute_partition_keys())
+        own = storage.get_latest_storage_id_by_partition(context.key, DagsterEventType.ASSET_MATERIALIZATION, keys)
+        stale = {key for key in keys if key not in own or _newest_parent(context, storage, key) > own[key]}
+        return AutomationResult(context, true_subset=candidates.compute_intersection_with_partition_keys(stale))
 
 
 def _newest_parent(context: AutomationContext, storage, partition: str) -> int:

@@ -24,8 +24,6 @@ from dagster._core.executor.base import Executor
 from dagster._core.storage.dagster_run import DagsterRunStatus
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
-from resources.settings import EXECUTORS
-
 FREE_SLOTS = "python -m jobs.cli free-slots"
 IN_PROGRESS = {DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING}
 
@@ -215,9 +213,7 @@ def with_pool_waits(mode: str = "multiprocess") -> ExecutorDefinition:
     ``mode`` is what a run without executor config gets (``PANELFORGE_EXECUTOR``): on one small
     machine a process per step costs an import of torch and Dagster each (~5 s on 2 cores), more
     than most of the demo's steps compute; a run config may still choose either."""
-    base = multi_or_in_process_executor
-    if mode not in EXECUTORS:
-        raise ValueError(f"executor mode must be one of {EXECUTORS}, got {mode!r}")
+    base = multi_or_in_process_executor  # ``mode`` was validated with the settings (PANELFORGE_EXECUTOR)
 
     def create(init_context) -> Executor:
         return PoolWaitReporter(base.executor_creation_fn(init_context))
