@@ -155,9 +155,9 @@ class OpenClipTokenizer(TextTokenizer):
     open-clip-torch wheel, so it works offline. Lowercases and cleans text like the encoder."""
 
     def __init__(self, context_length: int = 77):
-        from open_clip.tokenizer import SimpleTokenizer
+        from pipelines.text.clip_bpe import simple_tokenizer
 
-        self._tokenizer = SimpleTokenizer(context_length=context_length)
+        self._tokenizer = simple_tokenizer(context_length)
         self.context_length = context_length
         self.name = f"openclip-bpe@{context_length}"
 

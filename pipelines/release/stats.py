@@ -103,9 +103,9 @@ class ReleaseStats:
         self.counts["license"][f"{meta['license_group']}: {meta['license_code']}"] += 1
 
     def result(self) -> dict:
-        from open_clip.tokenizer import SimpleTokenizer
+        from pipelines.text.clip_bpe import simple_tokenizer
 
-        tokenizer = SimpleTokenizer()
+        tokenizer = simple_tokenizer()
         out: dict = {"tokenizer": TOKENIZER, "fields": {}, "counts": {k: dict(v) for k, v in self.counts.items()}}
         for name, res in sorted(self.fields.items()):
             entry = {"chars" if res.text else "value": res.summary()}
