@@ -21,6 +21,11 @@ demo: $(STAMP)
 	$(DEMO_ENV) $(BIN)/python -m jobs.demo
 
 FAST_TIERS := tests/unit tests/stages tests/assets
+# The tests start hundreds of Python processes (code servers, run workers, Ray workers, the command
+# line), each importing PanelForge's modules and pytest's rewritten test modules; where
+# PYTHONDONTWRITEBYTECODE is set (as container images often do) every one of them compiled those
+# again. The test targets keep the bytecode caches (__pycache__/, ignored by git).
+TEST_ENV := HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=
 
 # every tier (what CI runs): the fast tiers on every core as test-fast runs them, then tests/e2e on
 # E2E_WORKERS workers, a module each at a time, the longest first (tests/conftest.py), each run's 30
@@ -28,15 +33,15 @@ FAST_TIERS := tests/unit tests/stages tests/assets
 # run did; docs/testing.md has the times (a third worker on 2 cores was slower)
 E2E_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=30; fast=$$?; \
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder \
+	$(TEST_ENV) $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=30; fast=$$?; \
+	$(TEST_ENV) $(BIN)/python -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=30; e2e=$$?; \
 	test $$fast -eq 0 && test $$e2e -eq 0
 
 # the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop, on every core
 # (pytest-xdist; one test module per worker, so module fixtures are built once); docs/testing.md has its times
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=10
+	$(TEST_ENV) $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=10
 
 # the demo's instance in `dagster dev` on http://127.0.0.1:$(PORT), offline; Ctrl-C stops all of it
 ui: $(STAMP)
