@@ -82,8 +82,8 @@ def compare(config_kwargs: dict, images: list, bins: np.ndarray) -> dict:
 
     embedder = Embedder(EmbedderConfig(**config_kwargs, device="cpu"))
     started = time.perf_counter()
-    crop = embedder.embed(np.stack([prepare(im, embedder.processor, False) for im in images])).astype(np.float32)
-    pad = embedder.embed(np.stack([prepare(im, embedder.processor, True) for im in images])).astype(np.float32)
+    crop = embedder.embed(np.stack([prepare(im, embedder.resize, False) for im in images])).astype(np.float32)
+    pad = embedder.embed(np.stack([prepare(im, embedder.resize, True) for im in images])).astype(np.float32)
     seconds = time.perf_counter() - started
     crop_clusters, pad_clusters = cluster(crop), cluster(pad)
     crop_nn, pad_nn = neighbours(crop), neighbours(pad)

@@ -33,7 +33,7 @@ import psutil
 
 from benchmarks.record import write_results
 from pipelines.compute.ray_pool import ensure_ray
-from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
+from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, prepare, resize_of
 from pipelines.concepts.embed import embed_images
 from pipelines.core.lake import Lake
 from pipelines.images.decode import decode_image
@@ -110,10 +110,10 @@ def main() -> None:
 
     torch.set_num_threads(os.cpu_count() or 1)
     data = (sample_images() * (args.images // 20 + 1))[: args.images]
-    processor = load_processor(EmbedderConfig(synthetic=True))
+    resize = resize_of(EmbedderConfig(synthetic=True))
 
     start = time.process_time()
-    pixels = np.stack([prepare(decode_image(d)[0], processor, False) for d in data])
+    pixels = np.stack([prepare(decode_image(d)[0], resize, False) for d in data])
     decode_rate = len(data) / (time.process_time() - start)
 
     tiny = Embedder(EmbedderConfig(synthetic=True))

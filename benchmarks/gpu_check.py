@@ -123,7 +123,7 @@ def check_dinov2(run: Run, tmp: Path) -> dict:
     run.reset_peak()
     embedder = Embedder(EmbedderConfig(model=str(tmp / "dinov2-large"), device=run.device.type))
     batch = 4 if run.dry_run else 64
-    pixels = np.stack([prepare(im, embedder.processor, False) for im in figures()])
+    pixels = np.stack([prepare(im, embedder.resize, False) for im in figures()])
     pixels = np.concatenate([pixels] * (-(-batch // len(pixels))))[:batch]
     embedder.embed(pixels)  # warm-up
     with run.sampler:

@@ -125,6 +125,44 @@ def load_processor(config: EmbedderConfig):
     return BitImageProcessor.from_pretrained(str(weights_of(config).folder()), local_files_only=True)
 
 
+@dataclass(frozen=True)
+class Resize:
+    """What the CPU decode stage needs of DINOv2's processor: the shortest edge it resizes to, the
+    centre crop (height, width) and the resampling filter (PIL's number). Read from the weights'
+    ``preprocessor_config.json`` in the driver (:func:`resize_of`), so the Ray Data tasks that
+    decode and resize never load the processor: that imports transformers and torch, 6.3 s of CPU
+    and 900 MB in every CPU worker, to read three numbers."""
+
+    shortest_edge: int = 256
+    crop: tuple[int, int] = (224, 224)
+    resample: int = Image.Resampling.BICUBIC
+
+
+def resize_of(config: EmbedderConfig) -> Resize:
+    """The checkpoint's resize and crop (the synthetic processor's: :func:`load_processor`)."""
+    import json
+
+    if config.synthetic:
+        return Resize()
+    processor = json.loads((weights_of(config).folder() / "preprocessor_config.json").read_text())
+    return resize_from(processor)
+
+
+def resize_from(processor: dict) -> Resize:
+    """A ``preprocessor_config.json`` read as ``BitImageProcessor`` reads it: a missing size is a
+    224 px shortest edge, a missing crop 224 x 224, a missing filter bicubic; a number is a
+    shortest edge (size) or a square (crop)."""
+    size = processor.get("size") or {"shortest_edge": 224}
+    crop = processor.get("crop_size") or {"height": 224, "width": 224}
+    if not isinstance(size, int) and "shortest_edge" not in size:
+        raise ValueError(f"{SETTING}: preprocessor_config.json's size {size} has no shortest_edge, as DINOv2's has")
+    return Resize(
+        shortest_edge=int(size if isinstance(size, int) else size["shortest_edge"]),
+        crop=(int(crop), int(crop)) if isinstance(crop, int) else (int(crop["height"]), int(crop["width"])),
+        resample=int(processor.get("resample", Image.Resampling.BICUBIC)),
+    )
+
+
 def load_model(config: EmbedderConfig):
     """Return the model on the chosen device, in eval mode: the class its config names."""
     import json
@@ -145,25 +183,16 @@ def load_model(config: EmbedderConfig):
     return model.to(device).eval()
 
 
-def _field(size, name: str) -> int:
-    """transformers 4 keeps sizes as dicts, 5 as ``SizeDict`` objects."""
-    return size[name] if isinstance(size, dict) else getattr(size, name)
-
-
-def _crop_size(processor) -> tuple[int, int]:
-    return _field(processor.crop_size, "height"), _field(processor.crop_size, "width")
-
-
-def prepare(image: Image.Image, processor, pad: bool) -> np.ndarray:
-    """Resize and crop (or letterbox) on the CPU with the processor's own parameters: shortest
-    edge, resample filter and crop size. Returns a (height, width, 3) uint8 array."""
-    height, width = _crop_size(processor)
+def prepare(image: Image.Image, resize: Resize, pad: bool) -> np.ndarray:
+    """Resize and crop (or letterbox) on the CPU with the processor's own parameters (``resize``):
+    shortest edge, resample filter and crop size. Returns a (height, width, 3) uint8 array."""
+    height, width = resize.crop
     if pad:
         return np.asarray(letterbox(image, max(height, width)), dtype=np.uint8)
-    edge = _field(processor.size, "shortest_edge")
+    edge = resize.shortest_edge
     scale = edge / min(image.size)
     resized = image.resize(
-        (max(edge, round(image.width * scale)), max(edge, round(image.height * scale))), processor.resample
+        (max(edge, round(image.width * scale)), max(edge, round(image.height * scale))), resize.resample
     )
     left, top = (resized.width - width) // 2, (resized.height - height) // 2
     return np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
@@ -186,7 +215,8 @@ class Embedder:
 
         self.config = config
         self.model = load_model(config)
-        self.processor = load_processor(config)
+        self.processor = load_processor(config)  # its mean, std and rescale factor normalise
+        self.resize = resize_of(config)
         self.device = next(self.model.parameters()).device
         self.dim = self.model.config.hidden_size
         self.registers = int(getattr(self.model.config, "num_register_tokens", 0) or 0)  # after CLS, before patches
@@ -212,4 +242,4 @@ class Embedder:
 
     def embed_images(self, images: list[Image.Image]) -> np.ndarray:
         """Convenience for notebooks: prepare and embed RGB images in one call."""
-        return self.embed(np.stack([prepare(im, self.processor, self.config.pad) for im in images]) if images else [])
+        return self.embed(np.stack([prepare(im, self.resize, self.config.pad) for im in images]) if images else [])

@@ -16,7 +16,7 @@ from dataclasses import asdict
 import numpy as np
 
 from pipelines.compute.ray_pool import actor_pool_batches
-from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
+from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, Resize, prepare, resize_of
 from pipelines.core.lake import Lake
 from pipelines.core.rawstore import read_raw_file
 from pipelines.core.stage import Progress
@@ -25,16 +25,15 @@ from pipelines.images.decode import decode_image
 EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
 
 
-def _prepare_batch(batch: dict, lake_root: str, config: dict) -> dict:
+def _prepare_batch(batch: dict, lake_root: str, resize: dict, pad: bool) -> dict:
     """CPU stage: raw bytes -> decoded RGB -> 224 x 224 uint8, or an error for that image."""
-    cfg = EmbedderConfig(**config)
-    lake, processor = Lake(lake_root), load_processor(cfg)
+    lake, to_model = Lake(lake_root), Resize(**resize)
     pixels, errors = [], []
     for tar_path, offset, size in zip(batch["tar_path"], batch["offset"], batch["size"], strict=True):
         image, error = decode_image(
             read_raw_file(lake, {"tar_path": tar_path, "offset": int(offset), "size": int(size)})
         )
-        pixels.append(prepare(image, processor, cfg.pad) if image is not None else EMPTY)
+        pixels.append(prepare(image, to_model, pad) if image is not None else EMPTY)
         errors.append(error or "")
     return {**{k: v for k, v in batch.items()}, "pixels": np.stack(pixels), "error": np.array(errors, dtype=object)}
 
@@ -78,7 +77,7 @@ def embed_images(
     batches = actor_pool_batches(
         refs,
         _prepare_batch,
-        {"lake_root": lake.url, "config": cfg},
+        {"lake_root": lake.url, "resize": asdict(resize_of(config)), "pad": config.pad},
         _EmbedActor,
         {"config": cfg},
         batch_size,

@@ -22,7 +22,7 @@ from dagster import DagsterInstance, MultiPartitionKey
 
 from assets.concepts import figure_embeddings
 from pipelines.compute.ray_pool import ensure_ray
-from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare
+from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, load_processor, prepare, resize_of
 from pipelines.core.figures import image_refs
 from pipelines.core.lake import Lake
 from pipelines.core.rawstore import read_raw_file
@@ -75,12 +75,12 @@ def _copy(template: Path, tmp_path: Path) -> Lake:
 def _local_vectors(lake: Lake, shard: str, config: EmbedderConfig) -> dict[tuple, bytes]:
     """Every image of the partition embedded in this process without Ray: read, decode, crop, embed."""
     refs = image_refs(lake, RELEASE, shard)
-    processor, embedder = load_processor(config), Embedder(config)
+    resize, embedder = resize_of(config), Embedder(config)
     pixels = []
     for ref in refs:
         image, error = decode_image(read_raw_file(lake, ref))
         assert error is None, (ref["image_file"], error)  # the sample's images all decode
-        pixels.append(prepare(image, processor, config.pad))
+        pixels.append(prepare(image, resize, config.pad))
     vectors = embedder.embed(np.stack(pixels))
     return {(r["pmcid"], r["fig_id"], r["image_file"]): v.tobytes() for r, v in zip(refs, vectors, strict=True)}
 

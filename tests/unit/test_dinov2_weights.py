@@ -20,12 +20,15 @@ from pipelines.compute.weights import ModelUnavailableError
 from pipelines.concepts.dinov2 import (
     Embedder,
     EmbedderConfig,
+    Resize,
     check_weights,
     load_model,
     load_processor,
     model_class,
     model_id,
     prepare,
+    resize_from,
+    resize_of,
 )
 from resources.compute import ModelsResource
 from testing.loopback.sample_mirror import SAMPLE_DIR
@@ -102,6 +105,7 @@ def test_dinov2_large_loads_at_real_size_without_the_network(tmp_path, monkeypat
     assert all(torch.equal(loaded[key], weights) for key, weights in saved.state_dict().items())
     processor = embedder.processor
     assert processor.size["shortest_edge"] == 256 and processor.crop_size["height"] == 224 and processor.resample == 3
+    assert embedder.resize == Resize(shortest_edge=256, crop=(224, 224), resample=3)  # the same file, read alone
     vectors = embedder.embed_images([Image.open(FIGURE).convert("RGB")])
     assert vectors.shape == (1, 1024) and np.isfinite(vectors).all()
     assert no_network == []
@@ -116,7 +120,7 @@ def test_a_registers_model_loads_as_its_own_class_and_mean_pooling_skips_the_reg
     assert embedder.model.state_dict().keys() == saved.state_dict().keys()
     assert torch.equal(embedder.model.embeddings.register_tokens, saved.embeddings.register_tokens)
     image = Image.open(FIGURE).convert("RGB")
-    pixels = np.stack([prepare(image, embedder.processor, False)])
+    pixels = np.stack([prepare(image, embedder.resize, False)])
     mean = embedder.embed(pixels)
     normalized = (pixels.astype(np.float32) / 255 - np.array([0.485, 0.456, 0.406], np.float32)) / np.array(
         [0.229, 0.224, 0.225], np.float32
@@ -188,3 +192,26 @@ def test_the_resource_checks_the_class_at_set_up(registers, tmp_path, no_network
     with pytest.raises(Failure, match="model_type='vit'"):
         ModelsResource(dinov2=str(vit)).dinov2_config(check=True)
     assert ModelsResource(dinov2=str(tmp_path / "absent"), synthetic=True).dinov2_config(check=True).synthetic
+
+
+def test_the_decode_stage_reads_the_processors_resize_as_transformers_does():
+    """What ``BitImageProcessor`` makes of a preprocessor_config.json, read with the json module
+    alone (the CPU decode tasks never import transformers): the published DINOv2-large file says
+    shortest edge 256, crop 224 x 224, resample 3 (bicubic); a missing field is the processor's
+    default, a number a shortest edge or a square crop."""
+    from transformers import BitImageProcessor
+
+    published = json.loads((PUBLISHED / "dinov2-large.preprocessor_config.json").read_text())
+    assert resize_from(published) == Resize(shortest_edge=256, crop=(224, 224), resample=3)
+    for config in (published, {}, {"size": 300, "crop_size": 256, "resample": 2}):
+        theirs = BitImageProcessor(**{k: v for k, v in config.items() if k != "image_processor_type"})
+        ours = resize_from(config)
+        assert ours.shortest_edge == theirs.size["shortest_edge"]
+        assert ours.crop == (theirs.crop_size["height"], theirs.crop_size["width"])
+        assert ours.resample == theirs.resample
+    assert resize_from({"size": 300, "crop_size": 256, "resample": 2}) == Resize(300, (256, 256), 2)
+    assert resize_of(EmbedderConfig(synthetic=True)) == Resize()
+    synthetic = load_processor(EmbedderConfig(synthetic=True))
+    assert (synthetic.size["shortest_edge"], synthetic.crop_size["height"], synthetic.resample) == (256, 224, 3)
+    with pytest.raises(ValueError, match="has no shortest_edge"):
+        resize_from({"size": {"height": 224, "width": 224}})
