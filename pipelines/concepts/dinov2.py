@@ -110,21 +110,6 @@ def check_weights(config: EmbedderConfig) -> None:
     model_class(json.loads(weights.config_file().read_text()), f"{SETTING}={config.model!r}")
 
 
-def load_processor(config: EmbedderConfig):
-    """DINOv2's own image processor (from the weights' directory; built in code when synthetic)."""
-    from transformers import BitImageProcessor
-
-    if config.synthetic:
-        return BitImageProcessor(
-            size={"shortest_edge": 256},
-            crop_size={"height": 224, "width": 224},
-            resample=Image.Resampling.BICUBIC,
-            image_mean=list(IMAGENET_MEAN),
-            image_std=list(IMAGENET_STD),
-        )
-    return BitImageProcessor.from_pretrained(str(weights_of(config).folder()), local_files_only=True)
-
-
 @dataclass(frozen=True)
 class Resize:
     """What the CPU decode stage needs of DINOv2's processor: the shortest edge it resizes to, the
@@ -138,8 +123,24 @@ class Resize:
     resample: int = Image.Resampling.BICUBIC
 
 
+def load_processor(config: EmbedderConfig):
+    """DINOv2's own image processor (from the weights' directory; built in code when synthetic)."""
+    from transformers import BitImageProcessor
+
+    if config.synthetic:
+        resize = Resize()  # DINOv2's published preprocessing
+        return BitImageProcessor(
+            size={"shortest_edge": resize.shortest_edge},
+            crop_size={"height": resize.crop[0], "width": resize.crop[1]},
+            resample=resize.resample,
+            image_mean=list(IMAGENET_MEAN),
+            image_std=list(IMAGENET_STD),
+        )
+    return BitImageProcessor.from_pretrained(str(weights_of(config).folder()), local_files_only=True)
+
+
 def resize_of(config: EmbedderConfig) -> Resize:
-    """The checkpoint's resize and crop (the synthetic processor's: :func:`load_processor`)."""
+    """The checkpoint's resize and crop; the synthetic model's are DINOv2's published ones (:class:`Resize`)."""
     import json
 
     if config.synthetic:
