@@ -217,7 +217,7 @@ class Embedder:
         self.config = config
         self.model = load_model(config)
         self.processor = load_processor(config)  # its mean, std and rescale factor normalise
-        self.resize = resize_of(config)
+        self.resize = resize_from(self.processor.to_dict())  # the file the processor read, not read again
         self.device = next(self.model.parameters()).device
         self.dim = self.model.config.hidden_size
         self.registers = int(getattr(self.model.config, "num_register_tokens", 0) or 0)  # after CLS, before patches
