@@ -7,10 +7,14 @@ the slot nor whether that run is still alive: a run killed with -9 keeps its slo
 monitoring (``deploy/dagster.yaml``) or a person frees it, and the waiting run looked stuck for
 no reason. :func:`with_pool_waits` wraps the executor of every job so that each of those events
 is followed by an INFO line that says who holds the pool and what to do about a dead holder.
+
+While it waits, the step's run also no longer spins a core (:func:`pace_waiting_runs`): Dagster's
+executors poll for the slot in a loop that never sleeps.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ from dagster import DagsterEventType, DagsterInstance, ExecutorDefinition, Field
 from dagster._core.definitions.executor_definition import multi_or_in_process_executor
 from dagster._core.events import DagsterEvent
 from dagster._core.execution.context.system import PlanOrchestrationContext
+from dagster._core.execution.plan.active import ActiveExecution
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.executor.base import Executor
 from dagster._core.storage.dagster_run import DagsterRunStatus
@@ -207,6 +212,54 @@ class PoolWaitReporter(Executor):
             plan_context.log.info(line)
 
 
+# ---- waiting without spinning ------------------------------------------------------------------
+
+NAP_S = 1.0  # the longest pause: a run's termination and Dagster's "still blocked" events stay prompt
+
+
+def _seconds_until_a_step_may_go(active: ActiveExecution) -> float:
+    """How long nothing can start: until the first pool claim Dagster will try again (it backs off
+    from 1 s to 15 s and does not ask before) or the first step retry's delay ends. 0 when no
+    step waits on either (the run is finishing, or a step is ready)."""
+    due = list(getattr(active, "_waiting_to_retry", {}).values())
+    claims = getattr(active, "_instance_concurrency_context", None)
+    if claims is not None and claims.has_pending_claims():
+        due += list(getattr(claims, "_pending_timeouts", {}).values())
+    return max(0.0, min(due) - time.time()) if due else 0.0
+
+
+def pace_waiting_runs() -> None:
+    """Make a run whose steps all wait (for a pool slot, or a retry's delay) sleep until one may go.
+
+    Dagster 1.13's executors poll in a loop that never sleeps while a step waits for a pool slot:
+    the multiprocess executor has no pause at all, and the in-process one pauses for
+    ``interval_to_next_pending_claim_check()``, which is ``min([0, ...])``, always 0. So a run
+    waiting behind another run's GPU step held a whole core for as long as it waited (20.0 s of CPU
+    in 20 s, measured on a command-line materialization), and a backfill's waiting runs starved
+    the CPU work of the runs that held the GPUs. The slot is asked for again only when Dagster's
+    own back-off says so, so a pause until then (at most ``NAP_S``) loses nothing.
+
+    Installed once per process by :func:`with_pool_waits` (every job's executor), on Dagster's
+    ``ActiveExecution``, which both executors use; a step in flight or a step ready is never
+    delayed. ``tests/assets/test_pool_waits.py`` (in-process) and ``tests/e2e/test_run_monitoring.py``
+    (multiprocess) fail if a Dagster upgrade bypasses it."""
+    get_steps = ActiveExecution.get_steps_to_execute
+    if getattr(get_steps, "paced", False):
+        return
+
+    @functools.wraps(get_steps)
+    def get_steps_to_execute(self: ActiveExecution, limit: int | None = None):
+        steps = get_steps(self, limit)
+        if not steps and not self.has_in_flight_steps:
+            pause = min(NAP_S, _seconds_until_a_step_may_go(self))
+            if pause > 0:
+                time.sleep(pause)
+        return steps
+
+    get_steps_to_execute.paced = True
+    ActiveExecution.get_steps_to_execute = get_steps_to_execute
+
+
 def with_pool_waits(mode: str = "multiprocess") -> ExecutorDefinition:
     """Dagster's default executor (a process per step, or every step in the run's process) whose
     runs say at INFO who holds the pool a step waits for; same name, config and requirements.
@@ -214,6 +267,7 @@ def with_pool_waits(mode: str = "multiprocess") -> ExecutorDefinition:
     machine a process per step costs an import of torch and Dagster each (~5 s on 2 cores), more
     than most of the demo's steps compute; a run config may still choose either."""
     base = multi_or_in_process_executor  # ``mode`` was validated with the settings (PANELFORGE_EXECUTOR)
+    pace_waiting_runs()
 
     def create(init_context) -> Executor:
         return PoolWaitReporter(base.executor_creation_fn(init_context))

@@ -18,18 +18,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, execute_job
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.events import DagsterEvent
 from dagster._core.instance.ref import InstanceRef
 
 from jobs.cli import main
 from jobs.instance import INSTANCE_FILE, prepare_instance
-from jobs.pools import RunStillActive, describe_wait, free_slots, holders, pools_report
+from jobs.pools import RunStillActive, describe_wait, free_slots, holders, pools_report, with_pool_waits
 from resources.settings import Settings
 from testing.dagster_dev import DAGSTER, REPO, DagsterDev
-from testing.gpu_pool import MARKER
+from testing.gpu_pool import MARKER, count_polls, free_after_a_wait
 
 GPU = "gpu"
+WAIT_S = 3.0  # how long a step waits: another run keeps the slot that long after it asked
 
 
 def _instance(home: Path) -> DagsterInstance:
@@ -140,6 +142,33 @@ def test_a_command_line_materialization_says_at_info_which_run_holds_the_pool(ho
             cli.kill()
         reader.join(timeout=10)
     assert any("RUN_SUCCESS" in line for line in lines)
+
+
+@pytest.mark.e2e
+def test_a_multiprocess_run_waiting_for_the_slot_sleeps_until_it_is_free(home, monkeypatch):
+    """The multiprocess executor (the cluster profile's: a process per step) asked for the slot in a
+    loop with no pause at all; ``tests/assets/test_pool_waits.py`` runs the in-process one."""
+    with_pool_waits()  # what every job's executor installs
+    repository = ReconstructableRepository.for_module("testing.gpu_pool", "defs", str(REPO))
+    with _instance(home) as instance:
+        holder = _started_run(instance)
+        assert instance.event_log_storage.claim_concurrency_slot(GPU, holder.run_id, "pairs").is_claimed
+        polls = count_polls(monkeypatch)
+        release = free_after_a_wait(instance, holder.run_id, WAIT_S)
+        started = time.monotonic()
+        with execute_job(
+            repository.get_reconstructable_job("cpu_then_gpu_job"),
+            instance,
+            run_config={"execution": {"config": {"multiprocess": {}}}},
+        ) as result:
+            assert result.success
+        took = time.monotonic() - started
+        release.join()
+        assert holders(instance, GPU) == []
+    assert took >= WAIT_S
+    # while gpu_after_cpu waited: a turn at most every NAP_S, and 50 a second (Dagster's queue
+    # timeout) while cpu_first's process exited; without the pause ~100,000 turns a second
+    assert 0 < polls[0] <= 10 * took, polls[0]
 
 
 @pytest.mark.e2e
