@@ -122,6 +122,11 @@ class Resize:
     crop: tuple[int, int] = (224, 224)
     resample: int = Image.Resampling.BICUBIC
 
+    def output(self, pad: bool) -> tuple[int, int]:
+        """(height, width) of what :func:`prepare` returns: the crop, or a square of its longer side
+        when the image is letterboxed instead."""
+        return (max(self.crop), max(self.crop)) if pad else self.crop
+
 
 def load_processor(config: EmbedderConfig):
     """DINOv2's own image processor (from the weights' directory; built in code when synthetic)."""
@@ -187,9 +192,9 @@ def load_model(config: EmbedderConfig):
 def prepare(image: Image.Image, resize: Resize, pad: bool) -> np.ndarray:
     """Resize and crop (or letterbox) on the CPU with the processor's own parameters (``resize``):
     shortest edge, resample filter and crop size. Returns a (height, width, 3) uint8 array."""
-    height, width = resize.crop
+    height, width = resize.output(pad)
     if pad:
-        return np.asarray(letterbox(image, max(height, width)), dtype=np.uint8)
+        return np.asarray(letterbox(image, height), dtype=np.uint8)
     edge = resize.shortest_edge
     scale = edge / min(image.size)
     resized = image.resize(

@@ -1,9 +1,9 @@
 """Embed a partition's figure images with DINOv2 on Ray Data.
 
 Two stages, so the GPU never waits on JPEG decoding: CPU tasks read each image from the raw
-tar (by offset), decode it robustly and resize/crop it with the model's own processor to a
-224 x 224 uint8 array; a pool of actors, each holding the model once, normalises and embeds
-batches. Only image references travel into Ray, and every stage holds one batch at a time,
+tar (by offset), decode it robustly and resize/crop it with the model's own processor settings
+to its crop (224 x 224 uint8 for DINOv2); a pool of actors, each holding the model once,
+normalises and embeds batches. Only image references travel into Ray, and every stage holds one batch at a time,
 so memory is bounded by the batch size, not the partition size. Locally Ray starts on the
 CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors onto GPUs.
 """
@@ -22,18 +22,18 @@ from pipelines.core.rawstore import read_raw_file
 from pipelines.core.stage import Progress
 from pipelines.images.decode import decode_image
 
-EMPTY = np.zeros((224, 224, 3), dtype=np.uint8)
-
 
 def _prepare_batch(batch: dict, lake_root: str, resize: dict, pad: bool) -> dict:
-    """CPU stage: raw bytes -> decoded RGB -> 224 x 224 uint8, or an error for that image."""
+    """CPU stage: raw bytes -> decoded RGB -> the model's crop (224 x 224 for DINOv2) as uint8, or
+    zeros of that shape and an error for an image that does not decode."""
     lake, to_model = Lake(lake_root), Resize(**resize)
+    empty = np.zeros((*to_model.output(pad), 3), dtype=np.uint8)
     pixels, errors = [], []
     for tar_path, offset, size in zip(batch["tar_path"], batch["offset"], batch["size"], strict=True):
         image, error = decode_image(
             read_raw_file(lake, {"tar_path": tar_path, "offset": int(offset), "size": int(size)})
         )
-        pixels.append(prepare(image, to_model, pad) if image is not None else EMPTY)
+        pixels.append(prepare(image, to_model, pad) if image is not None else empty)
         errors.append(error or "")
     return {**{k: v for k, v in batch.items()}, "pixels": np.stack(pixels), "error": np.array(errors, dtype=object)}
 

@@ -7,6 +7,7 @@ model path, at the resource's set-up."""
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -215,3 +216,23 @@ def test_the_decode_stage_reads_the_processors_resize_as_transformers_does():
     assert (synthetic.size["shortest_edge"], synthetic.crop_size["height"], synthetic.resample) == (256, 224, 3)
     with pytest.raises(ValueError, match="has no shortest_edge"):
         resize_from({"size": {"height": 224, "width": 224}})
+
+
+@pytest.mark.parametrize("pad, shape", [(False, (256, 192)), (True, (256, 256))])
+def test_an_image_that_does_not_decode_is_zeros_of_the_checkpoints_crop(tmp_path, pad, shape):
+    """A checkpoint whose crop is not DINOv2's 224 x 224 (here 256 high, 192 wide): a decode batch
+    of a good and an undecodable image stacks, the bad one as zeros with its error (the zeros were
+    224 x 224 whatever the checkpoint said, so such a batch failed to stack). The good one, a red
+    300 x 200 image, is red at the centre either way (cropped, or letterboxed on white)."""
+    from pipelines.concepts.embed import _prepare_batch
+
+    Image.new("RGB", (300, 200), (200, 30, 30)).save(tmp_path / "figure.png")
+    (tmp_path / "broken.png").write_bytes(b"not an image at all")
+    files = ["figure.png", "broken.png"]
+    batch = {"tar_path": files, "offset": [0, 0], "size": [(tmp_path / f).stat().st_size for f in files]}
+    resize = Resize(shortest_edge=256, crop=(256, 192))
+    out = _prepare_batch(batch, str(tmp_path), asdict(resize), pad)
+    assert out["pixels"].shape == (2, *shape, 3) and out["pixels"].dtype == np.uint8
+    assert out["error"][0] == "" and out["error"][1]
+    assert out["pixels"][0, shape[0] // 2, shape[1] // 2].tolist() == [200, 30, 30]
+    assert not out["pixels"][1].any()
