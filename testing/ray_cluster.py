@@ -126,12 +126,14 @@ class LocalRayCluster:
 
         saved = {name: os.environ.get(name) for name in self.env}
         ray.shutdown()  # a local Ray an earlier test left running in this process
+        _unbind_ray_data_logs()
         os.environ.update(self.env)
         AuthenticationTokenLoader.instance().reset_cache()  # and the token it cached
         try:
             yield
         finally:
             ray.shutdown()
+            _unbind_ray_data_logs()
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)
@@ -164,6 +166,20 @@ class LocalRayCluster:
                 time.sleep(0.1)
             _killpg(node.pgid, signal.SIGKILL)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _unbind_ray_data_logs() -> None:
+    """Fresh Ray Data log handlers, which bind to the session of the next Ray this process joins.
+
+    Ray Data's handlers open ``ray-data.log`` in the session directory of the Ray the process is
+    connected to when they first write, and keep that path across ``ray.shutdown()``: after this
+    cluster's driver left (and :meth:`LocalRayCluster.close` deleted its directory), a Ray Data
+    job on the next local Ray in the same process failed on the deleted session's ``ray-data.log``
+    (CI, ``test_vlm_ray`` after ``test_ray_multinode`` on one worker)."""
+    from ray.data._internal.logging import configure_logging, reset_logging
+
+    reset_logging()
+    configure_logging()
 
 
 def _killpg(pgid: int, sig: int) -> None:
