@@ -93,18 +93,39 @@ LONGEST_FIRST = (
     "tests/e2e/test_e2e_dagster_dev.py",
     "tests/e2e/test_postgres_instance.py",
 )
+# Session fixtures are per worker, so the modules that use the session's `dagster dev` (and its
+# PostgreSQL) go to one worker as one unit (:func:`pytest_xdist_make_scheduler`): with three workers
+# they landed on two and each booted its own (about 20 s of set-up and CPU the other tests lost).
+SHARED_DAGSTER_DEV = ("tests/e2e/test_e2e_dagster_dev.py", "tests/e2e/test_postgres_instance.py")
 
 
 def _module(item: pytest.Item) -> str:
     return Path(str(item.path)).resolve().relative_to(REPO).as_posix()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile``, with the modules of :data:`SHARED_DAGSTER_DEV` one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSessionScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SHARED_DAGSTER_DEV[0] if module in SHARED_DAGSTER_DEV else module
+
+    return SharedSessionScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    misplaced = []
+    misplaced, unshared = [], []
     for item in items:
         starts = sorted(PROCESS_FIXTURES.keys() & set(item.fixturenames))
         if _in_e2e(item):
             item.add_marker(pytest.mark.e2e)
+            if "dagster_dev" in starts and _module(item) not in SHARED_DAGSTER_DEV:
+                unshared.append(f"  {item.nodeid}")
         elif starts:
             item.add_marker(pytest.mark.e2e)
             misplaced.append(f"  {item.nodeid}: uses {', '.join(starts)} ({PROCESS_FIXTURES[starts[0]]})")
@@ -114,6 +135,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "tests that start a process belong in tests/e2e (conftest.PROCESS_FIXTURES), not in the fast tiers:\n"
             + "\n".join(misplaced)
+        )
+    if unshared:
+        raise pytest.UsageError(
+            "modules using the session's dagster_dev belong in conftest.SHARED_DAGSTER_DEV (one worker boots it "
+            "once for all of them):\n" + "\n".join(unshared)
         )
 
     def rank(item: pytest.Item) -> int:
