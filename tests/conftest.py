@@ -88,15 +88,11 @@ def _in_e2e(item: pytest.Item) -> bool:
 # fixtures are built once), the modules that take longest first (--no-loadscope-reorder keeps this
 # order; xdist would otherwise start the modules with most tests): the refresh daemon alone is about a
 # third of the tier, and the two modules on the session's `dagster dev` start it early.
-LONGEST_FIRST = (
-    "tests/e2e/test_refresh_daemon.py",
-    "tests/e2e/test_e2e_dagster_dev.py",
-    "tests/e2e/test_postgres_instance.py",
-)
 # Session fixtures are per worker, so the modules that use the session's `dagster dev` (and its
 # PostgreSQL) go to one worker as one unit (:func:`pytest_xdist_make_scheduler`): with three workers
 # they landed on two and each booted its own (about 20 s of set-up and CPU the other tests lost).
 SHARED_DAGSTER_DEV = ("tests/e2e/test_e2e_dagster_dev.py", "tests/e2e/test_postgres_instance.py")
+LONGEST_FIRST = ("tests/e2e/test_refresh_daemon.py", *SHARED_DAGSTER_DEV)
 
 
 def _module(item: pytest.Item) -> str:
