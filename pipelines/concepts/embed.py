@@ -3,8 +3,8 @@
 Two stages, so the GPU never waits on JPEG decoding: CPU tasks read each image from the raw
 tar (by offset), decode it robustly and resize/crop it with the model's own processor settings
 to its crop (224 x 224 uint8 for DINOv2); a pool of actors, each holding the model once,
-normalises and embeds batches. Only image references travel into Ray, and every stage holds one batch at a time,
-so memory is bounded by the batch size, not the partition size. Locally Ray starts on the
+normalises and embeds batches. Only image references travel into Ray, and every stage holds one
+batch at a time, so memory is bounded by the batch size, not the partition size. Locally Ray starts on the
 CPU; on a cluster ``address`` points at it and ``gpus_per_actor`` packs actors onto GPUs.
 """
 
