@@ -131,10 +131,14 @@ _PAREN = re.compile(rf"(?:\b[Pp]anels?\s+)?[(\[]\s*{_PANEL}(?P<list>{_LIST})\s*(
 _IN_PANEL = re.compile(
     rf"\b(?:In|For)\s+(?:[Pp]anels?\s+(?P<bare>{_LIST})|\(\s*{_PANEL}(?P<paren>{_LIST})\s*\))(?=[\s,:])"
 )
+# A label glued to the sentence before it, as captions copied from web pages print the title
+# and the first paragraph: "... prostate cancer.A. Photographs ..." (two characters of a word
+# before the stop, so that "i.e." and "U.S.A." are not read so).
+_GLUED = r"(?<=[a-z0-9)*]{2}\.)"
 # A) B) printed without the opening bracket
-_CLOSE = re.compile(rf"(?<![\w(\['.-]){_PANEL}(?P<list>{_LIST})\)")
+_CLOSE = re.compile(rf"(?:(?<![\w(\['.-])|{_GLUED}){_PANEL}(?P<list>{_LIST})\)")
 # A. A: A, b-d. "Panels A & B", and "a Schematic" (a bold label without punctuation)
-_BARE = re.compile(rf"(?<![\w'.-])(?P<panel>[Pp]anels?\s+)?(?P<list>{_LIST})(?P<punct>\s*[.:,])?(?=\s)")
+_BARE = re.compile(rf"(?:(?<![\w'.-])|{_GLUED})(?P<panel>[Pp]anels?\s+)?(?P<list>{_LIST})(?P<punct>\s*[.:,])?(?=\s)")
 _TOKEN = re.compile(rf"({_LABEL})|({_SEP})")
 _REFERENCE = re.compile(
     r"(?:\bas\s+(?:in|for)|\bsee(?:\s+also)?|\bcompared?(?:\s+(?:to|with))?|\bcf\.|\b(?:that|those)\s+in"
@@ -163,6 +167,8 @@ _TEMPERATURE = re.compile(
     re.IGNORECASE,
 )
 _TEMPERATURE_WORDS = {"at", "to", "from", "and", "or", "between"}
+# A label followed by a length names a scale bar, not a panel's text: "Scale bars: (i), 100 um; (ii-vi), 25 um".
+_SCALE_AFTER = re.compile(r"\s*[,:=]?\s*\d+(?:[.,]\d+)?\s*(?:[\u00b5\u03bc]m|um|mum|nm|mm|cm)\b")
 _WINDOW = 120  # characters before a marker where its reference or position words are printed
 # Where a sentence or clause ends: the start of a trailing label's text.
 _CLAUSE_END = re.compile(r"(?:[.!?]\)?\s+(?=[A-Z(\[\"'])|[;:]\s+)")
@@ -254,12 +260,14 @@ def _label_at(index: int, scheme: str, like: str) -> str:
 
 def _expand(label_list: str, scheme: str) -> list[tuple[int, str]]:
     """(index, label as printed) of one marker in ``scheme``, ranges expanded: "A-C" and "A to C"
-    are A, B, C; "A1-3" is A1, A2, A3 and "1A-C" is 1A, 1B, 1C."""
+    are A, B, C; "A1-3" is A1, A2, A3 and "1A-C" is 1A, 1B, 1C. Labels run forwards, so two
+    letters joined backwards by a dash or "&" ("H-E", "H&E": haematoxylin and eosin) are none."""
     out: list[tuple[int, str]] = []
-    pending_range, pair = False, ""
+    pending_range, joined, pair = False, False, ""
     for token, sep in _TOKEN.findall(label_list):
         if sep:
             pending_range = sep.strip() in ("-", "to")
+            joined = sep.strip() in ("-", "&")
             continue
         token = token.rstrip("'")
         if scheme == "alnum" and token.isdigit() and pair:
@@ -270,6 +278,9 @@ def _expand(label_list: str, scheme: str) -> list[tuple[int, str]]:
             pending_range = False
             continue
         index = _index(token, scheme)
+        if joined and out and index < out[-1][0] and scheme == "letter":
+            return []
+        joined = False
         if scheme in ("alnum", "fignum"):
             pair = token
         same_major = scheme not in ("alnum", "fignum") or (out and out[-1][0] // 100 == index // 100)
@@ -434,7 +445,8 @@ def _follows(text: str, end: int) -> str:
     if re.match(r"(?:and|or|&|but|to|versus|vs\.?)(?!\w)", rest):
         return "conj"
     if rest[0] in "([":
-        return "mark"
+        past = _remark_end(text, end)  # a remark after a trailing label: "glands (v) (black arrows),"
+        return _follows(text, past) if past > end else "mark"
     return "upper" if rest[0].isupper() else "lower"
 
 
@@ -477,6 +489,8 @@ def _candidates(c: _Caption) -> list[_Marker]:
             start, at_start = window + position.start(), True
         if not at_start and (_REFERENCE.search(text[window:start]) or _REFERENCE_AFTER.match(text, end)):
             return
+        if _SCALE_AFTER.match(text, end):
+            return
         if label_list.strip("'") == "C" and _is_celsius(text, start):
             return
         found.append(_Marker(start, end, label_list, at_start, _follows(text, end), kind))
@@ -496,7 +510,12 @@ def _candidates(c: _Caption) -> list[_Marker]:
         before = _last_char(text, m.start(), c.floor)
         if _is_clause_start(text, m.start(), c.floor) or (before == "(" and punct == ":"):
             if after.islower() and not panel:
-                continue  # "C. elegans", "P. berghei"; a glossary "E, extracellular; I, intracellular"
+                # "C. elegans", "P. berghei"; an abbreviation key "D, dorsal; V, ventral" (one
+                # word with the letter as its initial). "A, prostate tumor; B, breast carcinoma"
+                # and "B and D: a higher magnification" are labels.
+                word = re.match(r"\s*(\w)\w*(?=[;,.)]|\s*$)", text[m.end() :])
+                if punct not in (",", ":") or (word and word.group(1) == m.group("list")[-1:].lower()):
+                    continue
             if punct or panel:
                 add(m.start(), m.end(), m.group("list"), "bare", True)
             elif after.isupper() or after.isdigit():
@@ -647,29 +666,41 @@ def _first_item(text: str, start: int, stop: int, others: list[str]) -> int:
     return start
 
 
+def _remark_end(text: str, end: int) -> int:
+    """The end of the remarks printed right after a trailing label, "glands (v) (black arrows),",
+    which belong to its text; ``end`` itself when there are none."""
+    while True:
+        start = len(text) - len(text[end:].lstrip())
+        close = _closing(text, start + 1, len(text)) if text[start : start + 1] == "(" else None
+        if close is None or _PAREN.match(text, start):
+            return end
+        end = close + 1
+
+
 def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list[tuple[int, int]]]:
     """Where the first part starts, and the span of each definition's text (see step 7)."""
     text, n = c.text, len(defs)
     starts = [d.marker.end for d in defs]
+    ends = [_remark_end(text, d.marker.end) if d.role == "trail" else d.marker.end for d in defs]
     for i, d in enumerate(defs):
         if d.role != "trail":
             continue
-        previous = defs[i - 1].marker.end if i else lo
+        previous = ends[i - 1] if i else lo
         if i and defs[i - 1].role == "trail" and c.clause(previous - 1) == c.clause(d.marker.start):
             starts[i] = previous
             continue
         start = max(previous, c.clause_start(d.marker.start))
-        items, last = [], d.marker.end
-        for other in defs[i + 1 :]:
+        items, last = [], ends[i]
+        for k, other in enumerate(defs[i + 1 :], i + 1):
             if other.role != "trail" or c.clause(other.marker.start) != c.clause(d.marker.start):
                 break
             items.append(_trim(text, last, other.marker.start))
-            last = other.marker.end
+            last = ends[k]
         starts[i] = _first_item(text, start, d.marker.start, items) if items else start
     spans = []
     for i, d in enumerate(defs):
         if d.role == "trail":
-            spans.append((starts[i], d.marker.end))
+            spans.append((starts[i], ends[i]))
             continue
         if i + 1 < n:
             end = defs[i + 1].marker.start if defs[i + 1].role == "lead" else starts[i + 1]

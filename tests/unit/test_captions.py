@@ -550,6 +550,85 @@ def test_a_glossary_of_abbreviations_is_not_labels():
     assert list(split.panels) == ["a", "b"]
 
 
+def test_an_orientation_key_after_the_labels_is_not_a_label():
+    # "D, dorsal" is a key to the arrows (D abbreviates "dorsal"), not a fourth panel
+    split = split_caption("(A) Side view. (B) Top view. (C) Front view. D, dorsal; V, ventral.")
+    assert list(split.panels) == ["A", "B", "C"]
+
+
+# Styles seen in a hand-split caption set the rules had not been written on (the NLM prostate
+# subset of CompFigSep, docs/panels.md "Captions measured elsewhere"); the captions are shortened.
+
+
+def test_labels_followed_by_a_comma_and_a_lowercase_description():
+    split = split_caption(
+        "Cytoplasmic GLUT1 expression in adenocarcinomas. A, prostate tumor; B, papillary thyroid tumor; "
+        "C, gastric tumor."
+    )
+    assert split.preface == "Cytoplasmic GLUT1 expression in adenocarcinomas."
+    assert split.panels == {"A": "prostate tumor", "B": "papillary thyroid tumor", "C": "gastric tumor."}
+    # "B, breast carcinoma": the label is the word's initial, but a two-word description is no key
+    split = split_caption("Periostin in tissues. A, normal breast tissue. B, breast carcinoma.")
+    assert split.panels == {"A": "normal breast tissue.", "B": "breast carcinoma."}
+
+
+def test_groups_of_labels_printed_out_of_order():
+    split = split_caption(
+        "Proliferation near disrupted capsules (circles). A and C: 100X. B and D: a higher (300X) "
+        "magnification of A and C, respectively."
+    )
+    assert split.panels == {
+        "A": "100X.",
+        "B": "a higher (300X) magnification of A and C, respectively.",
+        "C": "100X.",
+        "D": "a higher (300X) magnification of A and C, respectively.",
+    }
+
+
+def test_a_label_glued_to_the_title_as_web_pages_print_it():
+    split = split_caption(
+        "Mdm2 mutation reduces prostate size.A. Photographs of prostates. B. Average prostate mass. "
+        "C. H&E staining of prostate sections."
+    )
+    assert split.preface == "Mdm2 mutation reduces prostate size."
+    assert split.panels == {
+        "A": "Photographs of prostates.",
+        "B": "Average prostate mass.",
+        "C": "H&E staining of prostate sections.",
+    }
+
+
+def test_a_stain_abbreviation_is_not_a_backwards_range_of_labels():
+    # "(H-E, 50x)" is haematoxylin and eosin; read as labels it named E before "(c, d, and e)"
+    split = split_caption(
+        "Microscopic finding. (a) Ductal adenocarcinoma. (b) Stroma with giant cells. (H-E, 50x-100x). "
+        "(c, d, and e) Pleomorphic sarcoma (H&E, 200x). (f) Malignant stroma."
+    )
+    assert list(split.panels) == ["a", "b", "c", "d", "e", "f"]
+    assert split.panels["c"] == split.panels["e"] == "Pleomorphic sarcoma (H&E, 200x)."
+    assert split.panels["b"] == "Stroma with giant cells. (H-E, 50x-100x)."
+
+
+def test_scale_bar_lengths_name_no_panel_text():
+    split = split_caption(
+        "PIN lesions.(i) High grade PIN in many glands, (ii) with abnormal nuclei (arrows). (iii) Ki67 "
+        "staining. Scale bars: (i), 100 um; (ii-iii), 25 um."
+    )
+    assert list(split.panels) == ["i", "ii", "iii"]
+    assert split.panels["ii"] == "with abnormal nuclei (arrows)."
+
+
+def test_a_remark_after_a_trailing_label_keeps_it_trailing():
+    split = split_caption(
+        "Cytokeratin staining was present in normal glands (a) (black arrows), and absent from the "
+        "carcinoma (b) (red arrows)."
+    )
+    assert split.panels == {
+        "a": "Cytokeratin staining was present in normal glands (a) (black arrows)",
+        "b": "absent from the carcinoma (b) (red arrows)",
+    }
+
+
 # --- extractive guarantee: property tests -----------------------------------------------------
 
 WORDS = st.sampled_from(
