@@ -74,6 +74,8 @@ MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, w
 MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labels are still missing
 SLOT_RENDERINGS = ((False, 32), (True, 64))  # (thresholded, token height in px) of those second readings
 SLOT_CONFIDENCE = 0.5
+SLOT_ROUNDS = 2
+LATE_START = 4  # a sequence read from its third to fifth label on is looked over for the ones before
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
 OCR_HEIGHT = 32
@@ -445,6 +447,7 @@ class LabelReader(Protocol):
 
     name: str
     binarize: bool  # whether crops are thresholded to black on white before reading
+    whitelist: bool  # whether ``read`` keeps to the ``charset`` it is given
 
     def read(self, crops: Sequence[Image.Image], charset: str | None = None) -> list[tuple[str, float]]: ...
 
@@ -474,6 +477,7 @@ class TesseractReader:
 
     name = "tesseract"
     binarize = True
+    whitelist = True  # reads only the characters it is given
 
     def __init__(self, tessdata: str | None = None):
         import tesserocr
@@ -508,7 +512,7 @@ class TesseractReader:
         for crop in crops:
             token = crop.height // 2  # the token's height: crops are padded by half of it on each side
             single = crop.width - token <= 1.15 * token and _glyphs(crop) < 2
-            api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_WORD, charset)
+            api = self._api(psm.SINGLE_CHAR if single else psm.SINGLE_LINE, charset)
             # raw 8-bit pixels: ``SetImage`` would encode every crop as a BMP first
             api.SetImageBytes(crop.tobytes(), crop.width, crop.height, 1, crop.width)
             text = api.GetUTF8Text().strip()
@@ -522,6 +526,7 @@ class RapidOcrReader:
 
     name = "rapidocr"
     binarize = False  # PP-OCR reads the grey crop better than a thresholded one
+    whitelist = False  # answers any character: ``charset`` is not used
 
     def __init__(self, batch_size: int = 16):
         from rapidocr_onnxruntime import RapidOCR
@@ -585,8 +590,24 @@ def read_candidates(
     gray = image if image.mode == "L" else image.convert("L")
     sx, sy = image.width / work_size[0], image.height / work_size[1]
     crops = [crop_for_ocr(gray, c, (sx, sy), getattr(reader, "binarize", True)) for c in candidates]
+    charset = CHARSETS.get(scheme, LETTERS)
+    readings = reader.read(crops, charset)
+    if "1" not in charset and getattr(reader, "whitelist", True):
+        # a letter with a number ("b1": a sub-panel of b) cannot be read without digits, and
+        # with digits a small "b" reads "6": tokens of two glyphs or more not read as a label
+        # are read again with digits, and count only as such a label
+        again = [
+            k
+            for k, (raw, conf) in enumerate(readings)
+            if (label_text(raw) is None or conf < MIN_CONFIDENCE) and _glyphs(crops[k]) >= 2
+        ]
+        for k, (raw, conf) in zip(again, reader.read([crops[k] for k in again], CHARSETS["alnum"]), strict=True):
+            # no label has two letters but a Roman numeral: "bl" and "bI" are "b1"
+            raw = re.sub(r"^([A-HJ-UWYZa-hj-uwyz])[lI|]$", r"\g<1>1", raw.strip())
+            if label_schemes(label_text(raw) or "") == ("alnum",):
+                readings[k] = (raw, conf)
     out = []
-    for cand, (raw, conf) in zip(candidates, reader.read(crops, CHARSETS.get(scheme, LETTERS)), strict=True):
+    for cand, (raw, conf) in zip(candidates, readings, strict=True):
         text = label_text(raw)
         if text is None or conf < MIN_CONFIDENCE:
             continue
@@ -616,8 +637,9 @@ def label_schemes(text: str) -> tuple[str, ...]:
 
 
 def label_index(text: str, scheme: str) -> int:
+    """Position of a label in its scheme; a sub-label "b1" of a letter sequence is at "b"'s."""
     if scheme in ("upper", "lower"):
-        return ord(text.lower()) - ord("a")
+        return ord(text[0].lower()) - ord("a")
     if scheme == "digit":
         return int(text) - 1
     if scheme == "roman":
@@ -674,11 +696,14 @@ def _aligned(r: PrintedLabel, others: Sequence[PrintedLabel]) -> int:
     )
 
 
-def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[list[tuple[int, PrintedLabel]], int]:
+def _consistent(
+    reads: list[tuple[int, PrintedLabel]], spread: float, max_start: int = 1
+) -> tuple[list[tuple[int, PrintedLabel]], int]:
     """The largest subset of (index, label) sharing a height and forming a run from the first
-    or second label with at most one label missing between two found ones; of two readings of
-    one label, the one aligned with more of the other labels (then the more confident). Also
-    returns how many aligned pairs the subset has."""
+    or second label (up to ``max_start``) with at most one label missing between two found ones;
+    of two readings of one label, the one aligned with more of the other labels (then the more
+    confident); sub-labels of one letter ("b1", "b2") all. Also returns how many aligned pairs
+    the subset has."""
     best: list[tuple[int, PrintedLabel]] = []
     best_key = None
     for ref in sorted({r.body for _, r in reads}):
@@ -686,19 +711,24 @@ def _consistent(reads: list[tuple[int, PrintedLabel]], spread: float) -> tuple[l
         by_index: dict[int, list[PrintedLabel]] = {}
         for i, r in near:
             by_index.setdefault(i, []).append(r)
-        chosen_at: dict[int, PrintedLabel] = {}
+        chosen_at: dict[int, list[PrintedLabel]] = {}
         for i, options in by_index.items():
             others = [r for j, rs in by_index.items() if j != i for r in rs]
-            chosen_at[i] = max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.body - ref)))
+            # sub-labels of one letter ("b1", "b2" between "a" and "c") are panels each
+            subs = {r.text: r for r in sorted(options, key=lambda r: r.confidence) if r.text[1:].isdigit()}
+            if len(subs) >= 2:
+                chosen_at[i] = [subs[t] for t in sorted(subs, key=lambda t: int(t[1:]))]
+                continue
+            chosen_at[i] = [max(options, key=lambda r: (_aligned(r, others), r.confidence, -abs(r.body - ref)))]
         present = sorted(chosen_at)
-        if not present or present[0] > 1:
+        if not present or present[0] > max_start:
             continue
         run = [present[0]]
         for index in present[1:]:
             if index - run[-1] > 2:
                 break
             run.append(index)
-        chosen = [(i, chosen_at[i]) for i in run]
+        chosen = [(i, r) for i in run for r in chosen_at[i]]
         labels = [r for _, r in chosen]
         aligned = sum(_aligned(r, [o for o in labels if o is not r]) for r in labels) // 2
         key = (len(chosen), aligned, float(np.median([r.body for r in labels])), sum(r.confidence for r in labels))
@@ -732,7 +762,7 @@ def choose_sequence(
 
 
 def _best_sequence(
-    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None
+    reads: Sequence[PrintedLabel], caption_labels: Sequence[str] | None, max_start: int = 1
 ) -> tuple[list[PrintedLabel], str | None]:
     wanted = {x.casefold() for x in caption_labels} if caption_labels else None
     cap_scheme = caption_scheme(list(caption_labels or []))
@@ -746,11 +776,16 @@ def _best_sequence(
             if scheme == "alnum" and cap_scheme not in (None, "alnum"):
                 continue
             options[scheme].append((label_index(r.text, scheme), r))
+            if scheme == "alnum" and cap_scheme is None:
+                # "a, b1, b2, c": a letter sequence whose panel b has sub-panels
+                letters = "upper" if r.text[0].isupper() else "lower"
+                options[letters].append((label_index(r.text, letters), r))
     best: list[tuple[int, PrintedLabel]] = []
     best_scheme, best_key = None, None
     for scheme in SCHEMES:
         # capitals and digits share one height; lower-case letters differ by their ascenders
-        run, aligned = _consistent(options[scheme], HEIGHT_SPREAD if scheme in ("lower", "roman") else CAPS_SPREAD)
+        spread = HEIGHT_SPREAD if scheme in ("lower", "roman") else CAPS_SPREAD
+        run, aligned = _consistent(options[scheme], spread, max_start)
         if len(run) < 2:
             continue
         # a scheme that matches the case the letters were read in beats its case-swapped twin
@@ -760,7 +795,8 @@ def _best_sequence(
             best, best_scheme, best_key = run, scheme, key
     if best_scheme is None:
         return [], None
-    chosen = [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in sorted(best, key=lambda x: x[0])]
+    ordered = sorted(best, key=lambda x: (x[0], int(x[1].text[1:]) if x[1].text[1:].isdigit() else 0))
+    chosen = [replace(r, text=_in_scheme(r.text, best_scheme)) for _, r in ordered]
     return chosen, best_scheme
 
 
@@ -785,7 +821,7 @@ def _complete(labels: Sequence[PrintedLabel], scheme: str | None, caption_labels
         return True  # a caption without labels: no label is missing
     if len(labels) < 2:
         return False
-    indices = [label_index(lab.text, scheme) for lab in labels]
+    indices = sorted({label_index(lab.text, scheme) for lab in labels})
     return indices == list(range(0, len(indices)))
 
 
@@ -835,15 +871,32 @@ def read_labels(
             readings = readings + read_candidates(image, more, size, reader, scheme)
             labels, chosen_scheme = choose_sequence(readings, caption_labels)
             read += len(more)
-        missing = missing_labels(labels, chosen_scheme, caption_labels)
-        if len(labels) >= 2 and missing:
+        base, base_scheme = labels, chosen_scheme
+        if len(labels) < 2 and caption_labels != []:
+            # "C" and "D" read in one column, "A" and "B" not (a label set against its panel's
+            # title): the labels before them are looked for where labels of that row or column stand
+            late, late_scheme = _best_sequence(readings, caption_labels, max_start=LATE_START)
+            if len(late) >= 2 and _aligned(late[0], late[1:]):
+                base, base_scheme = late, late_scheme
+        for _ in range(SLOT_ROUNDS):  # a label found in a column shows the row of the next one
+            missing = missing_labels(base, base_scheme, caption_labels)
+            if len(base) < 2 or not missing:
+                break
+            near = [
+                (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
+                for lab in base
+            ]
             seen = candidates + touching + finder.in_rows_and_columns(near)
-            slots = _slots(seen, labels, chosen_scheme, (sx, sy))
+            slots = _slots(seen, base, base_scheme, (sx, sy))
             again = reread_slots(image, slots, size, reader, missing)
-            if again:
-                readings = readings + again
-                labels, chosen_scheme = choose_sequence(readings, caption_labels)
             read += len(slots) * len(SLOT_RENDERINGS)
+            if not again:
+                break
+            readings = readings + again
+            labels, chosen_scheme = choose_sequence(readings, caption_labels)
+            if len(labels) < 2:
+                break
+            base, base_scheme = labels, chosen_scheme
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
 
 

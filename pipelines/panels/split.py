@@ -11,8 +11,10 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   without a label belong to the label that precedes them in that direction (labels are printed
   at a panel's top-left) or, when the figure prints its labels below the panels, to the one
   that follows them; a piece with no label on that side is shared (a title, a legend for all)
-  and left out; a region with one label is one panel, whatever gutters it has inside (a grid
-  of micrograph tiles under one label is one panel). A cut that leaves a label's region
+  and left out, unless it is a chart or picture of its own that no panel spans: a panel whose
+  label was not read, kept without a label (also where every label stands in one piece of a
+  cut, ``_beside_unlabelled``); a region with one label is one panel, whatever gutters it has
+  inside (a grid of micrograph tiles under one label is one panel). A cut that leaves a label's region
   without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
   separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
   the label above and to the left of it, a block holding several labels is parted at their
@@ -338,7 +340,7 @@ def _by_labels(
     or with an axis title, parts the figure in the wrong place)."""
     if len(labels) <= 1 or depth >= MAX_DEPTH:
         return [(box, labels[0].text if labels else None)]
-    options = []
+    options, aside = [], []
     for rank, mask in enumerate(sheet.masks):
         for axis in (0, 1):
             pieces = cut(sheet, box, axis, mask)
@@ -350,6 +352,52 @@ def _by_labels(
             labelled = sum(1 for o in owners if o)
             if labelled >= 2:
                 options.append((rank, -labelled, axis, pieces, owners))
+            elif labelled == 1:
+                aside.append((axis, pieces, owners))
+    found = _by_options(sheet, structure, labels, direction, depth, first_missing, options)
+    return found if found is not None else _beside_unlabelled(sheet, structure, labels, direction, depth, aside)
+
+
+def _beside_unlabelled(
+    sheet: Sheet,
+    structure: Structure,
+    labels: list[_Label],
+    direction: str,
+    depth: int,
+    aside: list[tuple[int, list[Box], list[list[_Label]]]],
+) -> list[tuple[Box, str | None]] | None:
+    """Every label in one piece of a cut that leaves a chart or picture of its own beside the
+    labelled panels (a wide chart below them whose label was not read): the labels' region is
+    the labelled piece with the pieces after it (``_assemble``) up to before the last such
+    chart, parted by its labels; each piece left that is a chart or picture is a panel without
+    a label, the rest (a title, a legend for all) joins the part that spans it or none."""
+    for axis, pieces, owners in aside:
+        [(members, extras, _)] = _assemble(pieces, owners, direction)
+        major = [i for i in extras if structure.is_major(pieces[i], pieces, axis)]
+        if not major:
+            continue
+        region = union(pieces[i] for i in members + extras[: extras.index(major[-1])])
+        sub = _by_labels(sheet, structure, region, labels, direction, depth + 1)
+        if sub is None:
+            continue
+        for i in extras[extras.index(major[-1]) :]:
+            attached = _attach(sub, pieces[i], axis)
+            sub = [*sub, (pieces[i], None)] if i in major else attached
+        return sub
+    return None
+
+
+def _by_options(
+    sheet: Sheet,
+    structure: Structure,
+    labels: list[_Label],
+    direction: str,
+    depth: int,
+    first_missing: bool,
+    options: list,
+) -> list[tuple[Box, str | None]] | None:
+    """The first cut of ``options`` (best first) whose label groups each hold graphic content,
+    each group parted further by its labels (``_by_labels``)."""
     for _, _, axis, pieces, owners in sorted(options, key=lambda o: o[:3]):
         groups = _assemble(pieces, owners, direction, first_missing)
         if not all(structure.graphic_in(union(pieces[i] for i in m + e)) for m, e, _ in groups):
@@ -367,7 +415,12 @@ def _by_labels(
                 sub = _by_labels(sheet, structure, region, group_labels, direction, depth + 1, first_missing)
                 if sub is not None:
                     for i in extras[keep:]:
-                        sub = _attach(sub, pieces[i], axis)
+                        attached = _attach(sub, pieces[i], axis)
+                        if attached is sub and structure.is_major(pieces[i], pieces, axis):
+                            # no panel spans it, and it is no legend or title but a chart or
+                            # picture of its own: a panel whose label was not read
+                            attached = [*sub, (pieces[i], None)]
+                        sub = attached
                     break
             if sub is None:
                 sub = _part_at_labels(sheet, union(pieces[i] for i in members + extras), group_labels, direction)

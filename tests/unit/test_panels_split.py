@@ -134,6 +134,28 @@ def test_a_panel_whose_label_is_not_read_is_parted_from_its_neighbour():
     assert len(panels) == 3 and all(iou(p.box, t) >= 0.8 for p, t in zip(panels, truth, strict=True))
 
 
+def test_a_picture_whose_label_is_not_read_below_labelled_panels_is_a_panel():
+    # "a" and "b" over two charts, a wide photograph below with no label printed: no caption
+    # to count the panels, and the photograph is no legend or title shared by the others
+    im = Image.new("RGB", (760, 640), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(28)
+    truth = []
+    for col, text in enumerate("ab"):
+        x = 15 + col * 370
+        lx1, ly1, _, ly2 = draw_label(draw, (x, 10), text, font)
+        chart = (x + 5, ly2 + 8, x + 340, 300)
+        draw_chart(draw, chart, seed=col)
+        truth.append((lx1, ly1, chart[2], chart[3]))
+    wide = (20, 340, 725, 625)
+    draw_panel(draw, wide, fill=(40, 40, 40), seed=7)
+    truth.append(wide)
+    decision = decide(im, None)
+    assert decision.route == "labels"
+    assert [p.label for p in decision.panels] == ["a", "b", None]
+    assert len(decision.panels) == 3 and all(iou(p.box, t) >= 0.8 for p, t in zip(decision.panels, truth, strict=True))
+
+
 def test_a_chart_with_its_text_strips_and_legend_stays_whole():
     # one chart, its tick-label strips, an axis title below and a legend box to its right
     im = Image.new("RGB", (700, 420), "white")
