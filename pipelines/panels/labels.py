@@ -565,13 +565,14 @@ def get_reader(engine: str = "tesseract") -> LabelReader:
 
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# brackets too: told letters only, the engine turns the ")" of "f)" into a letter, unsure of both
 CHARSETS = {
-    None: LETTERS,
-    "upper": LETTERS,
-    "lower": LETTERS,
+    None: LETTERS + "()",
+    "upper": LETTERS + "()",
+    "lower": LETTERS + "()",
     "digit": "0123456789()",
     "roman": "ivxIVX()",
-    "alnum": LETTERS + "0123456789",
+    "alnum": LETTERS + "0123456789()",
 }
 
 
@@ -590,7 +591,7 @@ def read_candidates(
     gray = image if image.mode == "L" else image.convert("L")
     sx, sy = image.width / work_size[0], image.height / work_size[1]
     crops = [crop_for_ocr(gray, c, (sx, sy), getattr(reader, "binarize", True)) for c in candidates]
-    charset = CHARSETS.get(scheme, LETTERS)
+    charset = CHARSETS.get(scheme, CHARSETS[None])
     readings = reader.read(crops, charset)
     if "1" not in charset and getattr(reader, "whitelist", True):
         # a letter with a number ("b1": a sub-panel of b) cannot be read without digits, and

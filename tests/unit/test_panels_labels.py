@@ -159,6 +159,21 @@ def test_tesseract_reads_a_letter_with_a_number_without_a_caption():
     assert [r.text for r in reading.labels] == ["a", "b1", "b2"] and reading.scheme == "lower"
 
 
+def test_tesseract_reads_labels_with_a_closing_bracket_without_a_caption():
+    # "a)", "b)", "c)" set tight (one token each): told letters only, the engine would make the
+    # bracket a letter too, unsure of both
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (1060, 330), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(14)
+    for col, text in enumerate(("a)", "b)", "c)")):
+        x = 15 + col * 350
+        draw_label(draw, (x, 10), text, font)
+        draw_chart(draw, (x + 5, 50, x + 320, 320), seed=col)
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
+    assert [r.text for r in reading.labels] == ["a", "b", "c"]
+
+
 def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
     # "A Family 1", "B Family 2" (a title a few pixels after the label: no free-standing
     # glyph), "C" and "D" free below them in the same columns
