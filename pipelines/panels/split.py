@@ -7,7 +7,9 @@ be switched off (``evidence``), so that the benchmark measures what each one add
 * ``labels`` - printed panel labels read by OCR (``pipelines.panels.labels``). A figure whose
   labels form a sequence of two or more is cut so that every label gets its own region
   (``partition_by_labels``): the region is cut at the gutters (white, then divider lines, then
-  the figure's background colour) of the axis that separates the most labels; the pieces
+  the figure's background colour) of the axis whose gutters part the labels most clearly
+  (``_parting``: panels are set apart by wider gutters than their own parts), then of the axis
+  that separates the most labels; the pieces
   without a label belong to the label that precedes them in that direction (labels are printed
   at a panel's top-left) or, when the figure prints its labels below the panels, to the one
   that follows them; a piece with no label on that side is shared (a title, a legend for all)
@@ -351,11 +353,25 @@ def _by_labels(
                 owners[_piece_of(pieces, axis, lab)].append(lab)
             labelled = sum(1 for o in owners if o)
             if labelled >= 2:
-                options.append((rank, -labelled, axis, pieces, owners))
+                options.append((rank, -_parting(pieces, owners, axis), -labelled, axis, pieces, owners))
             elif labelled == 1:
                 aside.append((axis, pieces, owners))
     found = _by_options(sheet, structure, labels, direction, depth, first_missing, options)
     return found if found is not None else _beside_unlabelled(sheet, structure, labels, direction, depth, aside)
+
+
+def _parting(pieces: list[Box], owners: list[list[_Label]], axis: int) -> int:
+    """How clearly a cut parts its labels: the narrowest, over consecutive labelled pieces, of
+    the widest gutter between them. Panels are set apart by wider gutters than a panel's own
+    parts (a table's title from its body): a cut through a column of panels at a narrow gap
+    that happens to run across the figure parts the labels less clearly than the wide gutter
+    between the columns."""
+    lo, hi = (1, 3) if axis == 0 else (0, 2)
+    labelled = [k for k, o in enumerate(owners) if o]
+    return min(
+        max(pieces[k + 1][lo] - pieces[k][hi] for k in range(a, b))
+        for a, b in zip(labelled, labelled[1:], strict=False)
+    )
 
 
 def _beside_unlabelled(
@@ -398,7 +414,7 @@ def _by_options(
 ) -> list[tuple[Box, str | None]] | None:
     """The first cut of ``options`` (best first) whose label groups each hold graphic content,
     each group parted further by its labels (``_by_labels``)."""
-    for _, _, axis, pieces, owners in sorted(options, key=lambda o: o[:3]):
+    for *_, axis, pieces, owners in sorted(options, key=lambda o: o[:4]):
         groups = _assemble(pieces, owners, direction, first_missing)
         if not all(structure.graphic_in(union(pieces[i] for i in m + e)) for m, e, _ in groups):
             continue

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
-from pipelines.panels.split import decide, figure_decision, panels_for_figure
+from pipelines.panels.split import _Label, _parting, decide, figure_decision, panels_for_figure
 from testing.system import require, tesseract_data
 from tests.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
 
@@ -132,6 +132,19 @@ def test_a_panel_whose_label_is_not_read_is_parted_from_its_neighbour():
     panels = panels_for_figure(im, "Figure 4. Runs (a) one, (b) two and (c) three.")
     assert [p.label for p in panels] == ["a", None, "c"]
     assert len(panels) == 3 and all(iou(p.box, t) >= 0.8 for p, t in zip(panels, truth, strict=True))
+
+
+def test_the_wide_gutter_between_columns_parts_labels_before_a_narrow_gap_across_them():
+    # elife-46793 Fig. 3's layout: Venn diagrams A-C down the left, tables D-F down the right.
+    # A 3 px white row runs across the figure between A and B on the left and between E's title
+    # and its table on the right; the columns are 37 px apart.
+    lab = [_Label((0, 0, 10, 10), t) for t in "ABCDEF"]
+    rows = [(1, 2, 482, 164), (1, 167, 598, 392), (18, 395, 600, 861)]
+    rows_owners = [[lab[0], lab[3], lab[4]], [lab[1], lab[2]], [lab[5]]]
+    columns = [(1, 3, 15, 367), (18, 22, 127, 469), (164, 2, 600, 861)]  # labels, Venns, tables
+    columns_owners = [lab[:3], [], lab[3:]]
+    assert _parting(rows, rows_owners, axis=0) == 3  # 167 - 164, 395 - 392
+    assert _parting(columns, columns_owners, axis=1) == 37  # 164 - 127 (18 - 15 is the narrower)
 
 
 def test_a_picture_whose_label_is_not_read_below_labelled_panels_is_a_panel():
