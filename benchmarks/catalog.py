@@ -51,6 +51,7 @@ class Table:
     key_header: str
     columns: tuple[Col, ...]
     label: str | None = None  # path of a list item's label (lists have no keys)
+    optional: bool = False  # a results file of the benchmark without it shows no table
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,21 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 ),
             ),
             Table(
+                "The figure decision on 7 figures from outside the project, boxed before any code ran on them "
+                "(benchmarks/data/README.md; no caption; its first run, at e67ccbe, was the blind one)",
+                "figure_decision/splits/external/methods",
+                "evidence",
+                (
+                    Col("recall", "recall"),
+                    Col("precision", "precision"),
+                    Col("ImageCLEF accuracy", "imageclef_accuracy"),
+                    Col("single figures whole", "single_whole"),
+                    Col("panel count exact", "count_exact"),
+                    Col("labels read", "labels_read"),
+                    Col("CPU ms per figure", "ms_per_figure_cpu"),
+                ),
+            ),
+            Table(
                 "OCR engines reading the printed labels of the tune split's labelled figures",
                 "figure_decision/splits/tune/ocr/engines",
                 "engine",
@@ -474,6 +490,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                     Col("captions/s", "captions_per_s/current"),
                     Col("captions/s, baseline", "captions_per_s/baseline"),
                 ),
+            ),
+            Table(
+                "Subcaptions written by CompFigSep (NLM prostate subset), per half: labels whose panel text "
+                "holds their own words and not other labels' (dev read while writing rules, test scored once)",
+                "compfigsep/halves",
+                "half",
+                (
+                    Col("figures", "current/figures"),
+                    Col("labels", "current/labels"),
+                    Col("right", "current/right_share"),
+                    Col("right, baseline", "baseline/right_share"),
+                    Col("own words found", "current/found_share"),
+                    Col("others' words leaked", "current/leaked_share"),
+                    Col("label not split off", "current/missing_share"),
+                ),
+                optional=True,
             ),
         ),
         rows=(

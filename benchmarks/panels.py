@@ -9,7 +9,7 @@ once. Speed is CPU time of this process (``time.process_time``) for reading the 
 figures / CPU seconds; wall time is reported too. One warm-up pass is not timed.
 
     python -m benchmarks.panels [--methods xycut detr consensus trained_detr] [--repeat 3]
-        [--detector-repeat 1] [--steps 150] [--synthetic 240]
+        [--detector-repeat 1] [--steps 150] [--synthetic 240] [--holdout] [--external-dir DIR]
 
 Methods (``methods.<name>`` in ``benchmarks/results/panels.json``; entries of methods not run
 this time are kept), the named speed baseline being ``xycut`` (``speed_vs_xycut`` = a method's
@@ -78,6 +78,7 @@ TRAIN_INPUT_SIZE = 480
 
 METHODS: dict[str, Callable[[Image.Image], list[Panel]]] = {XYCUT: split_panels}
 DETECTOR_METHODS = ("detr", "consensus", "trained_detr")
+EXTERNAL = Path(__file__).parent / "data" / "figure-separator-imgs.json"
 DECISION = "decision"  # the figure decision's evaluation (``figure_decision``), not a ``METHODS`` entry
 # the evidence ladder: each rung adds one kind of evidence to the one before
 LADDER = {
@@ -295,7 +296,9 @@ def eval_figures(files: list[Path], split: str) -> list[dict]:
 def article_of(fig: dict) -> str:
     """The article a figure of the evaluation set comes from (its folder under sample/articles;
     the hand-boxed PMC7003341 figures under sample/images)."""
-    return fig["file"].split("/")[2] if fig["file"].startswith("sample/articles/") else "PMC7003341"
+    if fig["file"].startswith("sample/articles/"):
+        return fig["file"].split("/")[2]
+    return "PMC7003341" if fig["file"].startswith("sample/images/") else Path(fig["file"]).name.split("-")[0]
 
 
 def decision_quality(figures: list[dict], images: dict, by_article: bool = False) -> dict:
@@ -417,16 +420,23 @@ def decision_speed(figures: list[dict], repeat: int) -> dict:
     return out
 
 
-def figure_decision(files: list[Path], splits: list[str], repeat: int) -> dict:
+def figure_decision(
+    files: list[Path], splits: list[str], repeat: int, external: tuple[Path, Path] | None = None
+) -> dict:
     """The figure decision on the evaluation set (``sample/panels/eval``): the evidence ladder
-    per split, the OCR engines on tune, and speed against the layout splitter."""
+    per split, the OCR engines on tune, and speed against the layout splitter. ``external``:
+    (boxes file, image folder) of figures annotated here whose images are not shipped, scored
+    as the split ``external`` (``benchmarks/data/README.md``)."""
     out: dict = {
         "eval_files": [str(Path(f).relative_to(ROOT)) if Path(f).is_relative_to(ROOT) else str(f) for f in files],
         "boxes": str(BOXES.relative_to(ROOT)),
         "splits": {},
     }
-    for split in splits:
-        figures = eval_figures(files, split)
+    for split in [*splits, *(["external"] if external else [])]:
+        if split == "external":
+            figures = [f for f in load_eval_figures(None, [external[0]], external[1]) if Path(f["path"]).exists()]
+        else:
+            figures = eval_figures(files, split)
         images = {}
         for fig in figures:
             with Image.open(fig["path"]) as im:
@@ -470,6 +480,12 @@ def main() -> None:
     parser.add_argument(
         "--holdout", action="store_true", help="also score the holdout split (once, when the method is final)"
     )
+    parser.add_argument(
+        "--external-dir",
+        type=Path,
+        default=None,
+        help="a folder holding apple2373/figure-separator's imgs/ (benchmarks/data/README.md): score them too",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed passes for weight-free methods")
     parser.add_argument("--detector-repeat", type=int, default=1, help="timed passes for detector methods")
     parser.add_argument("--steps", type=int, default=150, help="training steps of trained_detr")
@@ -505,7 +521,8 @@ def main() -> None:
     if DECISION in args.methods:
         files = args.eval_files or sorted(EVAL_DIR.glob("figures-*.json"))
         splits = ["tune", "holdout"] if args.holdout else ["tune"]
-        decided = figure_decision(files, splits, args.repeat)
+        external = (EXTERNAL, args.external_dir) if args.external_dir else None
+        decided = figure_decision(files, splits, args.repeat, external)
         kept = result.get("figure_decision", {}).get("splits", {})
         result["figure_decision"] = {**decided, "splits": {**kept, **decided["splits"]}}
 

@@ -152,6 +152,11 @@ def _rows(data: dict, rows: tuple[Row, ...], where: str) -> list[str]:
 
 
 def _table(data: dict, table: Table, where: str) -> list[str]:
+    if table.optional:
+        try:
+            lookup(data, table.over)
+        except KeyError:
+            return []
     container = _get(data, table.over, where)
     if isinstance(container, dict):
         items = [(str(k), v) for k, v in container.items()]
@@ -311,6 +316,14 @@ def panel_quality(root: Path = ROOT) -> str:
         for key, title in PANEL_METHODS:
             cells = [fmt(methods[key][col]) for col, _ in PANEL_COLS]
             lines.append(f"| {split} | {title} | " + " | ".join(cells) + " |")
+    if "external" in splits:  # figures from outside the project, no caption (benchmarks/data/README.md)
+        decision = splits["external"]["methods"]["decision"]
+        cells = [fmt(decision[col]) for col, _ in PANEL_COLS]
+        lines.append(
+            f"| external, {decision['figures']} figures, no caption | **the figure decision** | "
+            + " | ".join(cells)
+            + " |"
+        )
     size = ", ".join(
         f"{split} {splits[split]['methods']['decision']['figures']} figures "
         f"({splits[split]['methods']['decision']['single_figures']} single-panel)"

@@ -595,12 +595,12 @@ def read_candidates(
     readings = reader.read(crops, charset)
     if "1" not in charset and getattr(reader, "whitelist", True):
         # a letter with a number ("b1": a sub-panel of b) cannot be read without digits, and
-        # with digits a small "b" reads "6": tokens of two glyphs or more not read as a label
+        # with digits a small "b" reads "6": tokens of two or three glyphs not read as a label
         # are read again with digits, and count only as such a label
         again = [
             k
             for k, (raw, conf) in enumerate(readings)
-            if (label_text(raw) is None or conf < MIN_CONFIDENCE) and _glyphs(crops[k]) >= 2
+            if (label_text(raw) is None or conf < MIN_CONFIDENCE) and 2 <= _glyphs(crops[k]) <= 3
         ]
         for k, (raw, conf) in zip(again, reader.read([crops[k] for k in again], CHARSETS["alnum"]), strict=True):
             # no label has two letters but a Roman numeral: "bl" and "bI" are "b1"

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.captions import EVAL_DIR, load_cases
+from benchmarks.captions import EVAL_DIR, baseline_splitter, load_cases
 from pipelines.text.captions import (
     CaptionSplit,
     caption_agreement,
     normalize_caption,
     phrase_agreement,
     split_caption,
+    subcaption_agreement,
 )
 
 CASES = json.loads((Path(__file__).parents[1] / "data" / "caption_splits.json").read_text("utf-8"))["cases"]
@@ -831,3 +832,36 @@ def test_phrase_agreement_counts_found_leaked_and_no_panel_text():
     assert tune["misses"] == ["0: B: Blot of (leaked)", "0: C: Title"]
     # a phrase listed under both labels of a group does not leak between them
     assert (result["all"]["found"], result["all"]["leaked"]) == (2, 0)
+
+
+def test_subcaption_agreement_scores_each_label_by_its_own_words():
+    case = {
+        "caption": "Tumour sections. (A) Normal prostate gland. (B) Carcinoma with invasion.",
+        # shared sentences repeated under every label, as the NLM subset writes them
+        "subcaptions": {
+            "A": "Tumour sections. Normal prostate gland.",
+            "B": "Tumour sections. Carcinoma with invasion.",
+        },
+    }
+    # own words: A normal, prostate, gland; B carcinoma, invasion ("tumour", "sections" are shared)
+    assert subcaption_agreement([case])["right_share"] == 1.0
+
+    def whole(caption):  # every panel given the whole caption: its own words, and the other's
+        return CaptionSplit(preface=caption, panels={"A": caption, "B": caption}, scheme="upper")
+
+    scores = subcaption_agreement([case], splitter=whole)
+    assert (scores["found_share"], scores["leaked_share"], scores["right_share"]) == (1.0, 1.0, 0.0)
+
+    def only_a(caption):  # B not split off: A's text runs on into B's
+        return CaptionSplit(panels={"A": "Normal prostate gland. Carcinoma with invasion."}, scheme="upper")
+
+    scores = subcaption_agreement([case], splitter=only_a)
+    assert (scores["labels"], scores["right"], scores["missing"]) == (2, 0, 1)
+
+
+def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
+    # the revision's own package under another name: its modules, not today's
+    old = baseline_splitter("HEAD")
+    assert old is not split_caption and old.__module__ == "pipelines_at_HEAD.text.captions"
+    split = old("Figure 1. Growth. (A) Day one. (B) Day two.")
+    assert dict(split.panels) == {"A": "Day one.", "B": "Day two."}
