@@ -600,7 +600,9 @@ def read_candidates(
         again = [
             k
             for k, (raw, conf) in enumerate(readings)
-            if (label_text(raw) is None or conf < MIN_CONFIDENCE) and 2 <= _glyphs(crops[k]) <= 3
+            if (label_text(raw) is None or conf < MIN_CONFIDENCE)
+            and 2 <= _glyphs(crops[k]) <= 3
+            and re.fullmatch(r"[(\[]?[A-Za-z].?[)\]]?", raw.strip())  # a letter, and at most a glyph after it
         ]
         for k, (raw, conf) in zip(again, reader.read([crops[k] for k in again], CHARSETS["alnum"]), strict=True):
             # no label has two letters but a Roman numeral: "bl" and "bI" are "b1"
