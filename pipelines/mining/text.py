@@ -18,7 +18,7 @@ from PIL import Image
 
 from pipelines.core.taxonomy import TAXONOMY_FILE
 from pipelines.images.boxes import Panel
-from pipelines.text.captions import CaptionSplit, normalize_caption, split_caption
+from pipelines.text.captions import CaptionSplit, is_extractive, normalize_caption, split_caption
 from pipelines.text.pairing import NONE, VLM, assign_captions
 from pipelines.vlm import prompts
 from pipelines.vlm.engine import VlmEngine
@@ -30,10 +30,10 @@ CAPTION_SPLIT = "caption_split"
 @dataclass(frozen=True)
 class PanelText:
     """One panel's own caption text. ``source``: "caption_split" (the rules), "vlm" (asked the
-    model), None (nobody could give one; ``reason`` says why). ``extractive``: ``text`` is a
-    substring of the normalised caption (always, when ``text`` is set). ``match``: how the text
-    was matched to the panel (``pipelines.text.pairing``: label, order, vlm, none);
-    ``count_agreement``: the figure's panels against the caption's labels."""
+    model), None (nobody could give one; ``reason`` says why). ``extractive``: ``text`` is made
+    of pieces of the normalised caption (``captions.is_extractive``; always, when ``text`` is
+    set). ``match``: how the text was matched to the panel (``pipelines.text.pairing``: label,
+    order, vlm, none); ``count_agreement``: the figure's panels against the caption's labels."""
 
     panel_index: int
     label: str | None
@@ -67,7 +67,7 @@ def panel_texts(
     for index, row in enumerate(rows):
         label, text, agreement = row["label"], row["text"], row["count_agreement"]
         if text:
-            extractive = text in normalized
+            extractive = is_extractive(text, normalized)
             out[index] = PanelText(index, label, text, CAPTION_SPLIT, extractive, None, row["match"], agreement)
         elif not label:
             why = f"no caption text: {row['match_detail']}" if row["match_detail"] else "no caption text and no label"

@@ -1,7 +1,9 @@
 """Captions split by panel label (the join of a figure's panels to their texts is ``pairing``).
 
-Rules only: deterministic and extractive. Every text returned is a substring of
-``normalize_caption(caption)``, so a panel's text can always be traced back to the caption.
+Rules only: deterministic and extractive. Every text returned is made of substrings of
+``normalize_caption(caption)`` in caption order, joined by a space (``is_extractive``): one
+span, or for a label of a group described item by item, the group's head, the label's own
+item and the group's closing sentences. A panel's text can always be traced back to the caption.
 
 The house styles read, as a grammar over the normalised caption (``|`` alternatives, ``[]``
 optional, ``*`` repeated; a *clause start* is the caption start, the end of the figure label
@@ -52,7 +54,10 @@ How a caption is read:
    the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"). A range or group
    "(A, B) ..." whose text then names each of its labels, in order, all after or all before
    their descriptions ("... shown in (A), and ... in (B)"; "for: (A) genes up; (B) ...") gives
-   each label its own description. Text edges lose punctuation and a dangling "and"/"or".
+   each label its own description, with what the group says of all of them: the words before
+   the first description ("Enrichment of genes for" | "PTEN (b), CDC42 (c) and AKT3 (d)") and
+   the sentences after the last, but a sentence naming one of them ("In (E), ...") is that
+   label's. Text edges lose punctuation and a dangling "and"/"or".
 
 ``panels`` keys every label as printed: panels, and sub-panels after their panel
 (``{"a": ..., "a1": ..., "a2": ..., "b": ...}``); a panel's text covers its sub-panels' texts;
@@ -75,7 +80,7 @@ class CaptionSplit:
     or punctuation) to its text, excluding the ``preface`` (the text before the first label,
     shared by every panel). Sub-panels are keyed beside their panel, after it ("a", "a1", "a2",
     "b"), the panel's text covering theirs; ``parents`` maps each sub-label to its panel's label.
-    Every text is a substring of the normalised caption."""
+    Every text is made of pieces of the normalised caption (``is_extractive``)."""
 
     preface: str = ""
     panels: dict[str, str] = field(default_factory=dict)
@@ -715,11 +720,16 @@ def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list
     return first, spans
 
 
-def _refine(c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tuple[int, int]) -> dict[int, tuple]:
+def _refine(
+    c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tuple[int, int]
+) -> tuple[dict[int, tuple], dict[int, tuple]]:
     """A group "(A, B) ..." whose text names each of its labels once, in order, all after their
     descriptions ("... are shown in (A), and ... in (B)") or all before them ("Venn diagrams for:
     (A) shRNAs; (B) genes and (C) ...") gives each label its own description; a description
-    printed before its label ends with its sentence."""
+    printed before its label ends with its sentence. What the group says of all its labels stays
+    with each: the first label's text starts at the group's, and every other label gets the
+    group's head (before the first description) and tail (after the last) around its own text.
+    Returns (index -> (label, span)), (index -> (head span or None, tail span))."""
     first: dict[int, _Marker] = {}
     for m in markers:
         if m is d.marker or not span[0] <= m.start < span[1] or m.kind == "position":
@@ -728,22 +738,51 @@ def _refine(c: _Caption, markers: list[_Marker], scheme: str, d: _Def, span: tup
         if len(named) == 1 and named[0][0] in d.indices:
             first.setdefault(named[0][0], m)
     if set(first) != set(d.indices):
-        return {}
+        return {}, {}
     order = [first[i] for i in d.indices]
     if any(a.start >= b.start for a, b in pairwise(order)):
-        return {}
+        return {}, {}
     if all(m.trailing for m in order):
         role = "trail"
     elif all(not m.trailing and m.follows in ("upper", "lower") for m in order):
         role = "lead"
     else:
-        return {}
+        return {}, {}
     parts = [_Def(m, [label], [i], role) for i, label, m in zip(d.indices, d.labels, order, strict=True)]
     end = span[1]
     if role == "lead":
         end = min(end, next((start for start in c.sentences if start > order[-1].end), end))
     _, spans = _segment(c, parts, span[0], end)
-    return {i: (label, s) for (i, label), s in zip(zip(d.indices, d.labels, strict=True), spans, strict=True)}
+    if role == "lead":
+        head = (span[0], order[0].start)
+    elif c.clause_start(order[0].start) > span[0]:
+        head = (span[0], c.clause_start(order[0].start))  # the descriptions are clauses of their own
+    else:
+        # a list in the group's first clause: the first item as long as the longest other one
+        # ("Enrichment of genes for PTEN (b), CDC42 (c) and AKT3 (d)")
+        longest = max(len(_trim(c.text, spans[k][0], order[k].start).split()) for k in range(1, len(order)))
+        words = list(re.finditer(r"\S+", c.text[span[0] : order[0].start]))
+        head = (span[0], span[0] + words[-longest].start() if len(words) > longest else span[0])
+    spans[0] = (span[0], spans[0][1])
+    # after the last description: a sentence naming one label of the group is that label's
+    # ("In (E), three cells ..."), the others are the group's
+    tail_start = spans[-1][1] if role == "trail" else end
+    bounds = [tail_start, *(x for x in c.sentences if tail_start < x < span[1]), span[1]]
+    shared, own = [], {}
+    for a, b in pairwise(bounds):
+        named = {
+            i for m in markers if a <= m.start < b and m.kind != "position" for i, _ in _expand(m.label_list, scheme)
+        }
+        named &= set(d.indices)
+        if len(named) == 1:
+            own.setdefault(named.pop(), []).append((a, b))
+        else:
+            shared.append((a, b))
+    found, context = {}, {}
+    for k, ((i, label), s) in enumerate(zip(zip(d.indices, d.labels, strict=True), spans, strict=True)):
+        found[i] = (label, s)
+        context[i] = (head if k else None, sorted(shared + own.get(i, [])))
+    return found, context
 
 
 def _avoid(start: int, end: int, spans: list[tuple[int, int]]) -> tuple[int, int]:
@@ -765,6 +804,7 @@ class _Level:
     before: bool
     first: int
     spans: dict[int, tuple[str, tuple[int, int]]]  # index -> (label, span)
+    context: dict[int, tuple] = field(default_factory=dict)  # index -> a group's (head, tail): _refine
 
 
 def _level(
@@ -773,17 +813,20 @@ def _level(
     _set_roles(c, defs)
     first, spans = _segment(c, defs, lo, hi)
     by_index: dict[int, tuple[str, tuple[int, int]]] = {}
+    context: dict[int, tuple] = {}
     for d, span in zip(defs, spans, strict=True):
         for i, label in zip(d.indices, d.labels, strict=True):
             by_index[i] = (label, span)
         if len(d.indices) > 1 and d.role == "lead":
-            by_index.update(_refine(c, markers, scheme, d, span))
+            refined, shared = _refine(c, markers, scheme, d, span)
+            by_index.update(refined)
+            context.update(shared)
     # a lead label with no text of its own shares the next one's: "(A) and (B) Western blots of ..."
     ordered = sorted(by_index.items(), key=lambda item: item[1][1][0])
     for (i, (label, span)), (_, (_, after)) in pairwise(ordered):
         if not _trim(c.text, *span) and re.fullmatch(r"[\s,;&]*(?:and|or|to)?[\s,;&]*", c.text[span[0] : span[1]]):
             by_index[i] = (label, after)
-    return _Level(scheme, defs, before, first, by_index)
+    return _Level(scheme, defs, before, first, by_index, context)
 
 
 def _options(c: _Caption, markers: list[_Marker]) -> dict[str, tuple[list[_Def], bool]]:
@@ -894,7 +937,9 @@ def split_caption(caption: str | None) -> CaptionSplit:
     parents: dict[str, str] = {}
     for index in sorted(outer.spans):
         label, span = outer.spans[index]
-        panels[label] = _trim(text, *_avoid(*span, c.credits))
+        head, tail = outer.context.get(index, (None, []))
+        pieces = [_trim(text, *_avoid(*piece, c.credits)) for piece in ([head] if head else []) + [span, *tail]]
+        panels[label] = " ".join(piece for piece in pieces if piece)
         for _, (sub, sub_span) in nested.get(index, []):
             if sub.casefold() not in {key.casefold() for key in panels}:
                 panels[sub] = _trim(text, *_avoid(*sub_span, c.credits))
@@ -1027,6 +1072,27 @@ def phrase_agreement(cases: Iterable[dict], splitter: Callable[[str | None], Cap
             round(stats["shared_in_preface"] / stats["shared"], 4) if stats["shared"] else None
         )
     return out
+
+
+def is_extractive(text: str | None, caption: str | None) -> bool:
+    """Whether ``text`` is made of pieces of ``caption``, in caption order, joined by single
+    spaces (after ``normalize_caption`` on both): what ``split_caption`` returns. Each piece is
+    taken as long as it still occurs after the previous one."""
+    text, caption = normalize_caption(text), normalize_caption(caption)
+    if text in caption:  # the empty text of a label that has none too
+        return True
+    words, i, at = text.split(" "), 0, 0
+    while i < len(words):
+        best = None
+        for j in range(len(words), i, -1):
+            k = caption.find(" ".join(words[i:j]), at)
+            if k >= 0:
+                best = (j, k + len(" ".join(words[i:j])))
+                break
+        if best is None:
+            return False
+        i, at = best
+    return True
 
 
 _STOP = frozenset("the and for with are was were this that from into their its than then these those which".split())

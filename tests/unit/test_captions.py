@@ -15,6 +15,7 @@ from benchmarks.captions import EVAL_DIR, baseline_splitter, load_cases
 from pipelines.text.captions import (
     CaptionSplit,
     caption_agreement,
+    is_extractive,
     normalize_caption,
     phrase_agreement,
     split_caption,
@@ -26,12 +27,13 @@ SCHEMES = {"upper", "lower", "digit", "roman", "alnum", "fignum", "position", "n
 
 
 def assert_extractive(caption: str | None, split: CaptionSplit) -> None:
-    """Every text a substring of the normalised caption, labels as printed (position words may
-    hold a space: "Lower left"), sub-labels under labels of the split, and the same split again."""
+    """Every text made of pieces of the normalised caption (the preface one substring), labels as
+    printed (position words may hold a space: "Lower left"), sub-labels under labels of the
+    split, and the same split again."""
     text = normalize_caption(caption)
     assert split.preface in text
     for label, panel_text in split.panels.items():
-        assert panel_text in text, label
+        assert is_extractive(panel_text, text), label
         assert label and all(c.isalnum() or (c == " " and split.scheme == "position") for c in label), label
     assert split.scheme in SCHEMES
     assert 0.0 <= split.confidence <= 1.0
@@ -476,9 +478,10 @@ def test_a_group_whose_text_names_each_label_gives_each_its_description():
         "Brain regions. (A, B) Dorsal views of the neurons. Uniglomerular neurons are shown in (A), and "
         "multiglomerular neurons in (B). (C) Columnar neurons."
     )
+    # what the group says of both ("Dorsal views of the neurons.") stays with each
     assert split.panels == {
-        "A": "Uniglomerular neurons are shown in (A)",
-        "B": "multiglomerular neurons in (B)",
+        "A": "Dorsal views of the neurons. Uniglomerular neurons are shown in (A)",
+        "B": "Dorsal views of the neurons. multiglomerular neurons in (B)",
         "C": "Columnar neurons.",
     }
 
@@ -488,12 +491,40 @@ def test_a_group_whose_text_then_prints_each_label_before_its_description():
         "Screens. (A-C) Venn diagrams for: (A) genes up; (B) genes down and (C) genes unchanged. "
         "All at FDR 0.05. (D) Heat map."
     )
+    # the group's head and its closing sentence stay with every label of it
     assert split.panels == {
-        "A": "genes up",
-        "B": "genes down",
-        "C": "genes unchanged.",
+        "A": "Venn diagrams for: (A) genes up All at FDR 0.05.",
+        "B": "Venn diagrams for genes down All at FDR 0.05.",
+        "C": "Venn diagrams for genes unchanged. All at FDR 0.05.",
         "D": "Heat map.",
     }
+
+
+def test_a_group_listing_its_labels_in_one_clause_gives_each_the_list_head():
+    split = split_caption(
+        "Dysregulation. (a) The network. (b, c and d) Enrichment of genes in ceRNA interactions for PTEN (b), "
+        "CDC42 (c) and AKT3 (d). Only significant genes were considered. In (d), two genes are marked. "
+        "(e) Expression changes."
+    )
+    # the first item as long as the others ("PTEN"); "In (d), ..." names d alone: d's only
+    assert split.panels == {
+        "a": "The network.",
+        "b": "Enrichment of genes in ceRNA interactions for PTEN (b) Only significant genes were considered.",
+        "c": "Enrichment of genes in ceRNA interactions for CDC42 (c) Only significant genes were considered.",
+        "d": "Enrichment of genes in ceRNA interactions for AKT3 (d) Only significant genes were considered. "
+        "In (d), two genes are marked.",
+        "e": "Expression changes.",
+    }
+    assert all(
+        is_extractive(
+            text,
+            "Dysregulation. (a) The network. (b, c and d) Enrichment of genes in ceRNA "
+            "interactions for PTEN (b), CDC42 (c) and AKT3 (d). Only significant genes were considered. In (d), two "
+            "genes are marked. (e) Expression changes.",
+        )
+        for text in split.panels.values()
+    )
+    assert not is_extractive("AKT3 (d) Enrichment of genes", "Enrichment of genes for AKT3 (d).")  # order kept
 
 
 def test_a_trailing_item_never_starts_inside_brackets():
