@@ -117,6 +117,18 @@ def _training(title: str, run: Run, memory_key: str, memory_label: str, gpu: boo
     )
 
 
+# the figure decision's scores, one row per evidence added (benchmarks/panels.py, figure_decision)
+DECISION_COLS = (
+    Col("recall", "recall"),
+    Col("precision", "precision"),
+    Col("ImageCLEF accuracy", "imageclef_accuracy"),
+    Col("single figures whole", "single_whole"),
+    Col("panel count exact", "count_exact"),
+    Col("labels read", "labels_read"),
+    Col("panel and its own text", "panel_text"),
+    Col("CPU ms per figure", "ms_per_figure_cpu"),
+)
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "acquisition",
@@ -353,16 +365,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "The figure decision on the tune split of sample/panels/eval, one evidence added per row",
                 "figure_decision/splits/tune/methods",
                 "evidence",
-                (
-                    Col("recall", "recall"),
-                    Col("precision", "precision"),
-                    Col("ImageCLEF accuracy", "imageclef_accuracy"),
-                    Col("single figures whole", "single_whole"),
-                    Col("panel count exact", "count_exact"),
-                    Col("labels read", "labels_read"),
-                    Col("panel and its own text", "panel_text"),
-                    Col("CPU ms per figure", "ms_per_figure_cpu"),
-                ),
+                DECISION_COLS,
             ),
             Table(
                 "The figure decision on the tune split, per article (no article's house style should carry a rule)",
@@ -382,31 +385,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "The figure decision on the holdout split (never tuned on)",
                 "figure_decision/splits/holdout/methods",
                 "evidence",
-                (
-                    Col("recall", "recall"),
-                    Col("precision", "precision"),
-                    Col("ImageCLEF accuracy", "imageclef_accuracy"),
-                    Col("single figures whole", "single_whole"),
-                    Col("panel count exact", "count_exact"),
-                    Col("labels read", "labels_read"),
-                    Col("panel and its own text", "panel_text"),
-                    Col("CPU ms per figure", "ms_per_figure_cpu"),
-                ),
+                DECISION_COLS,
             ),
             Table(
                 "The figure decision on 7 figures from outside the project, boxed before any code ran on them "
                 "(benchmarks/data/README.md; no caption; its first run, at e67ccbe, was the blind one)",
                 "figure_decision/splits/external/methods",
                 "evidence",
-                (
-                    Col("recall", "recall"),
-                    Col("precision", "precision"),
-                    Col("ImageCLEF accuracy", "imageclef_accuracy"),
-                    Col("single figures whole", "single_whole"),
-                    Col("panel count exact", "count_exact"),
-                    Col("labels read", "labels_read"),
-                    Col("CPU ms per figure", "ms_per_figure_cpu"),
-                ),
+                tuple(col for col in DECISION_COLS if col.path != "panel_text"),  # no caption: no text
             ),
             Table(
                 "OCR engines reading the printed labels of the tune split's labelled figures",

@@ -143,18 +143,24 @@ def test_tesseract_reads_the_labels():
     assert all(0 < r.confidence <= 1 for r in reading.labels)
 
 
+def _charts_in_a_row(labels, font_size: int) -> Image.Image:
+    """Three charts side by side, each with its bold label printed above its top-left."""
+    im = Image.new("RGB", (1060, 330), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(font_size)
+    for col, text in enumerate(labels):
+        x = 15 + col * 350
+        draw_label(draw, (x, 10), text, font)
+        draw_chart(draw, (x + 5, 50, x + 320, 320), seed=col)
+    return im
+
+
 def test_tesseract_reads_a_letter_with_a_number_without_a_caption():
     # "b1" and "b2" need digits, which a figure without a caption is not read with at first.
     # Set as figures set them at this size: the glyphs two pixels apart, one token (glyphs set
     # wider apart than the join are two tokens with a neighbour each, and not read)
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    im = Image.new("RGB", (1060, 330), "white")
-    draw = ImageDraw.Draw(im)
-    font = bold_font(16)
-    for col, text in enumerate(("a", "b1", "b2")):
-        x = 15 + col * 350
-        draw_label(draw, (x, 10), text, font)
-        draw_chart(draw, (x + 5, 50, x + 320, 320), seed=col)
+    im = _charts_in_a_row(("a", "b1", "b2"), font_size=16)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
     assert [r.text for r in reading.labels] == ["a", "b1", "b2"] and reading.scheme == "lower"
 
@@ -163,13 +169,7 @@ def test_tesseract_reads_labels_with_a_closing_bracket_without_a_caption():
     # "a)", "b)", "c)" set tight (one token each): told letters only, the engine would make the
     # bracket a letter too, unsure of both
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    im = Image.new("RGB", (1060, 330), "white")
-    draw = ImageDraw.Draw(im)
-    font = bold_font(14)
-    for col, text in enumerate(("a)", "b)", "c)")):
-        x = 15 + col * 350
-        draw_label(draw, (x, 10), text, font)
-        draw_chart(draw, (x + 5, 50, x + 320, 320), seed=col)
+    im = _charts_in_a_row(("a)", "b)", "c)"), font_size=14)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
     assert [r.text for r in reading.labels] == ["a", "b", "c"]
 
