@@ -9,15 +9,15 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   (``partition_by_labels``): the region is cut at the gutters (white, then divider lines, then
   the figure's background colour) of the axis whose gutters part the labels most clearly
   (``_parting``: panels are set apart by wider gutters than their own parts), then of the axis
-  that separates the most labels; the pieces
-  without a label belong to the label that precedes them in that direction (labels are printed
-  at a panel's top-left) or, when the figure prints its labels below the panels, to the one
-  that follows them; a piece with no label on that side is shared (a title, a legend for all)
-  and left out, unless it is a chart or picture of its own that no panel spans: a panel whose
-  label was not read, kept without a label (also where every label stands in one piece of a
-  cut, ``_beside_unlabelled``); a region with one label is one panel, whatever gutters it has
-  inside (a grid of micrograph tiles under one label is one panel). A cut that leaves a label's region
-  without graphic content (only its glyph, or an axis title) is refused. Labels no gutter
+  that separates the most labels; the pieces without a label belong to the label that precedes
+  them in that direction (labels are printed at a panel's top-left) or, when the figure prints
+  its labels below the panels, to the one that follows them; a piece with no label on that side
+  is shared (a title, a legend for all) and left out, unless it is a chart or picture of its
+  own that no panel spans: a panel whose label was not read, kept without a label (also where
+  every label stands in one piece of a cut, ``_beside_unlabelled``); a region with one label is
+  one panel, whatever gutters it has inside (a grid of micrograph tiles under one label is one
+  panel). A cut that leaves a label's region without graphic content (only its glyph, or an
+  axis title) is refused. Labels no gutter
   separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
   the label above and to the left of it, a block holding several labels is parted at their
   own edges. Where the caption names two or more panels, its labels include every label read,
