@@ -47,6 +47,7 @@ from pathlib import Path
 
 from benchmarks.record import write_results
 from pipelines.text.captions import (
+    CaptionSplit,
     caption_agreement,
     normalize_caption,
     phrase_agreement,
@@ -115,10 +116,21 @@ def baseline_splitter(revision: str) -> Callable:
         sys.path.insert(0, str(where))
     for module in CAPTIONS_MODULES:
         try:
-            return importlib.import_module(f"{name}.{module}").split_caption
+            return _as_today(importlib.import_module(f"{name}.{module}").split_caption)
         except ModuleNotFoundError:
             continue
     raise FileNotFoundError(f"no caption splitter at {revision} ({', '.join(CAPTIONS_MODULES)})")
+
+
+def _as_today(old: Callable) -> Callable[[str | None], CaptionSplit]:
+    """An older revision's splitter returning today's ``CaptionSplit`` (it may know no sub-labels)."""
+
+    def split(caption: str | None) -> CaptionSplit:
+        s = old(caption)
+        return CaptionSplit(s.preface, dict(s.panels), s.scheme, s.confidence, dict(getattr(s, "parents", {})))
+
+    split.__module__ = old.__module__
+    return split
 
 
 def speed(splitter: Callable, captions: list[str]) -> float:
