@@ -857,10 +857,7 @@ def read_labels(
             break
     if not _complete(labels, chosen_scheme, caption_labels):
         sx, sy = image.width / gray.shape[1], image.height / gray.shape[0]
-        near = [
-            (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
-            for lab in labels
-        ]
+        near = _in_work(labels, sx, sy)
         touching = finder.touching(near)
         total += len(touching)
         rest = sorted(candidates[read:] + touching, key=lambda c: (-c.score, c.box[1], c.box[0]))
@@ -885,11 +882,7 @@ def read_labels(
             missing = missing_labels(base, base_scheme, caption_labels)
             if len(base) < 2 or not missing:
                 break
-            near = [
-                (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
-                for lab in base
-            ]
-            seen = candidates + touching + finder.in_rows_and_columns(near)
+            seen = candidates + touching + finder.in_rows_and_columns(_in_work(base, sx, sy))
             slots = _slots(seen, base, base_scheme, (sx, sy))
             again = reread_slots(image, slots, size, reader, missing)
             read += len(slots) * len(SLOT_RENDERINGS)
@@ -901,6 +894,14 @@ def read_labels(
                 break
             base, base_scheme = labels, chosen_scheme
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
+
+
+def _in_work(labels: Sequence[PrintedLabel], sx: float, sy: float) -> list[Box]:
+    """The labels' boxes in work pixels (the figure's pixels over ``sx``, ``sy``)."""
+    return [
+        (int(lab.box[0] / sx), int(lab.box[1] / sy), math.ceil(lab.box[2] / sx), math.ceil(lab.box[3] / sy))
+        for lab in labels
+    ]
 
 
 def missing_labels(
