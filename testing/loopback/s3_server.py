@@ -73,9 +73,18 @@ class S3LoopbackServer(LoopbackHttpServer):
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 server._enter()
+                self._counted = True
                 try:
                     self._answer()
                 finally:
+                    self._handed_over()
+
+            def _handed_over(self) -> None:
+                """The request stops counting as its body goes to the socket: the client may read
+                it and send its next request before this handler returns, and counting until then
+                would see one request more at once than the client ever had open."""
+                if self._counted:
+                    self._counted = False
                     server._leave()
 
             def _answer(self) -> None:
@@ -102,6 +111,7 @@ class S3LoopbackServer(LoopbackHttpServer):
                     self.send_header("Retry-After", str(retry_after))
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                self._handed_over()
                 self.wfile.write(body)
 
             def _list(self, query: dict) -> None:
@@ -147,6 +157,7 @@ class S3LoopbackServer(LoopbackHttpServer):
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                self._handed_over()
                 self.wfile.write(body)
 
             def _object(self, key: str, fault) -> None:
@@ -168,6 +179,7 @@ class S3LoopbackServer(LoopbackHttpServer):
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                self._handed_over()
                 send_body(self, body, fault)
 
         return self._serve(Handler, "s3-loopback")

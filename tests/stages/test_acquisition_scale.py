@@ -98,6 +98,30 @@ def test_transport_keeps_at_most_max_in_flight_requests_at_the_server(tmp_path, 
     assert peak == 2  # twelve callers, two places: never more, and both used
 
 
+def test_the_server_counts_a_request_until_its_body_goes_out_not_until_its_handler_returns(
+    tmp_path, cloud_mirror, monkeypatch
+):
+    # CI once saw 3 at the server for 2 places: the client had read a body and sent its next
+    # request before the first handler got round to counting itself out. A handler slow to
+    # return after its body went out must not show the client more requests than it had open.
+    import testing.loopback.s3_server as s3_server
+
+    sent = s3_server.send_body
+
+    def slow_after_sending(handler, body, fault=None):
+        sent(handler, body, fault)
+        threading.Event().wait(0.05)
+
+    monkeypatch.setattr(s3_server, "send_body", slow_after_sending)
+    limiter = RateLimiter(10_000, key="handover", state_dir=tmp_path)
+    keys = sorted(p.relative_to(cloud_mirror).as_posix() for p in cloud_mirror.glob("*/*.json"))[:12]
+    with S3LoopbackServer(cloud_mirror, plan=FaultPlan(latency=0.05)) as server:
+        transport = HttpTransport(server.url, limiter, RetryPolicy(attempts=1), max_in_flight=2)
+        with ThreadPoolExecutor(12) as pool:
+            list(pool.map(transport.read_bytes, keys))
+        assert server.max_in_flight == 2
+
+
 def test_requests_of_a_thread_reuse_one_connection(tmp_path, cloud_mirror):
     limiter = RateLimiter(10_000, key="keepalive", state_dir=tmp_path)
     keys = sorted(p.relative_to(cloud_mirror).as_posix() for p in cloud_mirror.glob("*/*.json"))[:12]
