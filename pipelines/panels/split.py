@@ -68,7 +68,7 @@ from pipelines.panels.labels import (
 )
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
 from pipelines.panels.regions import Structure, cut, ink_structure, union
-from pipelines.text.captions import split_caption
+from pipelines.text.captions import panels_mentioned, split_caption
 from pipelines.text.pairing import panel_labels
 
 EVIDENCE = ("labels", "caption", "structure", "kind")
@@ -264,13 +264,16 @@ def _closer(candidate: list[Panel], current: list[Panel], named: int) -> bool:
     return abs(len(candidate) - named) < abs(len(current) - named)
 
 
-def caption_evidence(caption: str) -> tuple[list[str], int]:
+def caption_evidence(caption: str) -> tuple[list[str], int | None]:
     """What a caption says about the figure's panels: the labels the image may print (the
     caption's panel labels, ``pairing.panel_labels``; "1A" printed as "A"; none for panels
     named by position, "Left:", "Right:") and how many panels it names (0: none, evidence of a
-    single figure)."""
+    single figure; without labels, the places it names, "the left panel ... the right panel",
+    or None where it speaks of panels without a count, "in each panel": ``panels_mentioned``)."""
     split = split_caption(caption)
     labels = panel_labels(split)
+    if not labels:
+        return [], panels_mentioned(caption)
     if split.scheme == "position":
         return [], len(labels)
     if split.scheme == "fignum":

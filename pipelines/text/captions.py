@@ -163,6 +163,15 @@ _POSITION_WORD = r"(?:[Uu]pper|[Ll]ower|[Tt]op|[Bb]ottom|[Mm]iddle|[Cc]ent(?:er|
 _POSITION = (
     rf"{_POSITION_WORD}(?:[\s-]+{_POSITION_WORD}){{0,2}}(?:\s+(?:panels?|rows?|columns?|images?|graphs?|plots?))?"
 )
+# A figure's panels spoken of without labels: "The left panel shows ... The right panel ...",
+# "top and bottom panels", "in each panel", "given in the panel titles" (``panels_mentioned``).
+_POSITIONS = rf"{_POSITION_WORD}(?:[\s-]+{_POSITION_WORD}){{0,2}}"
+_PANEL_MENTION = re.compile(
+    rf"(?<![\w-])(?P<pos>{_POSITIONS}(?:\s*(?:,\s*and|,|and|&)\s*{_POSITIONS})*)(?:[\s-]+hand)?\s+panels?\b"
+    r"|\b(?:each|every|both|all|individual|separate|respective)\s+panels?\b|\bpanels?\s+(?:titles?|headings?)\b",
+    re.IGNORECASE,
+)
+_SAME_POSITION = {"upper": "top", "lower": "bottom", "center": "middle", "centre": "middle"}
 _POSITION_BEFORE = re.compile(rf"(?<![\w-])(?P<pos>{_POSITION})[\s,]*$")
 _POSITION_MARK = re.compile(rf"(?<![\w-])(?:(?P<pos>{_POSITION})\s*:|\((?P<inner>{_POSITION})\))(?=\s)")
 _NUMBER_BEFORE = re.compile(r"(?:(?P<word>[A-Za-z]+)\s+)?[-+~]?\d+(?:[.,]\d+)?\s*(?P<degree>°)?\s*$")
@@ -953,6 +962,25 @@ def split_caption(caption: str | None) -> CaptionSplit:
     return CaptionSplit(
         preface=preface, panels=panels, scheme=scheme, confidence=_confidence(outer, rivals), parents=parents
     )
+
+
+def panels_mentioned(caption: str | None) -> int | None:
+    """What a caption says of panels it prints no label for: the number of places it names
+    ("the left panel ... the right panel": 2; "top, middle and bottom panels": 3), 0 when it
+    speaks of no panel, None when it speaks of panels without saying how many ("in each panel",
+    "the panel titles", one place). Authors write so of a figure whose panels carry no printed
+    label, so that a caption ``split_caption`` finds no label in is not read as a single figure's."""
+    places: set[str] = set()
+    mentioned = False
+    for m in _PANEL_MENTION.finditer(normalize_caption(caption)):
+        mentioned = True
+        for place in re.split(r"\s*(?:,\s*and|,|and|&)\s*", m.group("pos") or ""):
+            words = [_SAME_POSITION.get(w, w) for w in re.split(r"[\s-]+", place.casefold()) if w]
+            if words:
+                places.add(" ".join(words))
+    if not mentioned:
+        return 0
+    return len(places) if len(places) >= 2 else None
 
 
 def caption_agreement(cases: Iterable[dict], splitter: Callable[[str | None], CaptionSplit] | None = None) -> dict:

@@ -17,6 +17,7 @@ from pipelines.text.captions import (
     caption_agreement,
     is_extractive,
     normalize_caption,
+    panels_mentioned,
     phrase_agreement,
     split_caption,
     subcaption_agreement,
@@ -896,3 +897,27 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
     assert old is not split_caption and old.__module__ == "pipelines_at_HEAD.text.captions"
     split = old("Figure 1. Growth. (A) Day one. (B) Day two.")
     assert dict(split.panels) == {"A": "Day one.", "B": "Day two."}
+
+
+@pytest.mark.parametrize(
+    ("caption", "count"),
+    [
+        # two places named: a figure of two panels without printed labels
+        ("Results of the simulation. The left panel shows the observed odds ratio. The right panel shows the bias.", 2),
+        ("Vulnerability for all attributes (left panel) and catchability (right-hand panel) only.", 2),
+        ("Coronal (top panel), sagittal (middle panel) and axial (bottom panel) views.", 3),
+        ("Top and bottom panels: two fields of one section.", 2),
+        ("Upper panel: raw trace; lower panel: the same trace filtered.", 2),  # upper is top, lower bottom
+        # panels spoken of without a count
+        ("Test results are given in the panel titles.", None),
+        ("In each panel, the location of the slice is shown.", None),
+        ("The top panel shows the mean.", None),  # one place: two or more panels, how many is not said
+        # no panel of this figure: a single figure's caption, or "panel" in another sense
+        ("Growth of two strains in rich medium.", 0),
+        ("Expression of a panel of 50 genes measured with a sequencing panel.", 0),
+        ("The left ventricle is enlarged (arrow).", 0),
+        (None, 0),
+    ],
+)
+def test_panels_mentioned_without_labels(caption, count):
+    assert panels_mentioned(caption) == count

@@ -185,6 +185,23 @@ def test_a_chart_with_its_text_strips_and_legend_stays_whole():
     assert iou(panels[0].box, (20, 20, 610, 398)) >= 0.9
 
 
+def test_a_caption_that_speaks_of_left_and_right_panels_parts_a_narrow_gutter():
+    # two bar charts 20 px apart (under UNNAMED_GUTTER of the 760 px side), no printed label
+    im = Image.new("RGB", (760, 330), "white")
+    draw = ImageDraw.Draw(im)
+    draw_chart(draw, (20, 20, 365, 310), seed=0)
+    draw_chart(draw, (385, 20, 740, 310), seed=1)
+    single = "Figure 2. Growth of two strains in rich medium."
+    assert len(panels_for_figure(im, single)) == 1  # a caption naming no panel: one chart
+    for caption in (
+        "Figure 2. Growth in rich medium. The left panel shows strain X; the right panel strain Y.",
+        "Figure 2. Growth in rich medium, one strain in each panel.",
+    ):
+        panels = panels_for_figure(im, caption)
+        truth = [(20, 20, 365, 310), (385, 20, 740, 310)]
+        assert len(panels) == 2 and all(iou(p.box, t) >= 0.9 for p, t in zip(panels, truth, strict=True)), caption
+
+
 def test_the_concept_stage_single_panel_keeps_a_figure_whole():
     im = Image.new("RGB", (760, 330), "white")
     draw = ImageDraw.Draw(im)
