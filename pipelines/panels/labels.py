@@ -38,7 +38,8 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    passes, the glyph tokens of the labels' font size standing in a row or a column of the
    labels read (free-standing or not: a label set just before its panel's title, or close
    above tick labels) are read again, grey and at twice the scale; a reading counts when it is
-   a missing label.
+   a missing label. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
+   fonts print it so, and engines read a bar as nothing, "l", "1" or "|".
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labe
 SLOT_RENDERINGS = ((False, 32), (True, 64))  # (thresholded, token height in px) of those second readings
 SLOT_CONFIDENCE = 0.5
 SLOT_ROUNDS = 2
+BAR_LABELS = ("I", "l")  # labels a sans-serif font prints as one upright bar (see reread_slots)
+BAR_WIDTH, BAR_FILL = 0.35, 0.85
 LATE_START = 4  # a sequence read from its third to fifth label on is looked over for the ones before
 CORNER_BONUS = 0.6
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
@@ -970,7 +973,29 @@ def reread_slots(
             x1, y1, x2, y2 = cand.box
             box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
             out.append(PrintedLabel(text=wanted[text.casefold()], box=box, confidence=round(conf, 3)))
+    # a sans-serif "I" (or "l") is a plain bar, which an engine reads as nothing, "l", "1" or
+    # "|": a bar in a slot is the missing label that is printed so
+    bars = [x for x in missing if x in BAR_LABELS]
+    if bars:
+        for cand in slots:
+            if any(_same_box(cand, lab, (sx, sy)) for lab in out):
+                continue
+            if _is_bar(crop_for_ocr(gray, cand, (sx, sy), True, SLOT_RENDERINGS[0][1])):
+                x1, y1, x2, y2 = cand.box
+                box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+                out.append(PrintedLabel(text=bars[0], box=box, confidence=SLOT_CONFIDENCE))
     return out
+
+
+def _is_bar(crop: Image.Image) -> bool:
+    """Whether a rendered token (dark on white) is one upright bar: its ink fills its box and
+    the box is at most ``BAR_WIDTH`` of its height wide."""
+    ink = np.asarray(crop) < 128
+    if not ink.any():
+        return False
+    ys, xs = np.nonzero(ink)
+    h, w = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
+    return bool(w <= BAR_WIDTH * h and ink.sum() >= BAR_FILL * w * h)
 
 
 def _same_box(c: Candidate, lab: PrintedLabel, scale: tuple[float, float]) -> bool:
