@@ -89,6 +89,9 @@ ALIGN_TOLERANCE = 0.6  # label heights within which two labels share a row or a 
 # descenders (g, p, q, y) reach about as far as a capital, 1.4 x-heights; "i" and "t" less, "j"
 # both ways. Labels of one figure share a font size, not a glyph height: "a" and "b" differ.
 LOWER_EXTENT = {**dict.fromkeys("bdfhklgpqy", 1.4), "i": 1.35, "t": 1.2, "j": 1.7}
+# capitals that descend in some fonts (DejaVu Sans, matplotlib's default, and Verdana: "J" by a
+# third; "Q"'s tail) and not in others (Arial): the middle, within CAPS_SPREAD of either
+CAPS_EXTENT = {"J": 1.15, "Q": 1.1}
 AMBIGUOUS_CASE = set("cosuvwxz")
 ROMANS = tuple("i ii iii iv v vi vii viii ix x xi xii xiii xiv xv xvi xvii xviii xix xx".split())
 SCHEMES = ("upper", "lower", "digit", "roman", "alnum")
@@ -136,8 +139,9 @@ class PrintedLabel:
     @property
     def body(self) -> float:
         """The label's font size as an x-height or cap height: its height, less a lower-case
-        letter's ascender or descender (``LOWER_EXTENT``)."""
-        return self.height / LOWER_EXTENT.get(self.text, 1.0)
+        letter's ascender or descender (``LOWER_EXTENT``), a capital's descender where fonts
+        print one (``CAPS_EXTENT``)."""
+        return self.height / LOWER_EXTENT.get(self.text, CAPS_EXTENT.get(self.text, 1.0))
 
 
 # ---- 1. candidates ------------------------------------------------------------------------

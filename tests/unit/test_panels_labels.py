@@ -214,6 +214,25 @@ def test_a_sans_serif_capital_i_is_read_where_the_sequence_misses_it(letters, na
     assert all(abs(a - b) <= 3 for a, b in zip(reading.labels[8].box, boxes["I"], strict=True))
 
 
+def test_a_capital_j_that_descends_is_a_label_of_the_capitals_height():
+    # DejaVu Sans (matplotlib's default) prints "J" a third below the baseline: 19 px against
+    # the other capitals' 13-14 px here
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (1200, 440), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(18)
+    boxes = {}
+    for k, text in enumerate("ABCDEFGHIJ"):
+        row, col = divmod(k, 5)
+        x, y = 15 + col * 235, 10 + row * 215
+        boxes[text] = draw_label(draw, (x, y), text, font)
+        draw_chart(draw, (x + 4, boxes[text][3] + 6, x + 220, y + 200), seed=k)
+    assert boxes["J"][3] - boxes["J"][1] >= 1.3 * (boxes["H"][3] - boxes["H"][1])
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
+    assert [r.text for r in reading.labels] == list("ABCDEFGHIJ")
+    assert all(abs(a - b) <= 3 for a, b in zip(reading.labels[9].box, boxes["J"], strict=True))
+
+
 def test_white_labels_on_black():
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
     im = Image.new("RGB", (620, 240), "white")
