@@ -18,6 +18,8 @@ optional, ``*`` repeated; a *clause start* is the caption start, the end of the 
               | ["Panel(s)"] labels ("." | ":" | "," | ")")           A. text  A: text  A, text  A) text  A-C, text
               | "Panel(s)" labels                                     Panel A shows ...
               | labels Word                                           a Schematic ... (bold label, no punctuation)
+              (captions copied from web pages glue the first label to the title: "cancer.A. Photos",
+               "tissuesA) Evaluation"; and drop a stop after a bracket: "(neurons) B: Colon")
     position := ("Upper"|"Lower"|"Top"|"Bottom"|"Middle"|"Left"|"Right")+ ["panel(s)"|"row"|...]
                                                      "Lower left (A): ..."; alone, "Left: ... Right: ..." are labels
     labels   := label (("," | "and" | "&" | "-" | "to") label)*          a range "A-C" names A, B and C
@@ -140,8 +142,11 @@ _IN_PANEL = re.compile(
 # and the first paragraph: "... prostate cancer.A. Photographs ..." (two characters of a word
 # before the stop, so that "i.e." and "U.S.A." are not read so).
 _GLUED = r"(?<=[a-z0-9)*]{2}\.)"
+# The same with no stop at all, the first label only: "... in prostate tissuesA) Evaluation of"
+# (three lower-case letters before it, so that "IgA)" and "HbA)" are not read so).
+_GLUED_FIRST = r"(?<=[a-z]{3})(?=A\)\s+[A-Z])"
 # A) B) printed without the opening bracket
-_CLOSE = re.compile(rf"(?:(?<![\w(\['.-])|{_GLUED}){_PANEL}(?P<list>{_LIST})\)")
+_CLOSE = re.compile(rf"(?:(?<![\w(\['.-])|{_GLUED}|{_GLUED_FIRST}){_PANEL}(?P<list>{_LIST})\)")
 # A. A: A, b-d. "Panels A & B", and "a Schematic" (a bold label without punctuation)
 _BARE = re.compile(rf"(?:(?<![\w'.-])|{_GLUED})(?P<panel>[Pp]anels?\s+)?(?P<list>{_LIST})(?P<punct>\s*[.:,])?(?=\s)")
 _TOKEN = re.compile(rf"({_LABEL})|({_SEP})")
@@ -522,7 +527,8 @@ def _candidates(c: _Caption) -> list[_Marker]:
         panel, punct = m.group("panel"), (m.group("punct") or "").strip()
         after = text[m.end() :].lstrip()[:1]
         before = _last_char(text, m.start(), c.floor)
-        if _is_clause_start(text, m.start(), c.floor) or (before == "(" and punct == ":"):
+        # "(B: ...", and "microglia) B: Colon mucosa" (a label after a bracket, its stop left out)
+        if _is_clause_start(text, m.start(), c.floor) or (before in "()" and punct == ":"):
             if after.islower() and not panel:
                 # "C. elegans", "P. berghei"; an abbreviation key "D, dorsal; V, ventral" (one
                 # word with the letter as its initial). "A, prostate tumor; B, breast carcinoma"

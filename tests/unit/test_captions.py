@@ -921,3 +921,33 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
 )
 def test_panels_mentioned_without_labels(caption, count):
     assert panels_mentioned(caption) == count
+
+
+def test_a_label_after_a_closing_bracket_without_its_stop():
+    # copied as printed: no stop between "microglia)" and "B:"
+    split = split_caption(
+        "Staining of a tissue array. A: Brain cortex (neurons and microglia) B: Colon mucosa with "
+        "neuroendocrine cells; C: Liver (hepatocytes and bile duct); D: Lung (alveoli)."
+    )
+    assert split.panels == {
+        "A": "Brain cortex (neurons and microglia)",
+        "B": "Colon mucosa with neuroendocrine cells",
+        "C": "Liver (hepatocytes and bile duct)",
+        "D": "Lung (alveoli).",
+    }
+    # an abbreviation key after a bracket is still not a label
+    assert split_caption("Cells per field (see Methods) N: number of cells; A: area.").panels == {}
+
+
+def test_the_first_label_glued_to_the_title_without_a_stop():
+    split = split_caption(
+        "Calmodulin in prostate tumor and non-tumor tissuesA) Evaluation of CaM expression in benign "
+        "tissues. B) Evaluation of CaM expression in serial sections."
+    )
+    assert split.preface == "Calmodulin in prostate tumor and non-tumor tissues"
+    assert split.panels == {
+        "A": "Evaluation of CaM expression in benign tissues.",
+        "B": "Evaluation of CaM expression in serial sections.",
+    }
+    # an antibody class is not a label: one lower-case letter before the capital
+    assert split_caption("Secretory IgA) levels in saliva. B) Serum levels.").panels == {}
