@@ -51,6 +51,8 @@ How a caption is read:
    tested"). Bare labels without punctuation count only as a sequence of two or more.
 6. The scheme with most defined labels is the panel level. Sub-labels are a second level:
    ``a1``, ``a2`` beside ``a``, or letters inside one numbered part ("(2) SEM images of (a) ...").
+   A letter the caption names only by its sub-labels ("(A) ... (B1) ...; (B2) ...; (C) ...") is
+   a panel too, its text from its first sub-label to the next letter.
 7. Texts: a lead label's text runs to the next label; a trailing label's text is its list item
    with the label itself ("patient 2 (B)"), the first item of a list leaving the shared head to
    the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"). A range or group
@@ -868,13 +870,16 @@ def _nested(c: _Caption, markers: list[_Marker], outer: _Level, scheme: str) -> 
     if len(allowed) < 2:
         return {}
     defs, before = _define(c, markers, scheme, allowed)
+    # a panel named only by its sub-labels is defined at its first one (_parents_of_subs)
+    own = {i: d.marker for d in outer.defs for i in d.indices}
     groups: dict[int, list[_Def]] = {}
     for d in defs:
         parent = next(
             (
                 p
                 for p, (_, (lo, hi)) in outer.spans.items()
-                if lo <= d.marker.start < hi and (scheme != "alnum" or d.indices[0] // 100 == p)
+                if (lo <= d.marker.start < hi or own.get(p) is d.marker)
+                and (scheme != "alnum" or d.indices[0] // 100 == p)
             ),
             None,
         )
@@ -889,6 +894,27 @@ def _nested(c: _Caption, markers: list[_Marker], outer: _Level, scheme: str) -> 
         lo, hi = outer.spans[parent][1]
         out[parent] = sorted(_level(c, markers, scheme, inside, before, lo, hi).spans.items())
     return out if sum(len(v) for v in out.values()) >= (2 if scheme == "letter" else 1) else {}
+
+
+def _parents_of_subs(markers: list[_Marker], outer: _Level) -> list[_Def]:
+    """A letter the caption names only by its sub-labels ("(A) ... (B1) ...; (B2) ...; (C) ..."):
+    its panel, defined where its first sub-label stands, between the letters before and after it."""
+    starts = {i: span[0] for i, (_, span) in outer.spans.items()}
+    out: list[_Def] = []
+    for m in markers:
+        if m.kind == "position" or not m.clause_start:
+            continue
+        subs = _expand(m.label_list, "alnum")
+        if not subs or subs[0][0] % 100 != 0:
+            continue  # a letter's first sub-label ("B1") defines it
+        letter = subs[0][0] // 100
+        before, after = starts.get(letter - 1), starts.get(letter + 1)
+        if letter in starts or letter in {d.indices[0] for d in out} or before is None or before >= m.start:
+            continue
+        if after is not None and after <= m.start:
+            continue
+        out.append(_Def(m, [subs[0][1][0]], [letter]))
+    return out
 
 
 def _allowed_pairs(markers: list[_Marker]) -> set[int]:
@@ -941,6 +967,10 @@ def split_caption(caption: str | None) -> CaptionSplit:
         scheme = "letter" if "letter" in options and "alnum" in options else scheme
         outer = _level(c, markers, scheme, *options[scheme], c.floor, c.body_end)
         if scheme == "letter":
+            parents = _parents_of_subs(markers, outer)
+            if parents:
+                defs = sorted([*options[scheme][0], *parents], key=lambda d: d.marker.start)
+                outer = _level(c, markers, scheme, defs, options[scheme][1], c.floor, c.body_end)
             nested = _nested(c, markers, outer, "alnum")
             inner = "alnum" if nested else None
     if outer is None:

@@ -951,3 +951,22 @@ def test_the_first_label_glued_to_the_title_without_a_stop():
     }
     # an antibody class is not a label: one lower-case letter before the capital
     assert split_caption("Secretory IgA) levels in saliva. B) Serum levels.").panels == {}
+
+
+def test_a_panel_named_only_by_its_sub_labels():
+    caption = (
+        "(A) Immunoreactivity score of the probe in a tissue microarray. (B1) Normal prostate tissue; "
+        "(B2) BPH case with strong nuclear staining; (B3) PCa case; (C) Lymphoma; (D) Gastric cancer."
+    )
+    split = split_caption(caption)
+    assert split.panels == {
+        "A": "Immunoreactivity score of the probe in a tissue microarray.",
+        "B": "Normal prostate tissue; (B2) BPH case with strong nuclear staining; (B3) PCa case",
+        "B1": "Normal prostate tissue",
+        "B2": "BPH case with strong nuclear staining",
+        "B3": "PCa case",
+        "C": "Lymphoma",
+        "D": "Gastric cancer.",
+    }
+    assert split.parents == {"B1": "B", "B2": "B", "B3": "B"}
+    assert_extractive(caption, split)
