@@ -147,6 +147,7 @@ _GLUED = r"(?<=[a-z0-9)*]{2}\.)"
 # The same with no stop at all, the first label only: "... in prostate tissuesA) Evaluation of"
 # (three lower-case letters before it, so that "IgA)" and "HbA)" are not read so).
 _GLUED_FIRST = r"(?<=[a-z]{3})(?=A\)\s+[A-Z])"
+_NUMBERS_BEFORE = re.compile(rf"(?:\d{{1,2}}{_SEP})+(?=[A-Za-z]['\s)]*$)")
 # A) B) printed without the opening bracket
 _CLOSE = re.compile(rf"(?:(?<![\w(\['.-])|{_GLUED}|{_GLUED_FIRST}){_PANEL}(?P<list>{_LIST})\)")
 # A. A: A, b-d. "Panels A & B", and "a Schematic" (a bold label without punctuation)
@@ -524,7 +525,10 @@ def _candidates(c: _Caption) -> list[_Marker]:
         add(m.start(), m.end(), m.group("list"), "paren")
     for m in _CLOSE.finditer(text):
         if not m.group("list").isdigit() and _unmatched_close(text, m.end() - 1):
-            add(m.start(), m.end(), m.group("list"), "close")
+            # one scheme to a list: the number of "gleason 6, C)" ends the text before the label
+            lead = _NUMBERS_BEFORE.match(m.group("list"))
+            start = m.start("list") + lead.end() if lead else m.start()
+            add(start, m.end(), m.group("list")[lead.end() if lead else 0 :], "close")
     for m in _BARE.finditer(text):
         panel, punct = m.group("panel"), (m.group("punct") or "").strip()
         after = text[m.end() :].lstrip()[:1]

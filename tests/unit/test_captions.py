@@ -970,3 +970,8 @@ def test_a_panel_named_only_by_its_sub_labels():
     }
     assert split.parents == {"B1": "B", "B2": "B", "B3": "B"}
     assert_extractive(caption, split)
+
+
+def test_a_number_before_a_closing_label_ends_the_text_before_it():
+    split = split_caption("Tumours: A) benign hyperplasia, B) gleason 6, C) gleason 7, D) gleason 8.")
+    assert split.panels == {"A": "benign hyperplasia", "B": "gleason 6", "C": "gleason 7", "D": "gleason 8."}
