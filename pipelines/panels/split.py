@@ -31,7 +31,10 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   labels read without it), name the labels that were not read (``fill_missing``: the region
   that holds such a panel is parted at its widest gutter between graphic blocks), and a
   caption that names no panel keeps a figure without labels whole unless a clear gutter
-  (``UNNAMED_GUTTER``) or a row of like photographs parts it.
+  (``UNNAMED_GUTTER``), a row of like photographs or a grid of like charts, each with its own
+  axes and data marks (small multiples, ``_chart_row``), parts it. A caption that speaks of
+  its panels without labels ("the left panel ... the right panel", "in each panel",
+  ``captions.panels_mentioned``) names no label but is no single figure's.
 * ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
   is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
   strips, axis titles, legends, colour bars and titles join the block beside them. Without
@@ -67,7 +70,7 @@ from pipelines.panels.labels import (
     read_labels,
 )
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
-from pipelines.panels.regions import Structure, cut, ink_structure, union
+from pipelines.panels.regions import GRAPHIC_TEXT_HEIGHTS, Structure, cut, ink_structure, union
 from pipelines.text.captions import panels_mentioned, split_caption
 from pipelines.text.pairing import panel_labels
 
@@ -77,6 +80,7 @@ SINGLE_PANEL = "single panel"
 UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure whose caption names no panel
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
 PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
+AXIS_SHARE, MARK_TEXT_HEIGHTS = 0.5, 1.5  # see _chart_row, _is_chart
 MAX_LEAVES = 400  # blocks a region is broken into when its labels are parted by anchoring
 
 
@@ -676,20 +680,34 @@ def _major_cut(sheet: Sheet, structure: Structure, box: Box) -> tuple[int, list[
 
 
 def partition_by_structure(
-    sheet: Sheet, structure: Structure, box: Box, min_gap: float = 0, depth: int = 0, count: list | None = None
+    sheet: Sheet,
+    structure: Structure,
+    box: Box,
+    min_gap: float = 0,
+    depth: int = 0,
+    count: list | None = None,
+    grid: bool = False,
 ) -> list[Box]:
     """Regions of ``box`` that each hold one graphic block with its own text (module doc),
-    parted only at gutters at least ``min_gap`` work pixels wide."""
+    parted only at gutters at least ``min_gap`` work pixels wide, or at any gutter between
+    like photographs or like charts (``grid``: ``box`` is a row or column of a grid of charts,
+    where two are a row)."""
     count = count if count is not None else [1]
     found = _major_cut(sheet, structure, box) if depth < MAX_DEPTH else None
     if found is None:
         return [box]
     axis, groups = found
-    if min_gap and _photo_row(sheet, [union(g) for g in groups], axis):
-        min_gap = 0  # a row of like photographs is compound whatever the caption says
+    blocks = [union(g) for g in groups]
+    gap = min_gap
+    if min_gap and _photo_row(sheet, blocks, axis):
+        min_gap = gap = 0  # a row of like photographs is compound whatever the caption says
+    elif min_gap and _chart_row(sheet, structure, blocks, axis, nested=grid):
+        gap, grid = 0, True  # so is a grid of like charts; inside a chart, a clear gutter is still asked for
+    else:
+        grid = False
     merged = [list(groups[0])]
     for group in groups[1:]:
-        if _gap(union(merged[-1]), union(group), axis) < min_gap:
+        if _gap(union(merged[-1]), union(group), axis) < gap:
             merged[-1].extend(group)
         else:
             merged.append(list(group))
@@ -698,7 +716,7 @@ def partition_by_structure(
     count[0] += len(merged) - 1
     out: list[Box] = []
     for group in merged:
-        out.extend(partition_by_structure(sheet, structure, union(group), min_gap, depth + 1, count))
+        out.extend(partition_by_structure(sheet, structure, union(group), min_gap, depth + 1, count, grid))
     return out
 
 
@@ -712,6 +730,63 @@ def _photo_row(sheet: Sheet, boxes: list[Box], axis: int) -> bool:
         return False
     ink = sheet.colour_masks[0]
     return all(ink[b[1] : b[3], b[0] : b[2]].mean() >= PHOTO_INK for b in boxes)
+
+
+def _chart_row(sheet: Sheet, structure: Structure, boxes: list[Box], axis: int, nested: bool = False) -> bool:
+    """Three or more blocks along the cut (two in a row of a grid, ``nested``) whose axes along
+    the cut are of like length, each a chart of its own (mostly white, with an axis line across
+    most of its height and one across most of its width) or a row of such charts (a grid of
+    small multiples: ``_is_chart``); of three or more, one may be neither (two charts whose curves touch, no
+    gutter between them). The parts of one chart, its legend's entries or a diagram's boxes
+    have no axes of their own."""
+    if len(boxes) < (2 if nested else PHOTO_ROW):
+        return False
+    ink = sheet.colour_masks[0]
+    blocks = [ink[b[1] : b[3], b[0] : b[2]] for b in boxes]
+    # like charts have like axes, whatever titles, headers or a legend stand beside them
+    axes = [_longest_run(block if axis == 0 else block.T) for block in blocks]
+    if min(axes) == 0 or max(axes) > LIKE_SIZE * min(axes) or any(b.mean() >= PHOTO_INK for b in blocks):
+        return False
+    misses = 0
+    for box, block in zip(boxes, blocks, strict=True):
+        if _is_chart(block, structure.text_height):
+            continue
+        found = None if nested else _major_cut(sheet, structure, box)
+        if found is None or found[0] == axis:
+            misses += 1
+        elif not _chart_row(sheet, structure, [union(g) for g in found[1]], found[0], nested=True):
+            misses += 1
+    return misses == 0 or (misses == 1 and len(boxes) >= 3)
+
+
+def _is_chart(ink: np.ndarray, text_height: float) -> bool:
+    """Whether an ink mask is a chart: a vertical line across ``AXIS_SHARE`` of its height, a
+    horizontal one across ``AXIS_SHARE`` of its width, and, those long lines taken away, data
+    marks larger than text (a curve, bars, a box plot; a ruled table holds only glyphs)."""
+    h, w = ink.shape
+    if _longest_run(ink) < AXIS_SHARE * h or _longest_run(ink.T) < AXIS_SHARE * w:
+        return False
+    from scipy import ndimage
+
+    lines = ndimage.binary_opening(ink, np.ones((1, max(2, int(AXIS_SHARE * w))), bool))
+    lines |= ndimage.binary_opening(ink, np.ones((max(2, int(AXIS_SHARE * h)), 1), bool))
+    marks, n = ndimage.label(ink & ~lines, structure=np.ones((3, 3), bool))
+    # larger than a word of text: taller than a line of it, and longer than a few glyphs
+    for rows, cols in ndimage.find_objects(marks):
+        sides = sorted((rows.stop - rows.start, cols.stop - cols.start))
+        if sides[0] >= MARK_TEXT_HEIGHTS * text_height and sides[1] >= GRAPHIC_TEXT_HEIGHTS * text_height:
+            return True
+    return False
+
+
+def _longest_run(ink: np.ndarray) -> int:
+    """The longest run of ink down any column."""
+    run = np.zeros(ink.shape[1], np.int32)
+    best = np.zeros(ink.shape[1], np.int32)
+    for row in ink:
+        run = (run + 1) * row
+        np.maximum(best, run, out=best)
+    return int(best.max()) if best.size else 0
 
 
 def split_in(sheet: Sheet, structure: Structure, box: Box, parts: int) -> list[Box]:

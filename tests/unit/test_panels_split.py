@@ -202,6 +202,41 @@ def test_a_caption_that_speaks_of_left_and_right_panels_parts_a_narrow_gutter():
         assert len(panels) == 2 and all(iou(p.box, t) >= 0.9 for p, t in zip(panels, truth, strict=True)), caption
 
 
+def test_small_multiples_are_panels_whatever_the_caption_says():
+    # six bar charts, each with its own axes, 12 px apart (under UNNAMED_GUTTER): a caption that
+    # names no panel does not make them one chart
+    im = Image.new("RGB", (900, 560), "white")
+    draw = ImageDraw.Draw(im)
+    truth = []
+    for row in range(2):
+        for col in range(3):
+            box = (10 + col * 296, 10 + row * 276, 294 + col * 296, 274 + row * 276)
+            draw_chart(draw, box, seed=row * 3 + col)
+            truth.append(box)
+    panels = panels_for_figure(im, "Figure 4. Growth of six strains in rich medium.")
+    assert len(panels) == 6 and all(iou(p.box, t) >= 0.8 for p, t in zip(panels, truth, strict=True))
+
+
+def test_ruled_tables_side_by_side_stay_one_figure():
+    # three ruled tables 12 px apart: frames and rules as long as a chart's axes, but only text
+    # inside them
+    im = Image.new("RGB", (900, 520), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(13)
+    for col in range(3):
+        x = 10 + col * 296
+        draw.rectangle([x, 10, x + 284, 505], outline=0, width=2)
+        draw.line([x + 90, 10, x + 90, 505], fill=0, width=1)
+        for k in range(20):
+            y = 14 + k * 24
+            draw.text((x + 6, y + 4), f"AB{k}(R)", fill=0, font=font)
+            draw.text((x + 96, y + 4), f"region name {k}", fill=0, font=font)
+            if k % 4 == 3:
+                draw.line([x, y + 22, x + 284, y + 22], fill=0, width=1)
+    panels = panels_for_figure(im, "Table 2. Abbreviations of the brain regions.")
+    assert len(panels) == 1 and iou(panels[0].box, (10, 10, 885, 506)) >= 0.95
+
+
 def test_the_concept_stage_single_panel_keeps_a_figure_whole():
     im = Image.new("RGB", (760, 330), "white")
     draw = ImageDraw.Draw(im)
