@@ -768,15 +768,30 @@ def _is_chart(ink: np.ndarray, text_height: float) -> bool:
         return False
     from scipy import ndimage
 
-    lines = ndimage.binary_opening(ink, np.ones((1, max(2, int(AXIS_SHARE * w))), bool))
-    lines |= ndimage.binary_opening(ink, np.ones((max(2, int(AXIS_SHARE * h)), 1), bool))
-    marks, n = ndimage.label(ink & ~lines, structure=np.ones((3, 3), bool))
+    lines = _in_runs(ink, max(2, int(AXIS_SHARE * w))) | _in_runs(ink.T, max(2, int(AXIS_SHARE * h))).T
+    marks, _ = ndimage.label(ink & ~lines, structure=np.ones((3, 3), bool))
     # larger than a word of text: taller than a line of it, and longer than a few glyphs
     for rows, cols in ndimage.find_objects(marks):
         sides = sorted((rows.stop - rows.start, cols.stop - cols.start))
         if sides[0] >= MARK_TEXT_HEIGHTS * text_height and sides[1] >= GRAPHIC_TEXT_HEIGHTS * text_height:
             return True
     return False
+
+
+def _in_runs(ink: np.ndarray, length: int) -> np.ndarray:
+    """The ink pixels that lie in a run of at least ``length`` along a row (a binary opening
+    by a 1 x ``length`` line, by running sums)."""
+    h, w = ink.shape
+    if length > w:
+        return np.zeros_like(ink)
+    sums = np.zeros((h, w + 1), np.int32)
+    np.cumsum(ink, axis=1, out=sums[:, 1:])
+    full = (sums[:, length:] - sums[:, :-length]) == length  # a run of ``length`` starts here
+    starts = np.zeros((h, w + 1), np.int32)
+    np.cumsum(np.pad(full, ((0, 0), (0, length - 1))), axis=1, out=starts[:, 1:])
+    # covered: a full window starts within ``length`` before or at the pixel
+    covered = starts[:, 1:] - np.concatenate([np.zeros((h, length), np.int32), starts[:, 1 : w + 1 - length]], axis=1)
+    return covered > 0
 
 
 def _longest_run(ink: np.ndarray) -> int:

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
-from pipelines.panels.split import _Label, _parting, decide, figure_decision, panels_for_figure
+from pipelines.panels.split import _in_runs, _Label, _parting, decide, figure_decision, panels_for_figure
 from testing.system import require, tesseract_data
 from tests.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
 
@@ -215,6 +215,17 @@ def test_small_multiples_are_panels_whatever_the_caption_says():
             truth.append(box)
     panels = panels_for_figure(im, "Figure 4. Growth of six strains in rich medium.")
     assert len(panels) == 6 and all(iou(p.box, t) >= 0.8 for p, t in zip(panels, truth, strict=True))
+
+
+def test_pixels_in_long_runs_are_a_binary_opening_by_a_line():
+    from scipy import ndimage
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        h, w, length = int(rng.integers(1, 30)), int(rng.integers(2, 40)), int(rng.integers(2, 20))
+        ink = rng.random((h, w)) < rng.random()
+        expected = ndimage.binary_opening(ink, np.ones((1, length), bool)) if length <= w else np.zeros_like(ink)
+        assert (_in_runs(ink, length) == expected).all()
 
 
 def test_ruled_tables_side_by_side_stay_one_figure():
