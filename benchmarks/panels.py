@@ -383,7 +383,8 @@ def decision_speed(figures: list[dict], repeat: int) -> dict:
     """Figures per second per core of the figure decision (OCR included) against the layout
     splitter alone, in the same run on the same figures: CPU time of this process for reading
     the bytes, ``prepare_image`` and the method (``split.figure_decision`` for the decision,
-    with the figure's caption). One untimed warm-up pass."""
+    with the figure's caption). One untimed warm-up pass each; then the two methods take turns,
+    one pass each per repeat, so that the shared machine's drift in speed falls on both."""
     from pipelines.panels.labels import get_reader
     from pipelines.panels.split import figure_decision
 
@@ -397,15 +398,20 @@ def decision_speed(figures: list[dict], repeat: int) -> dict:
         return len(run_one(split_panels, data))
 
     out: dict = {"figures": len(blobs), "repeat": repeat}
-    for name, method in (("xycut", layout), ("decision", decision)):
+    methods = {"xycut": layout, "decision": decision}
+    spent = {name: [0.0, 0.0] for name in methods}
+    for method in methods.values():
         for data, caption in blobs:
             method(data, caption)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        for _ in range(repeat):
+    for _ in range(repeat):
+        for name, method in methods.items():
+            cpu0, wall0 = time.process_time(), time.perf_counter()
             for data, caption in blobs:
                 method(data, caption)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        n = len(blobs) * repeat
+            spent[name][0] += time.process_time() - cpu0
+            spent[name][1] += time.perf_counter() - wall0
+    n = len(blobs) * repeat
+    for name, (cpu, wall) in spent.items():
         out[name] = {
             "cpu_seconds": round(cpu, 3),
             "wall_seconds": round(wall, 3),
