@@ -29,7 +29,8 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   They restrict the label readings to the caption's labels and scheme (digits and Roman
   numerals count only where the caption uses them; a caption split wrongly cannot hide two more
   labels read without it), name the labels that were not read (``fill_missing``: the region
-  that holds such a panel is parted at its widest gutter between graphic blocks), and a
+  that holds such a panel is parted at its widest gutter between graphic blocks, down to
+  ``NARROW_GUTTER``: two frames a line of white apart), and a
   caption that names no panel keeps a figure without labels whole unless a clear gutter
   (``UNNAMED_GUTTER``), a row of like photographs or a grid of like charts, each with its own
   axes and data marks (small multiples, ``_chart_row``), parts it. A caption that speaks of
@@ -81,6 +82,7 @@ UNNAMED_GUTTER = 0.04  # of the longest side: the gutter that parts a figure who
 SHARED_COVER = 0.8  # an unlabelled piece joins a panel that spans this much of it across the cut
 PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
 AXIS_SHARE, MARK_TEXT_HEIGHTS = 0.5, 1.5  # see _chart_row, _is_chart
+NARROW_GUTTER = 2  # work pixels: see split_in
 MAX_LEAVES = 400  # blocks a region is broken into when its labels are parted by anchoring
 
 
@@ -808,6 +810,11 @@ def split_in(sheet: Sheet, structure: Structure, box: Box, parts: int) -> list[B
     """``box`` in at most ``parts`` regions, parted at the widest gutters between the graphic
     blocks of its first cut (a panel whose label was not read, joined to its neighbour)."""
     found = _major_cut(sheet, structure, box)
+    if found is None and parts >= 2 and sheet.params.min_gutter > NARROW_GUTTER:
+        # the caption or the label sequence says the region holds more than one panel: the
+        # narrowest gutter figures print (two frames a line of white apart) parts it
+        narrow = replace(sheet, params=replace(sheet.params, min_gutter=NARROW_GUTTER))
+        found = _major_cut(narrow, structure, box)
     if found is None or parts < 2:
         return [box]
     axis, groups = found
