@@ -194,21 +194,28 @@ def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
         assert all(abs(a - b) <= 3 for a, b in zip(label.box, boxes[label.text], strict=True))
 
 
+def _chart_grid(letters: str, columns: int, width: int, pitch: int, chart: int) -> tuple[Image.Image, dict]:
+    """Charts ``chart`` px wide in rows of ``columns``, ``pitch`` px apart, each with its label
+    printed in DejaVu Sans Bold 18 above its top-left; returns the figure and each label's ink box."""
+    rows = -(-len(letters) // columns)
+    im = Image.new("RGB", (width, rows * 215 + 10), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(18)
+    boxes = {}
+    for k, text in enumerate(letters):
+        row, col = divmod(k, columns)
+        x, y = 15 + col * pitch, 10 + row * 215
+        boxes[text] = draw_label(draw, (x, y), text, font)
+        draw_chart(draw, (x + 4, boxes[text][3] + 6, x + chart, y + 200), seed=k)
+    return im, boxes
+
+
 @pytest.mark.parametrize(("letters", "named"), [("ABCDEFGHIJKL", False), ("ABCDEFGHI", True)])
 def test_a_sans_serif_capital_i_is_read_where_the_sequence_misses_it(letters, named):
     # DejaVu Sans Bold prints "I" as one upright bar, which Tesseract reads as nothing here.
     # Between "H" and "J" the sequence misses it; as the last label, the caption names it
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    rows = len(letters) // 3
-    im = Image.new("RGB", (900, rows * 215 + 15), "white")
-    draw = ImageDraw.Draw(im)
-    font = bold_font(18)
-    boxes = {}
-    for k, text in enumerate(letters):
-        row, col = divmod(k, 3)
-        x, y = 15 + col * 295, 10 + row * 215
-        boxes[text] = draw_label(draw, (x, y), text, font)
-        draw_chart(draw, (x + 4, boxes[text][3] + 6, x + 275, y + 200), seed=k)
+    im, boxes = _chart_grid(letters, columns=3, width=900, pitch=295, chart=275)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list(letters) if named else None)
     assert [r.text for r in reading.labels] == list(letters)
     assert all(abs(a - b) <= 3 for a, b in zip(reading.labels[8].box, boxes["I"], strict=True))
@@ -218,15 +225,7 @@ def test_a_capital_j_that_descends_is_a_label_of_the_capitals_height():
     # DejaVu Sans (matplotlib's default) prints "J" a third below the baseline: 19 px against
     # the other capitals' 13-14 px here
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    im = Image.new("RGB", (1200, 440), "white")
-    draw = ImageDraw.Draw(im)
-    font = bold_font(18)
-    boxes = {}
-    for k, text in enumerate("ABCDEFGHIJ"):
-        row, col = divmod(k, 5)
-        x, y = 15 + col * 235, 10 + row * 215
-        boxes[text] = draw_label(draw, (x, y), text, font)
-        draw_chart(draw, (x + 4, boxes[text][3] + 6, x + 220, y + 200), seed=k)
+    im, boxes = _chart_grid("ABCDEFGHIJ", columns=5, width=1200, pitch=235, chart=220)
     assert boxes["J"][3] - boxes["J"][1] >= 1.3 * (boxes["H"][3] - boxes["H"][1])
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
     assert [r.text for r in reading.labels] == list("ABCDEFGHIJ")
