@@ -621,9 +621,7 @@ def read_candidates(
         text = label_text(raw)
         if text is None or conf < MIN_CONFIDENCE:
             continue
-        x1, y1, x2, y2 = cand.box
-        box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
-        out.append(PrintedLabel(text=text, box=box, confidence=round(conf, 3)))
+        out.append(PrintedLabel(text=text, box=_in_full(cand.box, sx, sy), confidence=round(conf, 3)))
     return out
 
 
@@ -903,6 +901,12 @@ def read_labels(
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
 
 
+def _in_full(box: Box, sx: float, sy: float) -> Box:
+    """A work-pixel box in the figure's pixels (``sx``, ``sy`` figure pixels per work pixel)."""
+    x1, y1, x2, y2 = box
+    return (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+
+
 def _in_work(labels: Sequence[PrintedLabel], sx: float, sy: float) -> list[Box]:
     """The labels' boxes in work pixels (the figure's pixels over ``sx``, ``sy``)."""
     return [
@@ -974,8 +978,7 @@ def reread_slots(
             text = label_text(raw)
             if text is None or text.casefold() not in wanted or conf < SLOT_CONFIDENCE:
                 continue
-            x1, y1, x2, y2 = cand.box
-            box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
+            box = _in_full(cand.box, sx, sy)
             out.append(PrintedLabel(text=wanted[text.casefold()], box=box, confidence=round(conf, 3)))
     # a sans-serif "I" (or "l") is a plain bar, which an engine reads as nothing, "l", "1" or
     # "|": a bar in a slot is the missing label that is printed so
@@ -985,9 +988,7 @@ def reread_slots(
             if any(_same_box(cand, lab, (sx, sy)) for lab in out):
                 continue
             if _is_bar(crop_for_ocr(gray, cand, (sx, sy), True, SLOT_RENDERINGS[0][1])):
-                x1, y1, x2, y2 = cand.box
-                box = (math.floor(x1 * sx), math.floor(y1 * sy), math.ceil(x2 * sx), math.ceil(y2 * sy))
-                out.append(PrintedLabel(text=bars[0], box=box, confidence=SLOT_CONFIDENCE))
+                out.append(PrintedLabel(text=bars[0], box=_in_full(cand.box, sx, sy), confidence=SLOT_CONFIDENCE))
     return out
 
 
