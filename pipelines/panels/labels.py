@@ -72,6 +72,7 @@ RING_Y = 0.35
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 8
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
+MAX_STARTS = 16  # tokens that begin a line of text read when the caption names labels and none were found
 MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labels are still missing
 SLOT_RENDERINGS = ((False, 32), (True, 64))  # (thresholded, token height in px) of those second readings
 SLOT_CONFIDENCE = 0.5
@@ -224,6 +225,7 @@ def _scan(
     connect: str = "joined",
     windows: Sequence[Box] = (),
     ring: bool = True,
+    lead: bool = False,
 ) -> list[Candidate]:
     """The free-standing glyph tokens of one polarity (module doc, step 1). ``connect``
     "joined": its tokens; "touching"/"sides": the glyphs inside its tokens that are not
@@ -287,6 +289,8 @@ def _scan(
         # left or for a height above it ranks it higher
         left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
         above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        if lead and not (left_free and above_free):
+            continue
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
         # labels are set bold: the share of the token's box that is ink ranks it too
         bold = 0.5 + count[i] / ((c - a) * (d - b))
@@ -354,6 +358,19 @@ class CandidateFinder:
         for ink in self.inks:
             for cand in _scan(self.gray, ink, self.max_height, "joined", windows, ring=False):
                 if cand.box not in self.found:
+                    out.append(cand)
+        return _ranked(out)
+
+    def line_starts(self) -> list[Candidate]:
+        """Glyph tokens that begin a line of text, not found before: a label set before its
+        panel's title ("a) E. coli", "(b) Operating conditions") has the title's words beside it
+        and so does not stand free, but nothing is printed for two heights to its left nor a
+        height above it."""
+        out = []
+        for ink in self.inks:
+            for cand in _scan(self.gray, ink, self.max_height, "joined", ring=False, lead=True):
+                if cand.box not in self.found:
+                    self.found.add(cand.box)
                     out.append(cand)
         return _ranked(out)
 
@@ -876,6 +893,14 @@ def read_labels(
             readings = readings + read_candidates(image, more, size, reader, scheme)
             labels, chosen_scheme = choose_sequence(readings, caption_labels)
             read += len(more)
+        if len(labels) < 2 and caption_labels:
+            # the caption names labels and none stand free: labels set before their titles
+            starts = finder.line_starts()[:MAX_STARTS]
+            total += len(starts)
+            if starts:
+                readings = readings + read_candidates(image, starts, size, reader, scheme)
+                labels, chosen_scheme = choose_sequence(readings, caption_labels)
+                read += len(starts)
         base, base_scheme = labels, chosen_scheme
         if len(labels) < 2 and caption_labels != []:
             # "C" and "D" read in one column, "A" and "B" not (a label set against its panel's

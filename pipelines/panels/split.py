@@ -424,7 +424,7 @@ def _by_options(
     """The first cut of ``options`` (best first) whose label groups each hold graphic content,
     each group parted further by its labels (``_by_labels``)."""
     for *_, axis, pieces, owners in sorted(options, key=lambda o: o[:4]):
-        groups = _assemble(pieces, owners, direction, first_missing)
+        groups = _assemble(pieces, owners, _along(direction, axis), first_missing)
         if not all(structure.graphic_in(union(pieces[i] for i in m + e)) for m, e, _ in groups):
             continue
         out: list[tuple[Box, str | None]] = []
@@ -454,6 +454,16 @@ def _by_options(
     return None
 
 
+def _along(direction: str, axis: int) -> str:
+    """How a cut along ``axis`` gives its unlabelled pieces to labels. Labels printed below
+    their panels follow them down the page (axis 0: ``after``), but across it (axis 1) they stand
+    at a panel's lower-left ("(a) Amplitude vs. delay", its own piece before the graphic to its
+    right) or centred (the chart's tick-label strip a piece before it): there each piece between
+    two labelled ones goes to the side of the widest gutter between them (``gutter``), as panels
+    are set apart by wider gutters than their own parts."""
+    return "gutter" if direction == "after" and axis == 1 else direction
+
+
 def _assemble(
     pieces: list[Box], owners: list[list[_Label]], direction: str, first_missing: bool = False
 ) -> list[tuple[list[int], list[int], list[_Label]]]:
@@ -461,6 +471,8 @@ def _assemble(
     piece indices, labels). An unlabelled piece belongs to the labelled piece before it
     (``before``) or after it (``after``); one with none on that side is shared and dropped,
     unless the first label was not read (``first_missing``): then it joins the first group."""
+    if direction == "gutter":
+        return _assemble_at_gutters(pieces, owners)
     order = list(range(len(pieces)))
     if direction == "after":
         order.reverse()
@@ -476,6 +488,27 @@ def _assemble(
         else:
             leading.append(i)
     return groups
+
+
+def _assemble_at_gutters(
+    pieces: list[Box], owners: list[list[_Label]]
+) -> list[tuple[list[int], list[int], list[_Label]]]:
+    """``_assemble`` across a row of panels labelled below (``_along``): an unlabelled piece
+    between two labelled ones joins the one on its side of the widest gutter between them;
+    pieces before the first or after the last labelled piece join it. Each group's unlabelled
+    pieces nearest first."""
+    labelled = [i for i, o in enumerate(owners) if o]
+    extras: dict[int, list[int]] = {i: [] for i in labelled}
+    for i in (k for k, o in enumerate(owners) if not o):
+        before = [k for k in labelled if k < i]
+        after = [k for k in labelled if k > i]
+        if not before or not after:
+            extras[(before or after)[-1 if before else 0]].append(i)
+            continue
+        a, b = before[-1], after[0]
+        widest = max(range(a, b), key=lambda k: pieces[k + 1][0] - pieces[k][2])
+        extras[a if i <= widest else b].append(i)
+    return [([i], sorted(extras[i], key=lambda k: abs(k - i)), list(owners[i])) for i in labelled]
 
 
 def _attach(parts: list[tuple[Box, str | None]], piece: Box, axis: int) -> list[tuple[Box, str | None]]:

@@ -268,6 +268,27 @@ def test_each_evidence_can_be_switched_off():
 # --- real figures, boxes and labels drawn by hand (sample/panels) ----------------------------------
 
 
+def test_labels_set_before_their_titles_below_the_panels():
+    # "a  Amplitude vs. delay" at each panel's lower-left (030213v1_fig25 in the tune set prints
+    # "(a) Amplitude vs. delay"): the title beside the label keeps it from standing free, and the
+    # label sits left of its chart
+    im = Image.new("RGB", (840, 360), "white")
+    draw = ImageDraw.Draw(im)
+    font, title = bold_font(20), bold_font(16)
+    truth = []
+    for col, (text, words) in enumerate((("a", "Amplitude vs. delay"), ("b", "Operating conditions"))):
+        x = 10 + col * 420
+        draw_chart(draw, (x + 50, 10, x + 390, 300), seed=col)
+        lx1, ly1, lx2, ly2 = draw_label(draw, (x, 318), text, font)
+        draw.text((lx2 + 5, 320), words, fill=0, font=title)  # a word space
+        truth.append((lx1, 10, x + 390, ly2))
+    decision = decide(im, "Figure 25. The response. (a) Amplitude against delay. (b) Operating conditions.")
+    assert [lab.text for lab in decision.labels] == ["a", "b"]
+    assert decision.route == "labels"
+    assert [p.label for p in decision.panels] == ["a", "b"]
+    assert _same(decision.panels, truth)
+
+
 def _tune() -> list[dict]:
     # only the tune split: the holdout is scored by benchmarks/panels.py, never here
     files = [EVAL / f"figures-{group}.json" for group in ("A", "B", "D")]
@@ -284,6 +305,7 @@ def _figure(name: str) -> dict:
     [
         "40779_2020_233_Fig2_HTML.jpg",  # four chest radiographs, white labels a-d inside, 1-2 px gutters
         "030213v1_fig6",  # two scatter charts, (a)/(b) printed below them
+        "030213v1_fig25",  # two scatter charts, "(a) Amplitude vs. delay" below each: labels before titles
         "469032v1_figs7",  # MRI slices in two black rounded frames, A over B; A is two slices
         "488149v1_fig1",  # seven blots and charts a-g, unequal sizes
         "030213v1_tbl1",  # a table rendered as an image: one panel
