@@ -16,7 +16,9 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    glyphs into tokens). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them) and at most
-   ``MAX_CANDIDATES`` are read.
+   ``MAX_CANDIDATES`` are read. Where the caption names labels and none were found so, the
+   tokens that begin a line of text (nothing printed two heights to their left nor a height
+   above) are read too: a label set before its panel's title, "(a) Amplitude vs. delay".
 2. **Reading** (``LabelReader``): each candidate is cut from the figure at full resolution,
    turned dark on white, scaled so that the token is ``OCR_HEIGHT`` px tall and padded, and
    read by an OCR engine (``TesseractReader``: libtesseract in process through ``tesserocr``,

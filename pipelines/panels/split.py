@@ -11,7 +11,8 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   (``_parting``: panels are set apart by wider gutters than their own parts), then of the axis
   that separates the most labels; the pieces without a label belong to the label that precedes
   them in that direction (labels are printed at a panel's top-left) or, when the figure prints
-  its labels below the panels, to the one that follows them; a piece with no label on that side
+  its labels below the panels, to the one that follows them down the page and to the nearer
+  side of the widest gutter across it (``_along``); a piece with no label on that side
   is shared (a title, a legend for all) and left out, unless it is a chart or picture of its
   own that no panel spans: a panel whose label was not read, kept without a label (also where
   every label stands in one piece of a cut, ``_beside_unlabelled``); a region with one label is
