@@ -436,7 +436,8 @@ def crop_for_ocr(
     # touches, a bracket): white it out
     from scipy import ndimage
 
-    parts, n = ndimage.label(ink)
+    on_edge = ink[0].any() or ink[-1].any() or ink[:, 0].any() or ink[:, -1].any()
+    parts, n = ndimage.label(ink) if on_edge else (None, 0)  # most candidates stand free
     if n > 1:
         edge = np.unique(np.concatenate([parts[0], parts[-1], parts[:, 0], parts[:, -1]]))
         edge = edge[edge > 0]
