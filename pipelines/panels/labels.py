@@ -13,7 +13,7 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
    and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
-   glyphs into tokens). Words, tick strips and symbols packed in text
+   glyphs into tokens; its own full stop aside, ``_full_stop``). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them) and at most
    ``MAX_CANDIDATES`` are read. Where the caption names labels and none were found so, the
@@ -71,6 +71,9 @@ MIN_WIDTH_SHARE = 0.08  # "1", "I", "l"
 MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
 RING_X = 0.6
 RING_Y = 0.35
+STOP_GAP = 0.5  # ... set at most this share of its height after it
+BASELINE = 0.15  # ... and ending within this share of its height of its bottom
+SPECK = 0.4  # a dot under this share of a glyph's height both ways just after it is its full stop
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 8
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
@@ -280,6 +283,8 @@ def _scan(
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
         # the ink itself, not the one-pixel halo that joined it into tokens
         near &= ink.mask[ob:od, oa:oc]
+        if ring and np.count_nonzero(near) > 0.004 * ring_area and parts is None:
+            near &= ~_full_stop(ids, ink.boxes, (a, b, c, d))
         if ring and np.count_nonzero(near) > 0.004 * ring_area:
             continue
         # light ink must stand on a dark ground (the holes of dark glyphs are light too)
@@ -299,6 +304,26 @@ def _scan(
         score = math.sqrt(th) * corner * bold * (1.0 if ink.dark else 0.95) * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
+
+
+def _full_stop(ids: np.ndarray, boxes: np.ndarray, box: Box) -> np.ndarray:
+    """Where ``ids`` (token label ids of a ring around the glyph at ``box``) are its full stop:
+    a token under ``SPECK`` of its height both ways, just right of it, on its baseline ("A.",
+    the dot a gap apart). A word's letters are an x-height tall at least."""
+    a, b, c, d = box
+    th = d - b
+    found = np.unique(ids[ids > 0])
+    x1, y1, x2, y2 = boxes[found - 1].T
+    stop = found[
+        (x2 - x1 < SPECK * th)
+        & (y2 - y1 < SPECK * th)
+        & (x1 >= c)
+        & (x1 - c <= STOP_GAP * th)
+        & (np.abs(y2 - d) <= max(1, BASELINE * th))  # on the glyph's baseline
+        & (2 * (x2 - x1) >= y2 - y1)
+        & (x2 - x1 <= 2 * (y2 - y1))  # a dot, not a dash
+    ]
+    return np.isin(ids, stop[:1])
 
 
 def _has_dark_ground(gray: np.ndarray, block: int = 8) -> bool:
@@ -592,14 +617,16 @@ def get_reader(engine: str = "tesseract") -> LabelReader:
 
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-# brackets too: told letters only, the engine turns the ")" of "f)" into a letter, unsure of both
+# brackets and the full stop too: told letters only, the engine turns the ")" of "f)" into a
+# letter, unsure of both, and reads "A." (its dot a pixel away, one token) at no confidence
+PUNCTUATION = "()."
 CHARSETS = {
-    None: LETTERS + "()",
-    "upper": LETTERS + "()",
-    "lower": LETTERS + "()",
-    "digit": "0123456789()",
-    "roman": "ivxIVX()",
-    "alnum": LETTERS + "0123456789()",
+    None: LETTERS + PUNCTUATION,
+    "upper": LETTERS + PUNCTUATION,
+    "lower": LETTERS + PUNCTUATION,
+    "digit": "0123456789" + PUNCTUATION,
+    "roman": "ivxIVX" + PUNCTUATION,
+    "alnum": LETTERS + "0123456789" + PUNCTUATION,
 }
 
 

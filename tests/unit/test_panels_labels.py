@@ -174,6 +174,18 @@ def test_tesseract_reads_labels_with_a_closing_bracket_without_a_caption():
     assert [r.text for r in reading.labels] == ["a", "b", "c"]
 
 
+@pytest.mark.parametrize(
+    ("labels", "size"), [(("A.", "B.", "C."), 16), (("a.", "b.", "c."), 22), (("A.", "B.", "C."), 32)]
+)
+def test_labels_with_a_full_stop(labels, size):
+    # "A." as PLOS and many journals print it: the dot a gap after the letter (a speck beside it,
+    # not a word's letter) or a pixel after it (one token, read with the dot)
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = _charts_in_a_row(labels, font_size=size)
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
+    assert [r.text for r in reading.labels] == [x[0] for x in labels]
+
+
 def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
     # "A Family 1", "B Family 2" (a title a few pixels after the label: no free-standing
     # glyph), "C" and "D" free below them in the same columns
