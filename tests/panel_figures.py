@@ -21,6 +21,17 @@ def draw_panel(draw: ImageDraw.ImageDraw, box, fill=70, seed: int = 0) -> None:
         draw.line([a, b], fill=200, width=2)
 
 
+def micrograph(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A light greyscale photograph: blurred noise with dark blobs of a glyph's size (nuclei,
+    vesicles), which the label finder must not take for labels."""
+    from PIL import ImageFilter
+
+    rng = np.random.default_rng(seed)
+    noise = Image.fromarray((rng.random((height // 8 + 1, width // 8 + 1)) * 255).astype(np.uint8))
+    im = noise.resize((width, height), Image.Resampling.BICUBIC).filter(ImageFilter.GaussianBlur(2))
+    return Image.fromarray((np.asarray(im) * 0.5 + 110).astype(np.uint8)).convert("RGB")
+
+
 def grid(rows: int, cols: int, cell: int, gap: int, margin: int, bg=255, fill=70, mode="L"):
     """A rows x cols grid of ``cell``-pixel panels ``gap`` apart inside a ``margin``; returns the
     image and the drawn boxes in reading order."""

@@ -15,7 +15,8 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
    glyphs into tokens; its own full stop aside, ``_full_stop``). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
-   are ranked (taller first, then standing at the left edge of the ink around them) and at most
+   are ranked (taller first, then standing at the left edge of the ink around them, dark ones
+   on the page's white rather than in a photograph's grey: ``GROUND_BONUS``) and at most
    ``MAX_CANDIDATES`` are read. Where the caption names labels and none were found so, the
    tokens that begin a line of text (nothing printed two heights to their left nor a height
    above) are read too: a label set before its panel's title, "(a) Amplitude vs. delay".
@@ -86,6 +87,8 @@ BAR_LABELS = ("I", "l")  # labels a sans-serif font prints as one upright bar (s
 BAR_WIDTH, BAR_FILL = 0.35, 0.85
 LATE_START = 4  # a sequence read from its third to fifth label on is looked over for the ones before
 CORNER_BONUS = 0.6
+GROUND_BONUS = 0.6
+PAPER = 225  # grey at or above which the ground is the page's white
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
 OCR_HEIGHT = 32
 HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
@@ -301,7 +304,11 @@ def _scan(
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
         # labels are set bold: the share of the token's box that is ink ranks it too
         bold = 0.5 + count[i] / ((c - a) * (d - b))
-        score = math.sqrt(th) * corner * bold * (1.0 if ink.dark else 0.95) * (1.0 if connect == "joined" else 0.9)
+        # dark labels are printed on the page's white: a glyph-like blob of a photograph has
+        # its grey around it
+        paper = float((gray[ob:od, oa:oc] >= PAPER).mean()) if ink.dark else 1.0
+        ground = (1.0 + GROUND_BONUS * paper) * (1.0 if ink.dark else 0.95)
+        score = math.sqrt(th) * corner * bold * ground * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
 

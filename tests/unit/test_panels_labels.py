@@ -21,7 +21,7 @@ from pipelines.panels.labels import (
 )
 from pipelines.panels.layout import work_copy
 from testing.system import require, tesseract_data
-from tests.panel_figures import bold_font, draw_chart, draw_label
+from tests.panel_figures import bold_font, draw_chart, draw_label, micrograph
 
 
 @pytest.mark.parametrize(
@@ -242,6 +242,23 @@ def test_a_capital_j_that_descends_is_a_label_of_the_capitals_height():
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
     assert [r.text for r in reading.labels] == list("ABCDEFGHIJ")
     assert all(abs(a - b) <= 3 for a, b in zip(reading.labels[9].box, boxes["J"], strict=True))
+
+
+def test_labels_above_photographs_outrank_the_photographs_blobs():
+    # nine light micrographs 3 px apart, each with its label above it on the page's white: the
+    # blobs inside the photographs are glyph-sized and stand free too, but
+    # a dark label is printed on white
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (10 + 3 * 243, 10 + 3 * 225), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(14)
+    for k, text in enumerate("ABCDEFGHI"):
+        r, c = divmod(k, 3)
+        x, y = 5 + c * 243, 5 + r * 225
+        draw_label(draw, (x, y), text, font)
+        im.paste(micrograph(240, 200, seed=k + 18), (x, y + 22))
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list("ABCDEFGHI"))
+    assert [r.text for r in reading.labels] == list("ABCDEFGHI")
 
 
 def test_white_labels_on_black():
