@@ -8,7 +8,9 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
 
 1. **Candidates** (``find_candidates``), on the grey work copy (longest side at most 1024 px):
    ink is dark on light (grey < ``DARK``) or light on dark (grey > ``LIGHT``); glyphs closer
-   than a pixel or two are joined into *tokens* (the dot and stem of an "i", "A1", "ii"). A
+   than a pixel or two are joined into *tokens* (the dot and stem of an "i", "A1", "ii"; where
+   the caption's labels have two glyphs, "a1" or "iii", glyphs ``WORD_GAP`` further apart along
+   the line too). A
    token is a candidate when it is glyph-sized (``MIN_HEIGHT`` px up to ``MAX_HEIGHT_SHARE`` of
    the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
@@ -42,13 +44,15 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    labels read (free-standing or not: a label set just before its panel's title, or close
    above tick labels) are read again, grey and at twice the scale; a reading counts when it is
    a missing label. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
-   fonts print it so, and engines read a bar as nothing, "l", "1" or "|".
+   fonts print it so, and engines read a bar as nothing, "l", "1" or "|". Without a caption
+   nothing says how many labels there are: the slots are read for the label after the last.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import string
 import sys
 import threading
 import unicodedata
@@ -74,6 +78,7 @@ RING_X = 0.6
 RING_Y = 0.35
 STOP_GAP = 0.5  # ... set at most this share of its height after it
 BASELINE = 0.15  # ... and ending within this share of its height of its bottom
+BRACKET_WIDTH = 0.45  # a bracket's width over its height at most (``_text_sized``'s bound too)
 SPECK = 0.4  # a dot under this share of a glyph's height both ways just after it is its full stop
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 8
@@ -168,7 +173,8 @@ def _dilate(mask: np.ndarray) -> np.ndarray:
     return out
 
 
-JOIN = {"joined": 1}  # pixels of dilation that join glyphs into one token
+JOIN = {"joined": 1, "words": 1}  # pixels of dilation that join glyphs into one token
+WORD_GAP = 2  # work pixels more along the line that join the glyphs of a two-glyph label ("a1", "ii")
 
 
 def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -184,6 +190,11 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
     grown = mask
     for _ in range(grow):
         grown = _dilate(grown)
+    wide = WORD_GAP if connect == "words" else 0
+    for _ in range(wide):  # along the line only: the glyphs of "a1", "ii" as one word
+        grown = grown.copy()
+        grown[:, 1:] |= grown[:, :-1].copy()
+        grown[:, :-1] |= grown[:, 1:].copy()
     labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
     if n == 0:
         return labels, np.zeros((0, 4), int), np.zeros(0, int)
@@ -192,6 +203,8 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
     if grow:  # the dilation grew every token on each side
         boxes[:, :2] += grow
         boxes[:, 2:] -= grow
+        boxes[:, 0] += wide
+        boxes[:, 2] -= wide
         np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
     ink = np.bincount(labels[mask], minlength=n + 1)[1:]
     return labels, boxes, ink
@@ -219,9 +232,9 @@ def _text_sized(boxes: np.ndarray, max_height: float) -> np.ndarray:
     return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
 
 
-def _ink(gray: np.ndarray, dark: bool, max_height: float) -> _Ink:
+def _ink(gray: np.ndarray, dark: bool, max_height: float, connect: str = "joined") -> _Ink:
     mask = gray < DARK if dark else gray > LIGHT
-    labels, boxes, ink = _tokens(mask, "joined")
+    labels, boxes, ink = _tokens(mask, connect)
     small = _text_sized(boxes, max_height)
     return _Ink(mask, dark, labels, boxes, ink, small, np.zeros_like(small))
 
@@ -296,9 +309,10 @@ def _scan(
         if parts is None and ring:
             ink.taken[i + 1] = True
         # a label stands at a corner of what it names: no ink at all for two heights to its
-        # left or for a height above it ranks it higher
-        left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
-        above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        # left or for a height above it ranks it higher (beyond its own brackets, "(1)")
+        ea, eb, ec = _bracketed(ink.boxes, ids, (a, b, c, d))
+        left_free = not ink.mask[b:d, max(0, ea - 2 * th) : ea].any()
+        above_free = not ink.mask[max(0, eb - th) : eb, max(0, ea - th // 2) : min(w, ec + th // 2)].any()
         if lead and not (left_free and above_free):
             continue
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
@@ -311,6 +325,26 @@ def _scan(
         score = math.sqrt(th) * corner * bold * ground * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
+
+
+def _bracketed(boxes: np.ndarray, ids: np.ndarray, box: Box) -> tuple[int, int, int]:
+    """The left, top and right of a glyph at ``box`` with the brackets set tight around it
+    ("(1)", "b)"): tokens among ``ids`` (label ids of the ring around it) that are thin
+    (``BRACKET_WIDTH`` of their height at most), as tall as the glyph or taller, and within
+    half its height of its side."""
+    a, b, c, d = box
+    th = d - b
+    found = np.unique(ids[ids > 0])
+    x1, y1, x2, y2 = boxes[found - 1].T
+    thin = (x2 - x1 <= BRACKET_WIDTH * (y2 - y1)) & (y2 - y1 >= th) & (y1 <= b) & (y2 >= d - 1)
+    left = thin & (x2 <= a) & (a - x2 <= th // 2)
+    right = thin & (x1 >= c) & (x1 - c <= th // 2)
+    tops = y1[left | right]
+    return (
+        int(x1[left].min()) if left.any() else a,
+        int(min(b, tops.min())) if len(tops) else b,
+        int(x2[right].max()) if right.any() else c,
+    )
 
 
 def _full_stop(ids: np.ndarray, boxes: np.ndarray, box: Box) -> np.ndarray:
@@ -349,14 +383,17 @@ class CandidateFinder:
     tokens standing free, dark on light ground and, where the figure has dark ground, light
     on dark; ``touching()`` the glyphs that touch larger ink at a pixel (a label set against
     a dark panel, a white label a pixel below a panel's light frame), parted from it by joining
-    pixels without dilation and through their sides only."""
+    pixels without dilation and through their sides only. ``words``: the labels have two
+    glyphs or more (the caption's are "a1" or Roman numerals), so glyphs ``WORD_GAP`` pixels
+    further apart along the line are joined into one token too."""
 
-    def __init__(self, gray: np.ndarray):
+    def __init__(self, gray: np.ndarray, words: bool = False):
         self.gray = gray
         self.max_height = min(MAX_HEIGHT_PX, MAX_HEIGHT_SHARE * max(gray.shape))
-        self.inks = [_ink(gray, True, self.max_height)]
+        connect = "words" if words else "joined"
+        self.inks = [_ink(gray, True, self.max_height, connect)]
         if _has_dark_ground(gray):
-            self.inks.append(_ink(gray, False, self.max_height))
+            self.inks.append(_ink(gray, False, self.max_height, connect))
         self.found: set[Box] = set()
 
     def first(self) -> list[Candidate]:
@@ -637,6 +674,12 @@ CHARSETS = {
 }
 
 
+def _as_alnum(raw: str) -> str:
+    """A reading of a letter with a number: no label has two letters but a Roman numeral, so
+    "bl", "bI" and "b|" are "b1" (engines read a sans-serif "1" after a letter as "l")."""
+    return re.sub(r"^([A-HJ-UWYZa-hj-uwyz])[lI|]$", r"\g<1>1", raw.strip())
+
+
 def read_candidates(
     image: Image.Image,
     candidates: Sequence[Candidate],
@@ -666,13 +709,12 @@ def read_candidates(
             and re.fullmatch(r"[(\[]?[A-Za-z].?[)\]]?", raw.strip())  # a letter, and at most a glyph after it
         ]
         for k, (raw, conf) in zip(again, reader.read([crops[k] for k in again], CHARSETS["alnum"]), strict=True):
-            # no label has two letters but a Roman numeral: "bl" and "bI" are "b1"
-            raw = re.sub(r"^([A-HJ-UWYZa-hj-uwyz])[lI|]$", r"\g<1>1", raw.strip())
+            raw = _as_alnum(raw)
             if label_schemes(label_text(raw) or "") == ("alnum",):
                 readings[k] = (raw, conf)
     out = []
     for cand, (raw, conf) in zip(candidates, readings, strict=True):
-        text = label_text(raw)
+        text = label_text(_as_alnum(raw) if scheme == "alnum" else raw)
         if text is None or conf < MIN_CONFIDENCE:
             continue
         out.append(PrintedLabel(text=text, box=_in_full(cand.box, sx, sy), confidence=round(conf, 3)))
@@ -828,6 +870,8 @@ def _best_sequence(
 ) -> tuple[list[PrintedLabel], str | None]:
     wanted = {x.casefold() for x in caption_labels} if caption_labels else None
     cap_scheme = caption_scheme(list(caption_labels or []))
+    # "a1, a2, b1, b2" named by the caption run on across letters: its list gives the order
+    position = {x.casefold(): k for k, x in enumerate(caption_labels or [])}
     options: dict[str, list[tuple[int, PrintedLabel]]] = {s: [] for s in SCHEMES}
     for r in reads:
         if wanted is not None and r.text.casefold() not in wanted:
@@ -837,7 +881,8 @@ def _best_sequence(
                 continue
             if scheme == "alnum" and cap_scheme not in (None, "alnum"):
                 continue
-            options[scheme].append((label_index(r.text, scheme), r))
+            at = position[r.text.casefold()] if scheme == "alnum" and cap_scheme == "alnum" else None
+            options[scheme].append((label_index(r.text, scheme) if at is None else at, r))
             if scheme == "alnum" and cap_scheme is None:
                 # "a, b1, b2, c": a letter sequence whose panel b has sub-panels
                 letters = "upper" if r.text[0].isupper() else "lower"
@@ -895,9 +940,9 @@ def read_labels(
     (the caption names more, or the sequence has a gap), up to ``MORE_CANDIDATES`` more are
     read: the next candidates as tall as the labels found (tall text and symbols outrank
     small labels in the first pass) and glyphs touching a panel."""
-    finder = CandidateFinder(gray)
-    candidates = finder.first()
     scheme = caption_scheme(list(caption_labels or []))
+    finder = CandidateFinder(gray, words=scheme in ("alnum", "roman"))
+    candidates = finder.first()
     size = (gray.shape[1], gray.shape[0])
     readings: list[PrintedLabel] = []
     labels: list[PrintedLabel] = []
@@ -960,6 +1005,25 @@ def read_labels(
             if len(labels) < 2:
                 break
             base, base_scheme = labels, chosen_scheme
+    if caption_labels is None:
+        # without a caption nothing says how many labels the figure prints: the one after the
+        # last read is looked for where it would stand, in the row or the column of those read
+        # (the first pass's candidates: glyphs standing free)
+        sx, sy = image.width / gray.shape[1], image.height / gray.shape[0]
+        for _ in range(SLOT_ROUNDS):
+            if len(labels) < 2 or chosen_scheme not in ("upper", "lower"):
+                break
+            last = max(label_index(lab.text, chosen_scheme) for lab in labels)
+            if last + 1 >= len(string.ascii_lowercase):
+                break
+            after = label_at(last + 1, chosen_scheme, labels[0].text)
+            slots = _slots(candidates, labels, chosen_scheme, (sx, sy))
+            again = reread_slots(image, slots, size, reader, [after])
+            read += len(slots) * len(SLOT_RENDERINGS)
+            if not again:
+                break
+            readings = readings + again
+            labels, chosen_scheme = choose_sequence(readings, caption_labels)
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
 
 

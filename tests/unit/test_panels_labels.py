@@ -4,6 +4,8 @@ it was measured against)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
@@ -22,6 +24,8 @@ from pipelines.panels.labels import (
 from pipelines.panels.layout import work_copy
 from testing.system import require, tesseract_data
 from tests.panel_figures import bold_font, draw_chart, draw_label, micrograph
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -144,8 +148,8 @@ def test_tesseract_reads_the_labels():
 
 
 def _charts_in_a_row(labels, font_size: int) -> Image.Image:
-    """Three charts side by side, each with its bold label printed above its top-left."""
-    im = Image.new("RGB", (1060, 330), "white")
+    """Charts side by side, each with its bold label printed above its top-left."""
+    im = Image.new("RGB", (10 + 350 * len(labels), 330), "white")
     draw = ImageDraw.Draw(im)
     font = bold_font(font_size)
     for col, text in enumerate(labels):
@@ -184,6 +188,39 @@ def test_labels_with_a_full_stop(labels, size):
     im = _charts_in_a_row(labels, font_size=size)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
     assert [r.text for r in reading.labels] == [x[0] for x in labels]
+
+
+def test_a_label_in_brackets_ranks_as_one_at_a_corner():
+    # "(1)": the brackets stand left of and above the digit, and are its own, not the ink beside
+    # a word; ranked as such, the labels come before the charts' tick numbers
+    im = _charts_in_a_row(("(1)", "(2)", "(3)"), font_size=26)
+    ranked = find_candidates(np.asarray(work_copy(im)))
+    assert all(c.box[1] < 40 for c in ranked[:3])  # the three labels, printed at the top
+
+
+@pytest.mark.parametrize(
+    ("labels", "caption"),
+    [
+        (("(i)", "(ii)", "(iii)"), ["i", "ii", "iii"]),  # "ii": two glyphs a few pixels apart, one word
+        (("a1", "a2", "b1"), ["a1", "a2", "b1"]),  # the engine reads "a1" as "al"; b1 follows a2
+    ],
+)
+def test_numbered_labels_beside_the_charts_tick_numbers(labels, caption):
+    # the charts' tick labels are digits too, as tall as a third of the panel labels
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = _charts_in_a_row(labels, font_size=26)
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), caption)
+    assert [r.text for r in reading.labels] == caption
+
+
+def test_without_a_caption_the_label_after_the_last_is_looked_for():
+    # 030213v1_fig23 (tune split, no caption): "(a)" and "(b)" stand out, "(c)" ranks below
+    # the arrows' numbers and is found in their row
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    with Image.open(ROOT / "sample/articles/biorxiv-2020.04.07.030213/030213v1_fig23") as im:
+        im = im.convert("RGB")
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader())
+    assert [r.text for r in reading.labels] == ["a", "b", "c"]
 
 
 def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
