@@ -419,6 +419,44 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "label_styles",
+        "Printed panel labels, one style at a time (drawn figures)",
+        (Run(_cmd("label_styles"), "label_styles.json"),),
+        tables=(
+            Table(
+                "Each family of drawn figures: every label read, every panel split, against the decision without them",
+                "families",
+                "family",
+                (
+                    Col("figures", "figures"),
+                    Col("every label read", "labels_all_read_share"),
+                    Col("every panel split", "split_right_share"),
+                    Col("split, without labels", "baseline_split_right_share"),
+                    Col("split over the baseline", "split_vs_baseline", ratio=True),
+                    Col("CPU ms per decision", "ms_per_figure_cpu"),
+                ),
+            ),
+            Table(
+                "Charts, per style (font, form, size, place)",
+                "families/charts/by",
+                "style",
+                (Col("figures", "figures"), Col("every label read", "labels_all_read"), Col("split", "split_right")),
+            ),
+            Table(
+                "Photographs, per style",
+                "families/photographs/by",
+                "style",
+                (Col("figures", "figures"), Col("every label read", "labels_all_read"), Col("split", "split_right")),
+            ),
+            Table(
+                "Numbering schemes, per style",
+                "families/schemes/by",
+                "style",
+                (Col("figures", "figures"), Col("every label read", "labels_all_read"), Col("split", "split_right")),
+            ),
+        ),
+    ),
+    Benchmark(
         "panels_detector",
         "Panel detector throughput",
         (Run(_cmd("panels_detector"), "panels_detector.json"),),

@@ -33,10 +33,10 @@ from pipelines.release.stages import PairPlanStage, SamplePlanStage
 from pipelines.vlm.engine import EngineConfig
 from testing.actor_pool import actor_pool_in_process
 from testing.loopback.sample_mirror import SAMPLE_DIR, build_legacy_mirror, sample_rows
+from testing.panel_figures import huge_png, huge_uniform_jpeg
 from testing.pipeline import parse_release
 from testing.vlm import ScriptedEngine
 from tests.helpers import run_release, source_for
-from tests.panel_figures import huge_png, huge_uniform_jpeg
 from tests.stages.test_model_stages import ANSWERS  # the scripted model's answers to every prompt
 
 PMCID, RELEASE = "PMC900000009", "2026"

@@ -16,7 +16,7 @@ from pipelines.panels.inputs import (
     prepare_image,
     split_figure,
 )
-from tests.panel_figures import draw_panel, encode, grid, huge_png, huge_uniform_jpeg
+from testing.panel_figures import draw_panel, encode, grid, huge_png, huge_uniform_jpeg
 
 TWO = [(10, 10, 110, 110), (130, 10, 230, 110)]  # two panels 20 px apart on 240 x 120
 

@@ -22,8 +22,8 @@ from pipelines.panels.labels import (
     read_labels,
 )
 from pipelines.panels.layout import work_copy
+from testing.panel_figures import bold_font, draw_chart, draw_label, micrograph
 from testing.system import require, tesseract_data
-from tests.panel_figures import bold_font, draw_chart, draw_label, micrograph
 
 ROOT = Path(__file__).resolve().parents[2]
 

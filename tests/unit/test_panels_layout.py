@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw
 from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_set, match_at_iou, recall_precision
 from pipelines.panels.layout import MAX_PANELS, split_panels
-from tests.panel_figures import draw_panel, grid
+from testing.panel_figures import draw_panel, grid
 
 ROOT = Path(__file__).resolve().parents[2]
 BOXES = ROOT / "sample" / "panels" / "boxes.json"

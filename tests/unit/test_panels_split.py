@@ -14,8 +14,8 @@ from PIL import Image, ImageDraw
 from pipelines.images.boxes import iou
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
 from pipelines.panels.split import _in_runs, _Label, _parting, decide, figure_decision, panels_for_figure
+from testing.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
 from testing.system import require, tesseract_data
-from tests.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
 
 ROOT = Path(__file__).resolve().parents[2]
 EVAL = ROOT / "sample" / "panels" / "eval"

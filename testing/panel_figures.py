@@ -1,4 +1,5 @@
-"""Figures drawn for the panel tests: grids of textured panels, and huge images made cheaply."""
+"""Figures drawn for the panel tests and ``benchmarks/label_styles.py``: grids of textured panels,
+charts, printed labels, micrographs, and huge images made cheaply."""
 
 from __future__ import annotations
 
