@@ -299,10 +299,13 @@ def _scan(
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
         # the ink itself, not the one-pixel halo that joined it into tokens
         near &= ink.mask[ob:od, oa:oc]
-        if ring and np.count_nonzero(near) > 0.004 * ring_area and parts is None:
-            near &= ~_full_stop(ids, ink.boxes, (a, b, c, d))
-        if ring and np.count_nonzero(near) > 0.004 * ring_area:
-            continue
+        if ring:
+            crowded = np.count_nonzero(near)
+            if 0.004 * ring_area < crowded <= 0.004 * ring_area + (SPECK * th) ** 2 and parts is None:
+                near &= ~_full_stop(ids, ink.boxes, (a, b, c, d))  # as much ink as a dot more
+                crowded = np.count_nonzero(near)
+            if crowded > 0.004 * ring_area:
+                continue
         # light ink must stand on a dark ground (the holes of dark glyphs are light too)
         if not ink.dark and gray[ob:od, oa:oc].mean() >= DARK:
             continue
@@ -310,9 +313,13 @@ def _scan(
             ink.taken[i + 1] = True
         # a label stands at a corner of what it names: no ink at all for two heights to its
         # left or for a height above it ranks it higher (beyond its own brackets, "(1)")
-        ea, eb, ec = _bracketed(ink.boxes, ids, (a, b, c, d))
-        left_free = not ink.mask[b:d, max(0, ea - 2 * th) : ea].any()
-        above_free = not ink.mask[max(0, eb - th) : eb, max(0, ea - th // 2) : min(w, ec + th // 2)].any()
+        left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
+        above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        if not (left_free and above_free):
+            ea, eb, ec = _bracketed(ink.boxes, ids, (a, b, c, d))
+            if (ea, eb, ec) != (a, b, c):
+                left_free = not ink.mask[b:d, max(0, ea - 2 * th) : ea].any()
+                above_free = not ink.mask[max(0, eb - th) : eb, max(0, ea - th // 2) : min(w, ec + th // 2)].any()
         if lead and not (left_free and above_free):
             continue
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
