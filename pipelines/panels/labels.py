@@ -82,6 +82,7 @@ BRACKET_WIDTH = 0.45  # a bracket's width over its height at most (``_text_sized
 SPECK = 0.4  # a dot under this share of a glyph's height both ways just after it is its full stop
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 2  # most figures have their labels among the first few: each crop read costs ~1.5 ms
+CAPTIONLESS_BATCH = 8
 MORE_CANDIDATES = 24  # read in a second pass, like-sized to the labels found, when some are missing
 MAX_STARTS = 16  # tokens that begin a line of text read when the caption names labels and none were found
 MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labels are still missing
@@ -959,8 +960,10 @@ def read_labels(
     chosen_scheme = None
     read, total = 0, len(candidates)
     # in batches, best first: most figures have all their labels among the first few
-    for start in range(0, MAX_CANDIDATES, FIRST_BATCH):
-        batch = candidates[start : start + FIRST_BATCH]
+    # without a caption a gapless sequence only guesses that no label is missing: larger batches
+    step = FIRST_BATCH if caption_labels is not None else CAPTIONLESS_BATCH
+    for start in range(0, MAX_CANDIDATES, step):
+        batch = candidates[start : start + step]
         if not batch:
             break
         readings = readings + read_candidates(image, batch, size, reader, scheme)
