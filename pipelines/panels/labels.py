@@ -78,7 +78,7 @@ RING_X = 0.6
 RING_Y = 0.35
 STOP_GAP = 0.5  # ... set at most this share of its height after it
 BASELINE = 0.15  # ... and ending within this share of its height of its bottom
-BRACKET_WIDTH = 0.45  # a bracket's width over its height at most (``_text_sized``'s bound too)
+BRACKET_WIDTH = 0.45  # a bracket's width over its height at most: thinner ink is no text-sized neighbour
 SPECK = 0.4  # a dot under this share of a glyph's height both ways just after it is its full stop
 MAX_CANDIDATES = 16  # read in a first pass, FIRST_BATCH at a time until no label is missing
 FIRST_BATCH = 2  # most figures have their labels among the first few: each crop read costs ~1.5 ms
@@ -162,12 +162,18 @@ class PrintedLabel:
 # ---- 1. candidates ------------------------------------------------------------------------
 
 
-def _dilate(mask: np.ndarray) -> np.ndarray:
-    """``mask`` grown by one pixel in the 8 directions (a 3 x 3 dilation by shifts: an order of
-    magnitude faster than ``ndimage.binary_dilation`` here)."""
+def _widen(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by one pixel left and right."""
     rows = mask.copy()
     rows[:, 1:] |= mask[:, :-1]
     rows[:, :-1] |= mask[:, 1:]
+    return rows
+
+
+def _dilate(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by one pixel in the 8 directions (a 3 x 3 dilation by shifts: an order of
+    magnitude faster than ``ndimage.binary_dilation`` here)."""
+    rows = _widen(mask)
     out = rows.copy()
     out[1:] |= rows[:-1]
     out[:-1] |= rows[1:]
@@ -193,9 +199,7 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
         grown = _dilate(grown)
     wide = WORD_GAP if connect == "words" else 0
     for _ in range(wide):  # along the line only: the glyphs of "a1", "ii" as one word
-        grown = grown.copy()
-        grown[:, 1:] |= grown[:, :-1].copy()
-        grown[:, :-1] |= grown[:, 1:].copy()
+        grown = _widen(grown)
     labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
     if n == 0:
         return labels, np.zeros((0, 4), int), np.zeros(0, int)
@@ -230,7 +234,7 @@ def _text_sized(boxes: np.ndarray, max_height: float) -> np.ndarray:
     glyph part of a word or a number; larger ink (a photograph, a frame, an axis, a rule) beside
     a label does not, nor do thin brackets ("(a)")."""
     bh, bw = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
-    return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= 0.45 * bh)])
+    return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= BRACKET_WIDTH * bh)])
 
 
 def _ink(gray: np.ndarray, dark: bool, max_height: float, connect: str = "joined") -> _Ink:
