@@ -318,13 +318,11 @@ def _scan(
             ink.taken[i + 1] = True
         # a label stands at a corner of what it names: no ink at all for two heights to its
         # left or for a height above it ranks it higher (beyond its own brackets, "(1)")
-        left_free = not ink.mask[b:d, max(0, a - 2 * th) : a].any()
-        above_free = not ink.mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+        left_free, above_free = _corner_free(ink.mask, (a, b, c, d), (a, b, c))
         if not (left_free and above_free):
-            ea, eb, ec = _bracketed(ink.boxes, ids, (a, b, c, d))
-            if (ea, eb, ec) != (a, b, c):
-                left_free = not ink.mask[b:d, max(0, ea - 2 * th) : ea].any()
-                above_free = not ink.mask[max(0, eb - th) : eb, max(0, ea - th // 2) : min(w, ec + th // 2)].any()
+            extent = _bracketed(ink.boxes, ids, (a, b, c, d))
+            if extent != (a, b, c):
+                left_free, above_free = _corner_free(ink.mask, (a, b, c, d), extent)
         if lead and not (left_free and above_free):
             continue
         corner = 1.0 + CORNER_BONUS * left_free + CORNER_BONUS * above_free
@@ -337,6 +335,16 @@ def _scan(
         score = math.sqrt(th) * corner * bold * ground * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
+
+
+def _corner_free(mask: np.ndarray, box: Box, extent: tuple[int, int, int]) -> tuple[bool, bool]:
+    """Whether no ink stands for two heights of the glyph at ``box`` left of ``extent`` (its
+    left, top and right, brackets included), beside the glyph's rows, nor a height above it."""
+    a, b, c = extent
+    th, w = box[3] - box[1], mask.shape[1]
+    left = not mask[box[1] : box[3], max(0, a - 2 * th) : a].any()
+    above = not mask[max(0, b - th) : b, max(0, a - th // 2) : min(w, c + th // 2)].any()
+    return left, above
 
 
 def _bracketed(boxes: np.ndarray, ids: np.ndarray, box: Box) -> tuple[int, int, int]:

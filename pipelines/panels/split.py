@@ -504,7 +504,7 @@ def _assemble_at_gutters(
         before = [k for k in labelled if k < i]
         after = [k for k in labelled if k > i]
         if not before or not after:
-            extras[(before or after)[-1 if before else 0]].append(i)
+            extras[before[-1] if before else after[0]].append(i)
             continue
         a, b = before[-1], after[0]
         widest = max(range(a, b), key=lambda k: pieces[k + 1][0] - pieces[k][2])
