@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image
 
+from pipelines.images.components import components
+
 WORK_SIDE = 512
 INK_TOL = 40
 LINE_PX = 3  # a straight line is at most this thick (work-copy pixels), or a glyph tall with its ticks
@@ -110,13 +112,13 @@ def measure(image: Image.Image, settings: GateSettings | None = None) -> CropMea
         return empty
     share = round(float(ink.mean()), 5)
     thick = round(float((ndimage.distance_transform_edt(ink) > settings.thick_px).mean()), 5)
-    labels, _ = ndimage.label(ink, structure=np.ones((3, 3), dtype=bool))
-    counts = np.bincount(labels.ravel())
+    labels, boxes, counts = components(ink)
     shorter = min(ink.shape)
-    spans = []  # (label, height, width) of every component of at least 3 pixels
-    for label, found in enumerate(ndimage.find_objects(labels), start=1):
-        if found is not None and counts[label] >= 3:
-            spans.append((label, found[0].stop - found[0].start, found[1].stop - found[1].start))
+    spans = [  # (label, height, width) of every component of at least 3 pixels
+        (label, int(y2 - y1), int(x2 - x1))
+        for label, ((x1, y1, x2, y2), count) in enumerate(zip(boxes, counts, strict=True), start=1)
+        if count >= 3
+    ]
     small = [max(h, w) for _, h, w in spans if max(h, w) <= shorter / 2]
     glyph = float(np.median(small)) if small else 0.0
     line_width = max(glyph, float(LINE_PX))

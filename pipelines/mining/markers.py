@@ -2,7 +2,7 @@
 
 Panel2Patch (§3.3) mines regions from the marks authors draw over their images ("the red arrow
 shows ...", "asterisks mark ..."). There is no public code; this is a classical detector with
-numpy and scipy.ndimage only, built on what such marks look like:
+numpy, scipy.ndimage and the shared connected components only, built on what such marks look like:
 
 * they are drawn in a **flat, saturated colour** (yellow, red, green, blue) over photographs and
   micrographs, or in **white on a dark** / **black on a light** background, so three kinds of
@@ -35,6 +35,8 @@ from itertools import combinations
 
 import numpy as np
 from PIL import Image
+
+from pipelines.images.components import components
 
 # scipy is imported in the functions that use it: every process that loads the code location (code
 # servers, run workers, the command line) imports this module, and scipy.ndimage and scipy.spatial
@@ -170,27 +172,22 @@ def _masks(rgb: np.ndarray, hsv: np.ndarray):
 
 def _components(rgb: np.ndarray, hsv: np.ndarray):
     """Components of every mask that pass the size, contrast and uniformity filters."""
-    from scipy import ndimage
-
     height, width = rgb.shape[:2]
     val = hsv[..., 2]
     for colour, mask, needs_contrast in _masks(rgb, hsv):
         if not mask.any():
             continue
-        labels, n = ndimage.label(mask)
-        if n == 0:
-            continue
-        sizes = np.bincount(labels.ravel())
+        labels, boxes, sizes = components(mask, eight=False)
         candidates = []
-        for index, sl in enumerate(ndimage.find_objects(labels), start=1):
-            if sl is None or sizes[index] < MIN_AREA:
+        for index, ((bx0, by0, bx1, by1), size) in enumerate(zip(boxes.tolist(), sizes.tolist(), strict=True), start=1):
+            if size < MIN_AREA:
                 continue
-            h, w = sl[0].stop - sl[0].start, sl[1].stop - sl[1].start
+            h, w = by1 - by0, bx1 - bx0
             if max(h, w) < MIN_SIDE or w > MAX_SHARE * width or h > MAX_SHARE * height:
                 continue
-            if min(sl[0].start, sl[1].start) < 2 or sl[0].stop > height - 2 or sl[1].stop > width - 2:
+            if min(by0, bx0) < 2 or by1 > height - 2 or bx1 > width - 2:
                 continue  # cut by the panel's edge: its shape is not the drawn shape
-            candidates.append((sizes[index], index, sl))
+            candidates.append((size, index, (slice(by0, by1), slice(bx0, bx1))))
         candidates.sort()
         for _, index, sl in candidates[:MAX_COMPONENTS]:
             y0, x0 = max(sl[0].start - 3, 0), max(sl[1].start - 3, 0)
@@ -316,18 +313,15 @@ def _ring(c: _Component, filled: np.ndarray, hole_share: float) -> Marker | None
     extent (area over its bounding box) separates rectangles (~1) from ellipses (~pi/4).
     Black outlines on a light page are chart frames, legend boxes and table cells far more often
     than drawn marks, so black rings are not taken."""
-    from scipy import ndimage
-
     if c.colour == "black":
         return None
     ys, xs = np.nonzero(filled)
     h, w = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
     if min(h, w) < 12 or not 0.25 <= w / h <= 4.0:
         return None
-    holes, n = ndimage.label(filled & ~c.mask)
-    if n == 0:
+    _, _, hole_sizes = components(filled & ~c.mask, eight=False)
+    if not len(hole_sizes):
         return None
-    hole_sizes = np.bincount(holes.ravel())[1:]
     if hole_sizes.max() < 0.95 * hole_sizes.sum():
         return None  # several holes: a grid, a glyph like B or 8, a table
     extent = filled.sum() / (h * w)

@@ -65,6 +65,7 @@ import numpy as np
 from PIL import Image
 
 from pipelines.images.boxes import Box
+from pipelines.images.components import components
 
 DARK = 140
 LIGHT = 150
@@ -190,9 +191,6 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
     it is (8-connected); ``sides`` joins pixels through their sides only (4-connected), so that a
     glyph touching a panel at a corner pixel stays apart. Returns the label image (0 = no ink),
     each token's box (x1, y1, x2, y2; undilated) and ink count."""
-    from scipy import ndimage
-
-    eight = np.ones((3, 3), bool)
     grow = JOIN.get(connect, 0)
     grown = mask
     for _ in range(grow):
@@ -200,18 +198,16 @@ def _tokens(mask: np.ndarray, connect: str = "joined") -> tuple[np.ndarray, np.n
     wide = WORD_GAP if connect == "words" else 0
     for _ in range(wide):  # along the line only: the glyphs of "a1", "ii" as one word
         grown = _widen(grown)
-    labels, n = ndimage.label(grown, structure=None if connect == "sides" else eight)
-    if n == 0:
-        return labels, np.zeros((0, 4), int), np.zeros(0, int)
-    slices = ndimage.find_objects(labels)
-    boxes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
-    if grow:  # the dilation grew every token on each side
-        boxes[:, :2] += grow
-        boxes[:, 2:] -= grow
-        boxes[:, 0] += wide
-        boxes[:, 2] -= wide
-        np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
-    ink = np.bincount(labels[mask], minlength=n + 1)[1:]
+    labels, boxes, area = components(grown, eight=connect != "sides")
+    if not len(boxes) or not grow:
+        return labels, boxes, area
+    # the dilation grew every token on each side
+    boxes[:, :2] += grow
+    boxes[:, 2:] -= grow
+    boxes[:, 0] += wide
+    boxes[:, 2] -= wide
+    np.maximum(boxes[:, 2:], boxes[:, :2] + 1, out=boxes[:, 2:])
+    ink = np.bincount(labels[mask], minlength=len(boxes) + 1)[1:]
     return labels, boxes, ink
 
 
@@ -523,10 +519,9 @@ def crop_for_ocr(
     ink = pixels <= middle
     # ink touching the crop's edge belongs to a neighbour (the corner of a panel the label
     # touches, a bracket): white it out
-    from scipy import ndimage
-
     on_edge = ink[0].any() or ink[-1].any() or ink[:, 0].any() or ink[:, -1].any()
-    parts, n = ndimage.label(ink) if on_edge else (None, 0)  # most candidates stand free
+    parts, pieces, _ = components(ink, eight=False) if on_edge else (None, (), None)  # most stand free
+    n = len(pieces)
     if n > 1:
         edge = np.unique(np.concatenate([parts[0], parts[-1], parts[:, 0], parts[:, -1]]))
         edge = edge[edge > 0]
@@ -964,6 +959,8 @@ def read_labels(
     read: the next candidates as tall as the labels found (tall text and symbols outrank
     small labels in the first pass) and glyphs touching a panel."""
     scheme = caption_scheme(list(caption_labels or []))
+    # the crops are cut from the grey figure: converted once, not for every batch
+    image = image if image.mode == "L" else image.convert("L")
     finder = CandidateFinder(gray, words=scheme in ("alnum", "roman"))
     candidates = finder.first()
     size = (gray.shape[1], gray.shape[0])

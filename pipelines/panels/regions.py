@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipelines.images.boxes import Box
+from pipelines.images.components import components
 from pipelines.panels.layout import Sheet, divider_runs, gutter_runs, trim_box
 
 GRAPHIC_TEXT_HEIGHTS = 2.5
@@ -117,15 +118,10 @@ class Structure:
 
 def ink_structure(sheet: Sheet) -> Structure:
     """The connected shapes of the sheet's first gutter colour's ink (module doc)."""
-    from scipy import ndimage
-
     mask = sheet.colour_masks[0]
-    labels, n = ndimage.label(mask, structure=np.ones((3, 3), bool))
-    if n == 0:
-        empty = np.zeros((0, 4), np.int32)
-        return Structure(sheet, empty, DEFAULT_TEXT_HEIGHT, empty)
-    slices = ndimage.find_objects(labels)
-    shapes = np.array([(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in slices], dtype=np.int32)
+    _, shapes, _ = components(mask)
+    if not len(shapes):
+        return Structure(sheet, shapes, DEFAULT_TEXT_HEIGHT, shapes)
     h = shapes[:, 3] - shapes[:, 1]
     w = shapes[:, 2] - shapes[:, 0]
     longest = max(mask.shape)

@@ -61,6 +61,7 @@ import numpy as np
 from PIL import Image
 
 from pipelines.images.boxes import Box, Panel, finalize, scale_boxes
+from pipelines.images.components import components
 from pipelines.images.decode import UnusableFigureError, is_loaded, normalize_mode, open_image
 from pipelines.panels.inputs import MIN_SIDE, FigureSplit, prepare_figure
 from pipelines.panels.labels import (
@@ -802,16 +803,13 @@ def _is_chart(ink: np.ndarray, text_height: float) -> bool:
     h, w = ink.shape
     if _longest_run(ink) < AXIS_SHARE * h or _longest_run(ink.T) < AXIS_SHARE * w:
         return False
-    from scipy import ndimage
-
     lines = _in_runs(ink, max(2, int(AXIS_SHARE * w))) | _in_runs(ink.T, max(2, int(AXIS_SHARE * h))).T
-    marks, _ = ndimage.label(ink & ~lines, structure=np.ones((3, 3), bool))
+    _, marks, _ = components(ink & ~lines)
     # larger than a word of text: taller than a line of it, and longer than a few glyphs
-    for rows, cols in ndimage.find_objects(marks):
-        sides = sorted((rows.stop - rows.start, cols.stop - cols.start))
-        if sides[0] >= MARK_TEXT_HEIGHTS * text_height and sides[1] >= GRAPHIC_TEXT_HEIGHTS * text_height:
-            return True
-    return False
+    sides = np.sort(marks[:, 2:] - marks[:, :2], axis=1)
+    return bool(
+        ((sides[:, 0] >= MARK_TEXT_HEIGHTS * text_height) & (sides[:, 1] >= GRAPHIC_TEXT_HEIGHTS * text_height)).any()
+    )
 
 
 def _in_runs(ink: np.ndarray, length: int) -> np.ndarray:
