@@ -37,9 +37,10 @@ def test_a_bad_setting_fails_the_code_location_load():
 def test_loading_the_code_location_imports_no_model_library():
     """Every code server, run worker and command line loads the definitions; torch alone added about
     2 s of CPU and 600 MB to each (measured: 4.6 s and 783 MB against 2.5 s and 175 MB), scipy's
-    ndimage and spatial another 0.4 s and 30 MB (2.4 s against 2.0 s, 175 against 146 MB), so these
-    libraries are imported only by the steps that use them."""
-    libraries = ("torch", "transformers", "open_clip", "scipy")
+    ndimage and spatial another 0.4 s and 30 MB (2.4 s against 2.0 s, 175 against 146 MB), OpenCV
+    (the shared connected components) about 0.1 s, so these libraries are imported only by the
+    steps that use them."""
+    libraries = ("torch", "transformers", "open_clip", "scipy", "cv2")
     code = f"import sys, jobs.definitions; print(sorted(m for m in {libraries} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
