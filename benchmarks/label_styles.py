@@ -27,7 +27,6 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -35,7 +34,7 @@ from PIL import Image, ImageDraw, ImageFont
 from benchmarks.record import write_results
 from pipelines.images.boxes import iou
 from pipelines.panels.split import EVIDENCE, decide
-from testing.panel_figures import draw_chart, draw_label, micrograph
+from testing.panel_figures import draw_chart, draw_label, micrograph, mpl_font
 
 FONTS = {
     "DejaVu Sans Bold": "DejaVuSans-Bold.ttf",
@@ -54,9 +53,7 @@ Case = tuple[dict, Image.Image, list[tuple[int, int, int, int]], list[str], str]
 
 
 def _font(name: str, size: int) -> ImageFont.FreeTypeFont:
-    import matplotlib
-
-    return ImageFont.truetype(str(Path(matplotlib.__file__).parent / "mpl-data/fonts/ttf" / FONTS[name]), size)
+    return mpl_font(FONTS[name], size)
 
 
 def _caption(labels: list[str]) -> str:

@@ -96,14 +96,20 @@ def encode(im: Image.Image, fmt: str, **kwargs) -> bytes:
     return buf.getvalue()
 
 
-def bold_font(size: int):
-    """DejaVu Sans Bold from matplotlib's own fonts (a dependency; no system font needed)."""
+def mpl_font(file: str, size: int):
+    """A font file of matplotlib's own (``DejaVuSans.ttf``, ``STIXGeneral.ttf``, ...: a
+    dependency, so no system font is needed)."""
     from pathlib import Path
 
     import matplotlib
     from PIL import ImageFont
 
-    return ImageFont.truetype(str(Path(matplotlib.__file__).parent / "mpl-data/fonts/ttf/DejaVuSans-Bold.ttf"), size)
+    return ImageFont.truetype(str(Path(matplotlib.__file__).parent / "mpl-data/fonts/ttf" / file), size)
+
+
+def bold_font(size: int):
+    """DejaVu Sans Bold, matplotlib's default bold."""
+    return mpl_font("DejaVuSans-Bold.ttf", size)
 
 
 def draw_chart(draw: ImageDraw.ImageDraw, box, seed: int = 0, font=None) -> None:

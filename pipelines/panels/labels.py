@@ -689,6 +689,15 @@ CHARSETS = {
 }
 
 
+def _as_bar(text: str | None, scheme: str | None) -> str | None:
+    """A label read as an upright bar, in the caption's case: a sans-serif capital "I" and a
+    lower-case "l" are one glyph (``BAR_LABELS``), so "l" among capitals is "I", and "I" among
+    lower-case letters is "l"."""
+    if text in BAR_LABELS and scheme in ("upper", "lower"):
+        return BAR_LABELS[0] if scheme == "upper" else BAR_LABELS[1]
+    return text
+
+
 def _as_alnum(raw: str) -> str:
     """A reading of a letter with a number: no label has two letters but a Roman numeral, so
     "bl", "bI" and "b|" are "b1" (engines read a sans-serif "1" after a letter as "l")."""
@@ -729,7 +738,7 @@ def read_candidates(
                 readings[k] = (raw, conf)
     out = []
     for cand, (raw, conf) in zip(candidates, readings, strict=True):
-        text = label_text(_as_alnum(raw) if scheme == "alnum" else raw)
+        text = _as_bar(label_text(_as_alnum(raw) if scheme == "alnum" else raw), scheme)
         if text is None or conf < MIN_CONFIDENCE:
             continue
         out.append(PrintedLabel(text=text, box=_in_full(cand.box, sx, sy), confidence=round(conf, 3)))

@@ -14,6 +14,7 @@ from pipelines.panels.labels import (
     PrintedLabel,
     RapidOcrReader,
     TesseractReader,
+    _as_bar,
     choose_labels,
     choose_sequence,
     find_candidates,
@@ -22,7 +23,7 @@ from pipelines.panels.labels import (
     read_labels,
 )
 from pipelines.panels.layout import work_copy
-from testing.panel_figures import bold_font, draw_chart, draw_label, micrograph
+from testing.panel_figures import bold_font, draw_chart, draw_label, micrograph, mpl_font
 from testing.system import require, tesseract_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -296,6 +297,30 @@ def test_labels_above_photographs_outrank_the_photographs_blobs():
         im.paste(micrograph(240, 200, seed=k + 18), (x, y + 22))
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list("ABCDEFGHI"))
     assert [r.text for r in reading.labels] == list("ABCDEFGHI")
+
+
+def test_a_sans_serif_capital_i_read_as_l_is_the_i_the_caption_names():
+    # the same grid in DejaVu Sans (regular): its "I" is a plain bar, which Tesseract reads as
+    # "l"; a blob of a photograph read as "I" in the labels' column used to take the ninth label
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (10 + 3 * 252, 10 + 3 * 234), "white")
+    draw = ImageDraw.Draw(im)
+    font = mpl_font("DejaVuSans.ttf", 14)
+    for k, text in enumerate("ABCDEFGHI"):
+        r, c = divmod(k, 3)
+        x, y = 5 + c * 252, 5 + r * 234
+        draw_label(draw, (x, y), text, font)
+        im.paste(micrograph(240, 200, seed=k + 21), (x, y + 22))
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list("ABCDEFGHI"))
+    assert [r.text for r in reading.labels] == list("ABCDEFGHI")
+    assert reading.labels[8].box[1] > 2 * 234  # the bar above the last row, not a blob
+
+
+def test_a_bar_takes_the_case_of_the_scheme():
+    assert _as_bar("l", "upper") == "I" and _as_bar("I", "lower") == "l"
+    assert _as_bar("l", "lower") == "l" and _as_bar("I", "upper") == "I"
+    assert _as_bar("l", None) == "l" and _as_bar("l", "digit") == "l" and _as_bar("B", "lower") == "B"
+    assert _as_bar(None, "upper") is None
 
 
 def test_white_labels_on_black():
