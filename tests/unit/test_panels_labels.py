@@ -282,19 +282,25 @@ def test_a_capital_j_that_descends_is_a_label_of_the_capitals_height():
     assert all(abs(a - b) <= 3 for a, b in zip(reading.labels[9].box, boxes["J"], strict=True))
 
 
+def _photographs_labelled_above(font, gap: int, seed: int) -> Image.Image:
+    """Nine light 240 x 200 micrographs ``gap`` px apart in a 3 x 3 grid, each with its label
+    ("A" to "I") above it on the page's white."""
+    im = Image.new("RGB", (10 + 3 * (240 + gap), 10 + 3 * (222 + gap)), "white")
+    draw = ImageDraw.Draw(im)
+    for k, text in enumerate("ABCDEFGHI"):
+        r, c = divmod(k, 3)
+        x, y = 5 + c * (240 + gap), 5 + r * (222 + gap)
+        draw_label(draw, (x, y), text, font)
+        im.paste(micrograph(240, 200, seed=k + seed), (x, y + 22))
+    return im
+
+
 def test_labels_above_photographs_outrank_the_photographs_blobs():
     # nine light micrographs 3 px apart, each with its label above it on the page's white: the
     # blobs inside the photographs are glyph-sized and stand free too, but
     # a dark label is printed on white
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    im = Image.new("RGB", (10 + 3 * 243, 10 + 3 * 225), "white")
-    draw = ImageDraw.Draw(im)
-    font = bold_font(14)
-    for k, text in enumerate("ABCDEFGHI"):
-        r, c = divmod(k, 3)
-        x, y = 5 + c * 243, 5 + r * 225
-        draw_label(draw, (x, y), text, font)
-        im.paste(micrograph(240, 200, seed=k + 18), (x, y + 22))
+    im = _photographs_labelled_above(bold_font(14), gap=3, seed=18)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list("ABCDEFGHI"))
     assert [r.text for r in reading.labels] == list("ABCDEFGHI")
 
@@ -303,17 +309,10 @@ def test_a_sans_serif_capital_i_read_as_l_is_the_i_the_caption_names():
     # the same grid in DejaVu Sans (regular): its "I" is a plain bar, which Tesseract reads as
     # "l"; a blob of a photograph read as "I" in the labels' column used to take the ninth label
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
-    im = Image.new("RGB", (10 + 3 * 252, 10 + 3 * 234), "white")
-    draw = ImageDraw.Draw(im)
-    font = mpl_font("DejaVuSans.ttf", 14)
-    for k, text in enumerate("ABCDEFGHI"):
-        r, c = divmod(k, 3)
-        x, y = 5 + c * 252, 5 + r * 234
-        draw_label(draw, (x, y), text, font)
-        im.paste(micrograph(240, 200, seed=k + 21), (x, y + 22))
+    im = _photographs_labelled_above(mpl_font("DejaVuSans.ttf", 14), gap=12, seed=21)
     reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), list("ABCDEFGHI"))
     assert [r.text for r in reading.labels] == list("ABCDEFGHI")
-    assert reading.labels[8].box[1] > 2 * 234  # the bar above the last row, not a blob
+    assert reading.labels[8].box[1] > 2 * 234  # the bar above the last row (at y = 473), not a blob
 
 
 def test_a_bar_takes_the_case_of_the_scheme():
