@@ -217,7 +217,7 @@ def _alive(pids: set[int]) -> list[int]:
 
 @dataclass
 class SharedDagsterDev:
-    """The session's ``dagster dev`` (``tests/conftest.py``'s ``dagster_dev``): the cluster profile
+    """The ``dagster dev`` of ``tests/conftest.py``'s ``dagster_dev`` fixture: the cluster profile
     on PostgreSQL as a cluster runs it, but a local lake and the loopback S3 server as the PMC
     source. ``pg`` is its database; ``env`` the environment it and its command line run in."""
 
@@ -233,12 +233,7 @@ class SharedDagsterDev:
     def start(cls, tmp: Path, postgres, mirror: Path, db: str = "shared_dev") -> Iterator[SharedDagsterDev]:
         from testing.loopback.s3_server import S3LoopbackServer
 
-        conn = postgres.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(f"CREATE DATABASE {db}")
-        finally:
-            conn.close()
+        postgres.query(f"CREATE DATABASE {db}", fetch=False)
         pg = replace(postgres, db=db)
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("DAGSTER_PG_", "PANELFORGE_"))}
         with S3LoopbackServer(mirror) as source:

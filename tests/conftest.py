@@ -62,9 +62,8 @@ E2E = REPO / "tests" / "e2e"
 PROCESS_FIXTURES = {
     "local_ray": "a local Ray (GCS, raylet, worker processes) for the session",
     "ray_cluster": "a two-node Ray cluster, each node its own `ray start` (e2e/test_ray_multinode.py)",
-    "postgres": "a PostgreSQL server for the session (e2e/test_postgres_instance.py, the shared `dagster_dev`)",
-    "dagster_dev": "`dagster dev` for the session on PostgreSQL, the cluster profile (e2e/test_e2e_dagster_dev.py, "
-    "e2e/test_postgres_instance.py)",
+    "postgres": "a PostgreSQL server for the session (e2e/test_postgres_instance.py, `dagster_dev`'s database)",
+    "dagster_dev": "`dagster dev` on PostgreSQL for its module, the cluster profile (e2e/test_e2e_dagster_dev.py)",
     "dagster_ui": "`dagster dev` on a demo-like instance, set up by the CLI (e2e/test_ui_browser.py)",
     "headless_chromium": "headless Chromium through Playwright (e2e/test_ui_browser.py)",
     "daemon_refresh": "`dagster dev` and the CLI carrying two releases of a five-article mirror through "
@@ -87,31 +86,15 @@ def _in_e2e(item: pytest.Item) -> bool:
 # Under xdist `make test` runs tests/e2e one module per worker at a time (--dist loadfile, so module
 # fixtures are built once), the modules that take longest first (--no-loadscope-reorder keeps this
 # order; xdist would otherwise start the modules with most tests): the refresh daemon alone is about a
-# third of the tier, and the two modules on the session's `dagster dev` start it early.
-# Session fixtures are per worker, so the modules that use the session's `dagster dev` (and its
-# PostgreSQL) go to one worker as one unit (:func:`pytest_xdist_make_scheduler`): with three workers
-# they landed on two and each booted its own (about 20 s of set-up and CPU the other tests lost).
-SHARED_DAGSTER_DEV = ("tests/e2e/test_e2e_dagster_dev.py", "tests/e2e/test_postgres_instance.py")
-LONGEST_FIRST = ("tests/e2e/test_refresh_daemon.py", *SHARED_DAGSTER_DEV)
+# third of the tier. `dagster dev` on PostgreSQL (the `dagster_dev` fixture) serves the one module
+# that uses it, booted once for its tests and stopped when they end, so it idles through no other
+# module (about a tenth of a core, its daemon's loops).
+DAGSTER_DEV_MODULE = "tests/e2e/test_e2e_dagster_dev.py"
+LONGEST_FIRST = ("tests/e2e/test_refresh_daemon.py", DAGSTER_DEV_MODULE)
 
 
 def _module(item: pytest.Item) -> str:
     return Path(str(item.path)).resolve().relative_to(REPO).as_posix()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile``, with the modules of :data:`SHARED_DAGSTER_DEV` one unit of work."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class SharedSessionScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = super()._split_scope(nodeid)
-            return SHARED_DAGSTER_DEV[0] if module in SHARED_DAGSTER_DEV else module
-
-    return SharedSessionScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -120,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         starts = sorted(PROCESS_FIXTURES.keys() & set(item.fixturenames))
         if _in_e2e(item):
             item.add_marker(pytest.mark.e2e)
-            if "dagster_dev" in starts and _module(item) not in SHARED_DAGSTER_DEV:
+            if "dagster_dev" in starts and _module(item) != DAGSTER_DEV_MODULE:
                 unshared.append(f"  {item.nodeid}")
         elif starts:
             item.add_marker(pytest.mark.e2e)
@@ -134,8 +117,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if unshared:
         raise pytest.UsageError(
-            "modules using the session's dagster_dev belong in conftest.SHARED_DAGSTER_DEV (one worker boots it "
-            "once for all of them):\n" + "\n".join(unshared)
+            f"tests on the dagster_dev fixture belong in {DAGSTER_DEV_MODULE} (it boots once per module):\n"
+            + "\n".join(unshared)
         )
 
     def rank(item: pytest.Item) -> int:
@@ -396,9 +379,9 @@ def postgres():
         yield pg
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dagster_dev(tmp_path_factory, postgres, cloud_mirror):
-    """One ``dagster dev`` (web server + daemon) for the session: the cluster profile on its own
+    """One ``dagster dev`` (web server + daemon) for its module: the cluster profile on its own
     database of the session's PostgreSQL, the sample mirror behind the loopback S3 server, a local
     lake, 4 shards, automation slowed to once an hour (an inventory does not set off the graph).
     Tests share it: each opens its own release (a year no other test uses) and reads only that.

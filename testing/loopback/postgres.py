@@ -56,6 +56,16 @@ class PostgresServer:
         conn.autocommit = True
         return conn
 
+    def query(self, sql: str, *args, fetch: bool = True) -> list[tuple]:
+        """``sql`` with ``args`` on a connection of its own; the rows, unless ``fetch`` is off."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return cur.fetchall() if fetch else []
+        finally:
+            conn.close()
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -3,8 +3,7 @@
 The server is Debian's PostgreSQL (``testing.system.postgres_bindir``): locally the tests skip
 without it, under ``.ci/run`` they fail. One server serves the session (``tests/conftest.py``'s
 ``postgres``); each test here gets its own database, so nothing one test writes is seen by another.
-The web server test uses the session's ``dagster_dev``, which runs the cluster profile on its own
-database of that server.
+``dagster dev`` on that server (the cluster profile's instance) is tested in ``test_e2e_dagster_dev.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import pytest
 import yaml
 
 from jobs.instance import CLUSTER_INSTANCE_FILE, INSTANCE_FILE
-from pipelines.core.lake import Lake
 from testing.loopback.postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,18 +31,8 @@ _databases = iter(range(1, 1000))
 def pg(postgres: PostgresServer) -> PostgresServer:
     """A fresh, empty database on the session's server."""
     name = f"test_{next(_databases)}"
-    query(postgres, f"CREATE DATABASE {name}", fetch=False)
+    postgres.query(f"CREATE DATABASE {name}", fetch=False)
     return replace(postgres, db=name)
-
-
-def query(pg: PostgresServer, sql: str, *args, fetch: bool = True) -> list[tuple]:
-    conn = pg.connect()
-    try:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return cur.fetchall() if fetch else []
-    finally:
-        conn.close()
 
 
 def setup_instance(env: dict) -> subprocess.CompletedProcess:
@@ -72,7 +60,7 @@ def test_setup_instance_installs_the_postgres_file_and_sets_pools_there(pg, tmp_
     assert (home / "dagster.yaml").read_text() == CLUSTER_INSTANCE_FILE.read_text()
     assert "pool gpu: 3" in done.stdout
     # the limits live in PostgreSQL, where every web server, daemon and run of the cluster reads them
-    limits = dict(query(pg, 'SELECT concurrency_key, "limit" FROM concurrency_limits'))
+    limits = dict(pg.query('SELECT concurrency_key, "limit" FROM concurrency_limits'))
     assert limits == {"pmc_source": 1, "ncbi_eutils": 1, "gpu": 3}
     assert pg.password not in done.stdout + done.stderr
 
@@ -97,7 +85,7 @@ def test_an_instance_file_already_there_is_kept_and_used(pg, tmp_path):
     done = setup_instance(env)
     assert done.returncode == 0, done.stderr
     assert (home / "dagster.yaml").read_text() == chart_file
-    assert query(pg, 'SELECT "limit" FROM concurrency_limits WHERE concurrency_key = %s', "gpu") == [(1,)]
+    assert pg.query('SELECT "limit" FROM concurrency_limits WHERE concurrency_key = %s', "gpu") == [(1,)]
 
 
 def test_cluster_instance_file_reads_every_connection_setting_from_the_environment():
@@ -132,7 +120,7 @@ def test_the_instance_opens_all_three_storages_in_postgres(pg, tmp_path, monkeyp
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
         assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
-    tables = {row[0] for row in query(pg, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    tables = {row[0] for row in pg.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
     assert {"runs", "event_logs", "jobs", "job_ticks"} <= tables
 
 
@@ -169,60 +157,3 @@ def test_a_refused_login_is_one_line_without_the_password(pg, tmp_path):
     assert "password authentication failed" in done.stderr
     assert "Traceback" not in done.stderr
     assert wrong not in done.stdout + done.stderr
-
-
-# --- dagster dev on PostgreSQL: launch, read the database, read it back in another process -----
-
-RELEASE = "2032"  # this test's own release on the session's instance (test_e2e_dagster_dev opens 2031)
-
-
-@pytest.mark.e2e
-def test_a_partition_materialized_through_the_web_server_lives_in_postgres(dagster_dev, monkeypatch):
-    """The session's ``dagster dev`` (tests/conftest.py): the cluster profile as it is, except what
-    needs a cluster: a local lake instead of S3, the loopback S3 server as the PMC source, 4 shards.
-    The launcher (Ray) and the VLM backend are not used by the inventory and load without a
-    cluster. The automation sensor is slowed to once an hour so it does not start the download
-    stage behind the inventory run. What the web server, daemon and run recorded is read from
-    PostgreSQL, then back through an instance opened here, in another process than the server's."""
-    from dagster import AssetKey, DagsterInstance
-
-    dev, pg = dagster_dev.dev, dagster_dev.pg
-    assert (dagster_dev.home / "dagster.yaml").read_text() == CLUSTER_INSTANCE_FILE.read_text()
-    dev.add_release(RELEASE)
-    run_id = dev.launch("pmc_inventory_job", RELEASE)
-    assert dev.wait_run(run_id, timeout=240) == "SUCCESS", dev.tail()
-
-    assert query(pg, "SELECT status, pipeline_name FROM runs WHERE run_id = %s", run_id) == [
-        ("SUCCESS", "pmc_inventory_job")
-    ]
-    materialized = query(
-        pg,
-        "SELECT asset_key, partition FROM event_logs"
-        " WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
-        run_id,
-    )
-    assert materialized == [('["pmc_inventory"]', RELEASE)]
-    releases = query(pg, "SELECT partition FROM dynamic_partitions WHERE partitions_def_name = 'releases'")
-    assert (RELEASE,) in releases
-    assert Lake(dagster_dev.lake_dir).read_release("inventory", RELEASE).num_rows == 38  # the sample mirror's articles
-
-    run = dev.gql(
-        """query($id: ID!) { runOrError(runId: $id) { ... on Run { status jobName tags { key value } } } }""",
-        id=run_id,
-    )["runOrError"]
-    assert run["status"] == "SUCCESS" and run["jobName"] == "pmc_inventory_job"
-    assert {"key": "dagster/partition", "value": RELEASE} in run["tags"]
-
-    # an instance opened from the same dagster.yaml, as another web server, daemon or pod would
-    for name in ("DAGSTER_HOME", *pg.dagster_env()):
-        monkeypatch.setenv(name, dagster_dev.env[name])
-    with DagsterInstance.get() as instance:
-        stored = instance.get_run_by_id(run_id)
-        assert stored.status.value == "SUCCESS" and stored.tags["dagster/partition"] == RELEASE
-        events = instance.fetch_materializations(AssetKey("pmc_inventory"), limit=100).records
-        assert [(e.partition_key, e.run_id) for e in events if e.partition_key == RELEASE] == [(RELEASE, run_id)]
-        assert RELEASE in instance.get_dynamic_partitions("releases")
-
-    # the password reached every process through the environment and no log line
-    logs = [dev.log_path, *sorted((dagster_dev.home / "storage").rglob("*.*"))]
-    assert not [log for log in logs if log.is_file() and pg.password in log.read_text(errors="replace")]

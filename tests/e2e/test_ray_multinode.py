@@ -3,7 +3,7 @@ resources, and a worker node with one CPU and two ``gpu_like`` units, each its o
 
 ``PANELFORGE_RAY_ACTOR_RESOURCES='{"gpu_like": 1}'`` makes the model actors need what only the
 worker has, as ``num_gpus`` does on a real GPU cluster, so Ray must place them there. The first
-test backfills three partitions through the asset, as Dagster runs them, and reads from the GCS
+test backfills two partitions through the asset, as Dagster runs them, and reads from the GCS
 actor table where the actors ran; the second loses the worker node in the middle of a partition,
 and Dagster retries the step onto a replacement node. Vectors are compared with a run in this
 process that uses no Ray at all.
@@ -41,7 +41,7 @@ ray = pytest.importorskip("ray")
 RELEASE = "2025"
 GPU_LIKE = {"gpu_like": 2.0}  # the worker node's; each actor asks for one
 SYNTHETIC = EmbedderConfig(synthetic=True)
-BACKFILL = SHARDS[:3]  # several partitions; each run costs a fresh actor process (seconds here)
+BACKFILL = SHARDS[:2]  # partitions, one run each; each run costs a fresh actor process (8-10 s of CPU)
 ACTOR = "_EmbedActor"  # Ray Data names the pool's actors MapWorker(MapBatches(_EmbedActor))
 
 

@@ -114,36 +114,48 @@ def _annotate(lake: Lake, version: str) -> None:
             Path(tmp).write_text(out.getvalue())
 
 
-def _build_first_release(instance, env: dict) -> str:
-    """Release 2026, every stage but the upload, in-process (the quickest way); returns the model version."""
-    resources = build_resources(Settings.from_env(env))
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+def _runs(assets) -> list[list]:
+    """The automated assets in the runs that build a release, parents first: each run the longest
+    stretch of assets with one partitioning (a shard, or the release), and the cluster labels a run
+    of their own, since the annotators fill in the template concept_review writes before them."""
+    runs: list[list] = []
+    for asset in assets:
+        name = asset.key.path[-1]
+        if runs and per_shard(runs[-1][0]) == per_shard(asset) and name != "cluster_labels":
+            runs[-1].append(asset)
+        else:
+            runs.append([asset])
+    return runs
 
-    def run(asset, key, config=None):
-        run_config = {**quiet, "ops": {asset.key.path[-1]: {"config": config}}} if config else quiet
-        result = materialize([asset], partition_key=key, instance=instance, resources=resources, run_config=run_config)
-        assert result.success, asset.key
-        return result
+
+def _build_first_release(instance, env: dict) -> str:
+    """Release 2026, every stage but the upload, in this process (the quickest way: a run for each
+    stretch of :func:`_runs` and partition, as the daemon's runs group them); returns the model version."""
+    resources = build_resources(Settings.from_env(env))
+    run_config = {
+        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+        "ops": {"concept_model": {"config": MODEL}},
+    }
+
+    def run(assets, key) -> dict[str, dict]:
+        names = {a.key.path[-1] for a in assets}
+        config = run_config if "concept_model" in names else {"loggers": run_config["loggers"]}
+        result = materialize(assets, partition_key=key, instance=instance, resources=resources, run_config=config)
+        assert result.success, names
+        events = result.get_asset_materialization_events()
+        return {e.asset_key.path[-1]: e.materialization.metadata for e in events}
 
     open_release(instance, FIRST, N_SHARDS)
-    keys = [MultiPartitionKey({"release": FIRST, "shard": s}) for s in SHARDS]
-    run(pmc_inventory, FIRST)
-    version = None
-    for asset in AUTOMATED:  # parents first
-        name = asset.key.path[-1]
-        if per_shard(asset):
-            for key in keys:
-                run(asset, key)
-        elif name == "concept_model":
-            (event,) = run(asset, FIRST, MODEL).get_asset_materialization_events()
-            version = event.materialization.metadata["version"].value
-        elif name == "cluster_labels":
-            _annotate(Lake(env["PANELFORGE_HOME"]), version)  # after concept_review wrote the template
-            labels = run(asset, FIRST).get_asset_materialization_events()[0].materialization.metadata
-            assert labels["annotated_clusters"].value == labels["clusters"].value > 0
-        else:
-            run(asset, FIRST)
-    return version
+    run([pmc_inventory], FIRST)
+    shards, metadata = [MultiPartitionKey({"release": FIRST, "shard": s}) for s in SHARDS], {}
+    for assets in _runs(AUTOMATED):
+        if assets[0].key.path[-1] == "cluster_labels":  # after concept_review wrote the template
+            _annotate(Lake(env["PANELFORGE_HOME"]), metadata["concept_model"]["version"].value)
+        for key in shards if per_shard(assets[0]) else [FIRST]:
+            metadata.update(run(assets, key))
+    labels = metadata["cluster_labels"]
+    assert labels["annotated_clusters"].value == labels["clusters"].value > 0
+    return metadata["concept_model"]["version"].value
 
 
 def _expected_partitions() -> dict[AssetKey, set[str]]:
@@ -176,7 +188,12 @@ def _wait_for_release(instance, dev: DagsterDev) -> float:
 
 
 @pytest.fixture(scope="module")
-def daemon_refresh(tmp_path_factory, rows):
+def daemon_refresh(tmp_path_factory, rows, _local_ray_session):
+    """Both releases, as the module's tests read them. Every embedding runs on the session's local
+    Ray, as a cluster's runs connect to theirs (``PANELFORGE_RAY_ADDRESS``): the first release's in
+    this process, 2027's in the daemon's runs, none on a Ray of its own started for a few images."""
+    import ray
+
     tmp = tmp_path_factory.mktemp("refresh_daemon")
     home, lake_dir = tmp / "dagster_home", tmp / "lake"
     m2026, m2027 = _mirrors(tmp, rows)
@@ -192,6 +209,7 @@ def daemon_refresh(tmp_path_factory, rows):
         "PANELFORGE_RATE_DIR": str(tmp / "ratelimit"),
         "PANELFORGE_AUTOMATION_INTERVAL": "5",
         "PANELFORGE_PANEL_DETECTOR": "none",  # the layout splitter alone: the daemon test is about the flow
+        "PANELFORGE_RAY_ADDRESS": ray.get_runtime_context().gcs_address,
         "PANELFORGE_OUTAGE_RETRIES": "0",
         "HF_HUB_OFFLINE": "1",
     }
