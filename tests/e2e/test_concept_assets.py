@@ -65,7 +65,7 @@ def _shards(release):
     return [MultiPartitionKey({"release": release, "shard": s}) for s in SHARDS]
 
 
-def test_two_releases_of_concepts(concept_lake):
+def test_two_releases_of_concepts(concept_lake, local_ray):
     lake, run = concept_lake
     embedded = [run(figure_embeddings, key) for key in _shards("2025")]
     assert sum(m["images"].value for m in embedded) == 128 and sum(m["errors"].value for m in embedded) == 0

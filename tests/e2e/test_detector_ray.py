@@ -10,7 +10,7 @@ from tests.panel_fixtures import write_tar
 from tests.unit.test_detector import FIGURES, SYNTHETIC, _png
 
 
-def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path):
+def test_ray_actor_pool_equals_in_process_and_bad_images_are_rows(tmp_path, local_ray):
     lake = Lake(tmp_path / "lake")
     good = [p.read_bytes() for p in FIGURES] + [_png(Image.new("RGBA", (90, 300), (0, 0, 0, 0)))]
     truncated = good[0][:300]

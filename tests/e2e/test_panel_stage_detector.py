@@ -22,7 +22,7 @@ def lake(tmp_path_factory):
     return lake
 
 
-def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
+def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path, local_ray):
     import shutil
 
     for table in ("figures", "raw_files", "panel_figures", "panels"):
@@ -48,7 +48,7 @@ def test_a_rerun_of_the_next_release_carries_every_image(lake, tmp_path):
     assert changed.skipped == 0
 
 
-def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
+def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake, local_ray):
     shard = SHARDS[1]
     lines: list[str] = []
     result = PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(
@@ -69,7 +69,7 @@ def test_a_synthetic_detector_runs_on_candidates_and_is_recorded(lake):
         assert f["agreement"] is not None and f["method"] in (DECISION, CONSENSUS)
 
 
-def test_a_killed_detector_run_resumes_from_its_checkpoints(lake, tmp_path, monkeypatch):
+def test_a_killed_detector_run_resumes_from_its_checkpoints(lake, tmp_path, monkeypatch, local_ray):
     """The model-stage loop's checkpoints on the detector path: a run killed in its second batch
     keeps the first batch's figures, and the rerun sends none of them to the detector again and
     writes the tables an uninterrupted run in one batch writes."""
@@ -78,8 +78,10 @@ def test_a_killed_detector_run_resumes_from_its_checkpoints(lake, tmp_path, monk
     from pipelines.core.lake import Lake
     from pipelines.panels import stages
 
-    settings = PanelSettings(detector=TINY, prefer=DECISION, figures_per_batch=32)
-    shard = SHARDS[3]  # 62 figure images: two batches
+    settings = PanelSettings(detector=TINY, prefer=DECISION, figures_per_batch=16)
+    # 28 figure images, two batches; 20 go to the detector, so each batch sends some (at most 8
+    # of a batch's figures do not); a shard no other test here runs the detector on
+    shard = SHARDS[2]
     partition = Partition(RELEASE, shard)
     whole = Lake(shutil.copytree(lake.root, tmp_path / "whole"))
     PanelStage(PanelSettings(detector=TINY, prefer=DECISION)).run(whole, partition)  # one batch, never killed
@@ -93,12 +95,12 @@ def test_a_killed_detector_run_resumes_from_its_checkpoints(lake, tmp_path, monk
 
     monkeypatch.setattr(stages, "detect", killed_in_the_second_batch)
     stage = PanelStage(settings)
-    stage.checkpoint_every = 32
+    stage.checkpoint_every = 16
     with pytest.raises(KeyboardInterrupt):
         stage.run(lake, partition)
     monkeypatch.setattr(stages, "detect", real)
     result = PanelStage(settings).run(lake, partition)
-    assert result.counts["resumed"] == 32 and result.counts["carried"] == 0
+    assert result.counts["resumed"] == 16 and result.counts["carried"] == 0
     detected = [f for f in whole.read_table("panel_figures", RELEASE, shard).to_pylist() if f["n_detr"] is not None]
     assert sent[0] + result.counts["sent_to_detector"] == len(detected) > sent[0] > 0
     for table in ("panel_figures", "panels", "panel_captions"):
