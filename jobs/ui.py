@@ -192,7 +192,8 @@ def end_runs_of(pids: Iterable[int]) -> list[str]:
         in_progress = {r.dagster_run.run_id for r in instance.get_run_records(RunsFilter(statuses=list(IN_PROGRESS)))}
         holding = set(instance.event_log_storage.get_concurrency_run_ids())
         for run_id in sorted(in_progress | holding):
-            if not {entry.pid for entry in instance.all_logs(run_id)} & pids:
+            writers = {entry.dagster_event.pid for entry in instance.all_logs(run_id) if entry.dagster_event}
+            if not writers & pids:
                 continue
             run = instance.get_run_by_id(run_id)
             failed = run is not None and run.status in IN_PROGRESS
