@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
+import llguidance.numpy
 import torch
 from llguidance import LLMatcher, LLTokenizer
 from transformers import LogitsProcessor
@@ -55,7 +55,10 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(batch, ceil(V/32)) int32 words -> (batch, V) bool, True where the token is allowed.
 
     llguidance.torch's own applier is ``torch.compile``d, which needs a C compiler and seconds of
-    compilation on a CPU-only machine; this unpacking is a few tensor ops and runs anywhere."""
+    compilation on a CPU-only machine; this unpacking is a few tensor ops and runs anywhere. The
+    bitmask itself is allocated and filled by ``llguidance.numpy``: the same two functions as
+    ``llguidance.torch``, whose import alone compiles-decorates that applier and so loads
+    TorchDynamo and Inductor (~3 s in every process that mines or writes long captions)."""
     bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
@@ -90,7 +93,7 @@ class JsonSchemaLogitsProcessor(LogitsProcessor):
         rows = [i for i, m in enumerate(self.matchers) if m is not None and not self.done[i]]
         if not rows:
             return scores
-        bitmask = llguidance.torch.allocate_token_bitmask(len(rows), scores.shape[-1])
+        bitmask = llguidance.numpy.allocate_token_bitmask(len(rows), scores.shape[-1])
         for k, i in enumerate(rows):
             matcher = self.matchers[i]
             if matcher.is_error():  # cannot happen when every token came through the mask; end it
@@ -98,8 +101,8 @@ class JsonSchemaLogitsProcessor(LogitsProcessor):
                 bit = 1 << (self.eos % 32)
                 bitmask[k, self.eos // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit  # int32 words
             else:
-                llguidance.torch.fill_next_token_bitmask(matcher, bitmask, k)
-        allowed = unpack_bitmask(bitmask, scores.shape[-1]).to(scores.device)
+                llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, k)
+        allowed = unpack_bitmask(torch.from_numpy(bitmask), scores.shape[-1]).to(scores.device)
         index = torch.tensor(rows, device=scores.device)
         scores[index] = scores[index].masked_fill(~allowed, float("-inf"))
         return scores
