@@ -48,3 +48,28 @@ print(out["pixels"].shape, repr(out["error"][0]), out["pixels"][0, 112, 112].tol
 print(sorted(m for m in ("torch", "transformers", "open_clip") if m in sys.modules))
 """
     assert _run(code) == ["(1,", "224,", "224,", "3)", "''", "[200,", "30,", "30]", "[]"]
+
+
+def test_the_transformers_vlm_engine_does_not_load_inductor():
+    """Every mining and long-caption run loads the transformers engine; its JSON-schema mask came
+    from ``llguidance.torch``, whose import ``torch.compile``-decorates an applier the engine never
+    calls and so loads Inductor (about 1.2 s of CPU a process). ``llguidance.numpy`` fills the
+    same bitmask."""
+    code = (
+        "import sys; import pipelines.vlm.hf; "
+        "print('llguidance.torch' in sys.modules, 'torch._inductor.compile_fx' in sys.modules)"
+    )
+    assert _run(code) == ["False", "False"]
+
+
+def test_a_process_that_imports_pipelines_skips_the_last_collection_at_exit():
+    """``pipelines`` freezes the garbage collector as its exit handler (0.5-1.9 s of CPU saved in
+    every process that ends with torch or Dagster's definitions loaded). Handlers registered after
+    the import still run first, with nothing frozen; one registered before it runs after the freeze."""
+    code = (
+        "import atexit, gc\n"
+        "atexit.register(lambda: print('before-import', gc.get_freeze_count() > 0))\n"
+        "import pipelines\n"
+        "atexit.register(lambda: print('after-import', gc.get_freeze_count() == 0))\n"
+    )
+    assert _run(code) == ["after-import", "True", "before-import", "True"]
