@@ -57,8 +57,8 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     llguidance.torch's own applier is ``torch.compile``d, which needs a C compiler and seconds of
     compilation on a CPU-only machine; this unpacking is a few tensor ops and runs anywhere. The
     bitmask itself is allocated and filled by ``llguidance.numpy``: the same two functions as
-    ``llguidance.torch``, whose import alone compiles-decorates that applier and so loads
-    TorchDynamo and Inductor (~3 s in every process that mines or writes long captions)."""
+    ``llguidance.torch``, whose import alone ``torch.compile``-decorates that applier and so loads
+    TorchDynamo and Inductor (about 1.2 s of CPU in every process that mines or writes long captions)."""
     bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
