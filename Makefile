@@ -27,10 +27,10 @@ FAST_TIERS := tests/unit tests/stages tests/assets
 # again. The test targets keep the bytecode caches (__pycache__/, ignored by git).
 TEST_ENV := HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=
 
-# every tier (what CI runs): the fast tiers on every core as test-fast runs them, then tests/e2e on
+# every tier (what CI runs): the fast tiers as test-fast runs them, then tests/e2e on
 # E2E_WORKERS workers, a module each at a time, the longest first (tests/conftest.py), each run's 30
 # slowest tests listed; tests/e2e runs even when a fast test failed, and the target fails if either
-# run did; docs/testing.md has the times (a third worker on 2 cores was slower)
+# run did; docs/testing.md has the times (a third e2e worker on 2 cores was not reliably faster)
 E2E_WORKERS ?= 2
 test: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=30; fast=$$?; \
@@ -38,8 +38,9 @@ test: $(STAMP)
 		--durations=30; e2e=$$?; \
 	test $$fast -eq 0 && test $$e2e -eq 0
 
-# the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop, on every core
-# (pytest-xdist; one test module per worker, so module fixtures are built once); docs/testing.md has its times
+# the fast tiers (no process started: tests/conftest.py enforces it), the developer's loop: -n auto is a
+# worker per core and one more (tests/conftest.py), each taking a whole test module at a time, so module
+# fixtures are built once; docs/testing.md has its times
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(FAST_TIERS) -n auto --dist loadfile --durations=10
 

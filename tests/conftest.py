@@ -93,6 +93,18 @@ DAGSTER_DEV_MODULE = "tests/e2e/test_e2e_dagster_dev.py"
 LONGEST_FIRST = ("tests/e2e/test_refresh_daemon.py", DAGSTER_DEV_MODULE)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config):
+    """``-n auto`` (``make test-fast``, and the fast tiers of ``make test``): a worker more than the
+    cores xdist counts, unless ``PYTEST_XDIST_AUTO_NUM_WORKERS`` names the number. Part of each
+    worker's time is waiting (servers answering, rate-limit slots, retries' back-off) while its
+    core stands idle; the spare worker fills it. On 2 cores, three interleaved pairs of runs took
+    178-200 s with three workers against 206-218 s with two, for about the same CPU
+    (docs/testing.md, the eleventh pass). The e2e tier has its own count (``E2E_WORKERS``)."""
+    cores = yield
+    return cores if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") else cores + 1
+
+
 def _module(item: pytest.Item) -> str:
     return Path(str(item.path)).resolve().relative_to(REPO).as_posix()
 
