@@ -187,6 +187,21 @@ def _wait_for_release(instance, dev: DagsterDev) -> float:
         time.sleep(3)
 
 
+def _wait_for_ticks(dev: DagsterDev, after: float, n: int) -> None:
+    """Until the automation sensor has finished ``n`` ticks that began after ``after`` (a time)."""
+    deadline = time.time() + 300
+    while True:
+        ticks = dev.gql(
+            """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
+                 ... on Sensor { sensorState { ticks(limit: 5) { timestamp status } } } } }""",
+            s={**LOCATION, "sensorName": AUTOMATION_SENSOR},
+        )["sensorOrError"]["sensorState"]["ticks"]
+        if sum(1 for t in ticks if t["timestamp"] > after and t["status"] != "STARTED") >= n:
+            return
+        assert time.time() < deadline, f"the sensor did not tick {n} times in 300s: {ticks}\n{dev.tail()}"
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def daemon_refresh(tmp_path_factory, rows, _local_ray_session):
     """Both releases, as the module's tests read them. Every embedding runs on the session's local
@@ -266,8 +281,8 @@ def daemon_refresh(tmp_path_factory, rows, _local_ray_session):
                 )
                 assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
                 seconds = _wait_for_release(instance, dev)
-                # let the sensor tick again: nothing more is requested for a finished release
-                time.sleep(12)
+                # let the sensor tick twice more: nothing more is requested for a finished release
+                _wait_for_ticks(dev, after=time.time(), n=2)
                 later_runs = [r for r in instance.get_runs() if r.run_id not in runs_of_first]
             finally:
                 dev.stop()
