@@ -12,22 +12,9 @@ of each one's first pixel, so every rule that walks them in order decides as bef
 
 from __future__ import annotations
 
-from functools import cache
-
 import numpy as np
 
-
-@cache
-def _cv2():
-    """OpenCV, imported on first use (every process that loads the code location imports the
-    stages, and ``import cv2`` costs each ~0.1 s), with one thread: stages run one process per
-    core (Ray actors, Dagster run workers, the benchmark's CPU clock), and OpenCV's own pool only
-    made them spin against each other (about a quarter more CPU for the same labels, measured on
-    the evaluation figures' masks). img2dataset does the same."""
-    import cv2
-
-    cv2.setNumThreads(1)
-    return cv2
+from pipelines.images.opencv import opencv
 
 
 def components(mask: np.ndarray, eight: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -41,7 +28,7 @@ def components(mask: np.ndarray, eight: bool = True) -> tuple[np.ndarray, np.nda
         raise ValueError(f"components need a 2-D mask, got shape {mask.shape}")
     if mask.size == 0:
         return np.zeros(mask.shape, np.int32), np.zeros((0, 4), np.int32), np.zeros(0, np.int64)
-    cv2 = _cv2()
+    cv2 = opencv()
     n, labels, stats, _ = cv2.connectedComponentsWithStatsWithAlgorithm(
         mask.view(np.uint8), 8 if eight else 4, cv2.CV_32S, cv2.CCL_SAUF
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
@@ -16,6 +17,7 @@ from pipelines.images.gate import (
     TOO_SMALL,
     GateSettings,
     crop_gate,
+    farther_than,
     measure,
 )
 
@@ -160,3 +162,30 @@ def test_single_colour_crops_of_any_mode_are_blank():
         Image.new("I;16", (100, 100), 4000),
     ):
         assert crop_gate(image)[0] == BLANK, image.mode
+
+
+def test_farther_than_is_the_distance_transform_read_by_hand():
+    """A 7 x 7 block of ink inside a 9 x 9 image: its centre is 4 pixels from the white ring, the
+    pixels next to it 3 to 3.6, the block's outer ring 1. Farther than 3: the centre alone; than
+    2: the 3 x 3 middle; the image's edge is not outside (a block touching it keeps its edge)."""
+    mask = np.zeros((9, 9), bool)
+    mask[1:8, 1:8] = True
+    assert np.argwhere(farther_than(mask, 3)).tolist() == [[4, 4]]
+    assert np.argwhere(farther_than(mask, 2)).tolist() == [[y, x] for y in (3, 4, 5) for x in (3, 4, 5)]
+    edge = np.zeros((5, 5), bool)
+    edge[:, :3] = True  # ink from the left edge to column 2, white from column 3
+    assert farther_than(edge, 1)[:, 0].all() and farther_than(edge, 1)[:, 1].all()
+    assert not farther_than(edge, 1)[:, 2].any()
+
+
+def test_farther_than_agrees_with_scipy_on_random_masks():
+    ndimage = pytest.importorskip("scipy.ndimage")
+    rng = np.random.default_rng(7)
+    for _ in range(150):
+        h, w = (int(v) for v in rng.integers(1, 70, 2))
+        mask = rng.random((h, w)) < rng.uniform(0.02, 0.4)
+        mask = ndimage.binary_dilation(mask, iterations=int(rng.integers(0, 4)))
+        if mask.all():  # a crop always has background (its own colour): the transform's premise
+            continue
+        for radius in (1, 2, 3, 4.5):
+            assert (farther_than(mask, radius) == (ndimage.distance_transform_edt(mask) > radius)).all()
