@@ -166,8 +166,8 @@ def test_single_colour_crops_of_any_mode_are_blank():
 
 def test_farther_than_is_the_distance_transform_read_by_hand():
     """A 7 x 7 block of ink inside a 9 x 9 image: its centre is 4 pixels from the white ring, the
-    pixels next to it 3 to 3.6, the block's outer ring 1. Farther than 3: the centre alone; than
-    2: the 3 x 3 middle; the image's edge is not outside (a block touching it keeps its edge)."""
+    eight pixels around the centre 3, the block's outer ring 1. Farther than 3: the centre alone;
+    than 2: the 3 x 3 middle; the image's edge is not outside (a block touching it keeps its edge)."""
     mask = np.zeros((9, 9), bool)
     mask[1:8, 1:8] = True
     assert np.argwhere(farther_than(mask, 3)).tolist() == [[4, 4]]
