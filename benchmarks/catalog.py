@@ -676,6 +676,22 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "crop_gate",
+        "The release gate of panel crops",
+        (Run(_cmd("crop_gate"), "crop_gate.json"),),
+        rows=(
+            Row("hand-boxed panel crops measured", "crops"),
+            Row(
+                "ms of CPU per crop, the erosion against the distance transform",
+                "methods/erosion/ms_per_crop",
+                "methods/distance_transform/ms_per_crop",
+                "speed_vs_distance_transform",
+            ),
+            Row("the same measures for every crop", "identical_measures"),
+            Row("crops the gate releases", "released"),
+        ),
+    ),
+    Benchmark(
         "serialization",
         "WebDataset serialization",
         (Run(_cmd("serialization"), "serialization.json"),),
