@@ -22,11 +22,9 @@ import time
 import numpy as np
 from PIL import Image
 
-from benchmarks.panels import ROOT, eval_figures
+from benchmarks.panels import EVAL_DIR, eval_figures
 from benchmarks.record import write_results
 from pipelines.images import gate
-
-EVAL = ROOT / "sample" / "panels" / "eval"
 
 
 def _distance_transform(mask: np.ndarray, radius: float) -> np.ndarray:
@@ -38,7 +36,7 @@ def _distance_transform(mask: np.ndarray, radius: float) -> np.ndarray:
 
 def hand_boxed_crops() -> list[Image.Image]:
     """Every hand-boxed panel of the tune and holdout splits, cut from its decoded figure."""
-    files = sorted(EVAL.glob("figures-*.json"))
+    files = sorted(EVAL_DIR.glob("figures-*.json"))
     crops = []
     for figure in eval_figures(files, "tune") + eval_figures(files, "holdout"):
         with Image.open(figure["path"]) as image:
