@@ -37,6 +37,7 @@ from pipelines.compute.weights import (  # noqa: F401 - ModelUnavailableError: r
     Weights,
     from_pretrained_offline_first,
 )
+from pipelines.images.tensors import normalized
 
 DEFAULT_MODEL = "facebook/dinov2-large"
 SETTING = "PANELFORGE_DINOV2_MODEL"
@@ -229,20 +230,24 @@ class Embedder:
         self._torch = torch
 
     def embed(self, pixels: np.ndarray) -> np.ndarray:
-        """``pixels``: (n, 224, 224, 3) uint8 from :func:`prepare`; returns (n, dim) float16."""
-        torch = self._torch
+        """``pixels``: (n, 224, 224, 3) uint8 from :func:`prepare`; returns (n, dim) float16. The
+        uint8 batch goes to the model's device and is normalised there (``images.tensors``)."""
         if len(pixels) == 0:
             return np.zeros((0, self.dim), dtype=np.float16)
-        mean = np.asarray(self.processor.image_mean, dtype=np.float32)
-        std = np.asarray(self.processor.image_std, dtype=np.float32)
-        normalized = (np.asarray(pixels, dtype=np.float32) * self.processor.rescale_factor - mean) / std
-        tensor = torch.from_numpy(normalized.transpose(0, 3, 1, 2).copy()).to(self.device)
+        processor = self.processor
+        return self.forward(
+            normalized(pixels, processor.image_mean, processor.image_std, processor.rescale_factor, self.device)
+        )
+
+    def forward(self, pixel_values) -> np.ndarray:
+        """Normalised (n, 3, 224, 224) float32 on the model's device -> pooled (n, dim) float16."""
+        torch = self._torch
         with torch.inference_mode():
             if self.device.type == "cuda":  # bf16 autocast on GPU, full fp32 on CPU
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    hidden = self.model(pixel_values=tensor).last_hidden_state
+                    hidden = self.model(pixel_values=pixel_values).last_hidden_state
             else:
-                hidden = self.model(pixel_values=tensor).last_hidden_state
+                hidden = self.model(pixel_values=pixel_values).last_hidden_state
         pooled = hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1 + self.registers :].mean(dim=1)
         return pooled.float().cpu().numpy().astype(np.float16)
 

@@ -48,6 +48,7 @@ from pipelines.compute.weights import IMAGENET_MEAN, IMAGENET_STD, Weights
 from pipelines.core.stage import Progress
 from pipelines.images.boxes import Box, Panel
 from pipelines.images.decode import decode_image
+from pipelines.images.tensors import normalized
 
 DEFAULT_MODEL = "vector-institute/pmc-18m-dab-detr"
 SETTING = "PANELFORGE_PANEL_DETECTOR"  # the setting that names the weights, in every loading error
@@ -127,20 +128,18 @@ def prepare_image(image: Image.Image, input_size: int) -> tuple[np.ndarray, Fram
     return canvas, frame
 
 
-def to_tensors(pixels: np.ndarray, frames: list[Frame]):
+def to_tensors(pixels: np.ndarray, frames: list[Frame], device="cpu"):
     """(n, S, S, 3) uint8 -> ``pixel_values`` (n, 3, S, S) float32 normalised with the ImageNet
-    mean/std, zero outside the figure, and ``pixel_mask`` (n, S, S) int64, 1 on the figure."""
+    mean/std, zero outside the figure, and ``pixel_mask`` (n, S, S) int64, 1 on the figure; both
+    built on ``device`` (the uint8 pixels are what crosses to it: ``pipelines.images.tensors``)."""
     import torch
 
-    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)
-    std = np.asarray(IMAGENET_STD, dtype=np.float32)
-    values = (np.asarray(pixels, dtype=np.float32) / 255.0 - mean) / std
-    mask = np.zeros(values.shape[:3], dtype=np.int64)
+    values = normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255, device)
+    mask = torch.zeros((values.shape[0], *values.shape[2:]), dtype=torch.int64, device=values.device)
     for i, frame in enumerate(frames):
         x, y = frame.offset
         mask[i, y : y + frame.resized[1], x : x + frame.resized[0]] = 1
-    values *= mask[..., None]
-    return torch.from_numpy(values.transpose(0, 3, 1, 2).copy()), torch.from_numpy(mask)
+    return values.mul_(mask[:, None]), mask
 
 
 def to_original(boxes: np.ndarray, frame: Frame) -> np.ndarray:
@@ -487,7 +486,7 @@ class Detector:
         """``pixels``: (n, S, S, 3) uint8 from :func:`prepare_image`, with their frames."""
         if len(frames) == 0:
             return []
-        logits, boxes = self.forward(*to_tensors(pixels, frames))
+        logits, boxes = self.forward(*to_tensors(pixels, frames, self.device))
         return postprocess(logits, boxes, frames, self.config.threshold, self.config.max_panels, self.classes)
 
     def detect(self, images: list[Image.Image], batch_size: int = 8) -> list[Detections]:

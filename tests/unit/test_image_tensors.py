@@ -1,0 +1,39 @@
+"""Prepared uint8 images into normalised model inputs (pipelines/images/tensors.py), the form the
+embedder and the detector now send to their device; expected values are worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipelines.images.tensors import normalized
+
+
+def test_a_two_pixel_image_by_hand():
+    """One image, 1 x 2 pixels: (255, 0, 51) and (0, 255, 102). With mean 0.5 and std 0.25 per
+    channel and rescale 1/255: 255 -> (1 - 0.5) / 0.25 = 2; 0 -> -2; 51 -> (0.2 - 0.5) / 0.25 =
+    -1.2; 102 -> (0.4 - 0.5) / 0.25 = -0.4. Channels first: red (2, -2), green (-2, 2), blue
+    (-1.2, -0.4)."""
+    pixels = np.array([[[[255, 0, 51], [0, 255, 102]]]], dtype=np.uint8)
+    values = normalized(pixels, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 1 / 255)
+    assert values.dtype == torch.float32 and values.shape == (1, 3, 1, 2) and values.is_contiguous()
+    expected = torch.tensor([[[[2.0, -2.0]], [[-2.0, 2.0]], [[-1.2, -0.4]]]])
+    assert torch.allclose(values, expected, atol=1e-6)
+
+
+def test_each_channel_takes_its_own_mean_and_std():
+    """A grey 128 pixel: red (128/255 - 0.485) / 0.229, green (128/255 - 0.456) / 0.224, blue
+    (128/255 - 0.406) / 0.225, the ImageNet values: 128/255 = 0.50196, so 0.01696 / 0.229 = 0.0741,
+    0.04596 / 0.224 = 0.2052 and 0.09596 / 0.225 = 0.4265."""
+    values = normalized(np.full((1, 1, 1, 3), 128, np.uint8), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1 / 255)
+    assert torch.allclose(values.flatten(), torch.tensor([0.0741, 0.2052, 0.4265]), atol=1e-4)
+
+
+def test_the_same_float32_arithmetic_as_the_numpy_form():
+    """On the CPU the numbers are those the host-side NumPy form gave (same operations, same order,
+    float32), so the demo's and tests' vectors do not move."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (3, 7, 5, 3), dtype=np.uint8)
+    mean, std, rescale = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1 / 255
+    host = (pixels.astype(np.float32) * rescale - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    assert torch.equal(normalized(pixels, mean, std, rescale), torch.from_numpy(host.transpose(0, 3, 1, 2).copy()))
