@@ -692,6 +692,40 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "model_inputs",
+        "Model input batches: normalised on the device, against NumPy on the host",
+        (Run(_cmd("model_inputs"), "model_inputs.json"),),
+        rows=(
+            Row(
+                "DINOv2, 64 images at 224 px: ms of CPU, torch (1 thread) against NumPy",
+                "models/dinov2/timings/1_threads/cpu_ms_torch",
+                "models/dinov2/timings/1_threads/cpu_ms_numpy_on_the_host",
+                "models/dinov2/timings/1_threads/cpu_speed_vs_numpy",
+            ),
+            Row(
+                "DAB-DETR, 8 figures at 800 px: ms of CPU, torch (1 thread) against NumPy",
+                "models/detector/timings/1_threads/cpu_ms_torch",
+                "models/detector/timings/1_threads/cpu_ms_numpy_on_the_host",
+                "models/detector/timings/1_threads/cpu_speed_vs_numpy",
+            ),
+            Row(
+                "bytes sent to the device per DINOv2 batch, now against before",
+                "models/dinov2/bytes_to_the_device/now",
+                "models/dinov2/bytes_to_the_device/before",
+            ),
+            Row(
+                "bytes sent to the device per detector batch, now against before",
+                "models/detector/bytes_to_the_device/now",
+                "models/detector/bytes_to_the_device/before",
+            ),
+            Row(
+                "the same inputs, DINOv2 and detector",
+                "models/dinov2/identical_inputs",
+                "models/detector/identical_inputs",
+            ),
+        ),
+    ),
+    Benchmark(
         "serialization",
         "WebDataset serialization",
         (Run(_cmd("serialization"), "serialization.json"),),
@@ -757,6 +791,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
             Row("device", "device"),
             Row("DINOv2-L images/s", "images_per_second", optional=True),
             Row("DAB-DETR DC5 figures/s", "figures_per_second", optional=True),
+            Row("inputs normalised on the GPU against on the host (speed-up)", "speedup", optional=True),
             Row("Qwen2.5-VL new tokens/s", "new_tokens_per_second", optional=True),
             Row("ViT-L-14 training samples/s", "samples_per_second", optional=True),
             Row("ViT-L-14 per-GPU batch (the largest the estimate fits)", "batch_per_gpu", optional=True),

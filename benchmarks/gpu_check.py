@@ -7,7 +7,8 @@ through PanelForge's own loader, then timed on the sample's figures:
 * ``dinov2``: DINOv2-L (``facebook/dinov2-large``) through :class:`pipelines.concepts.dinov2.Embedder`
   (bf16 autocast), batches of 64 prepared 224 px figures: images/s;
 * ``detector``: Open-PMC-18M's DC5 DAB-DETR through :class:`pipelines.panels.detector.Detector` at
-  800 px, batches of 8: figures/s;
+  800 px, batches of 8 prepared figures, as its Ray actor runs it: figures/s (and, apart, the
+  in-process ``detect`` with its CPU resize);
 * ``vlm_3b`` / ``vlm_7b``: Qwen2.5-VL-3B / 7B-Instruct in bf16 through the transformers backend
   (:class:`resources.vlm.VlmEngineResource`), batches of 8 figures, 64 new tokens each: tokens/s
   (the tokenizer is the tiny model's: random weights answer nonsense, the compute is the real one);
@@ -16,6 +17,8 @@ through PanelForge's own loader, then timed on the sample's figures:
   largest per-GPU batch :mod:`pipelines.training.memory` says fits this GPU: samples/s, and the
   measured peak memory against the estimate.
 
+Both image models are timed in turns against their inputs as built before (NumPy on the host, the
+float32 batch copied: ``benchmarks/model_inputs.py``), and the outputs of the two are compared.
 Each writes ``benchmarks/results/gpu_<name>.json``: the card, throughput, peak memory
 (``torch.cuda.max_memory_allocated``) and mean GPU utilisation (``nvidia-smi`` every 0.2 s).
 Without a GPU it says so in one line and exits with status 2. ``--dry-run`` runs the same code
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.model_inputs import BASELINE, host_detector_inputs, host_normalized
 from benchmarks.record import write_results
 from benchmarks.training import GpuSampler
 
@@ -125,19 +129,6 @@ def figures(n: int = SAMPLE_FIGURES):
 # ----------------------------------------------------------------------------------- the checks
 
 
-HOST_BASELINE = (
-    "the same model fed as before: the float32 batch normalised with NumPy on the host and copied "
-    "to the GPU (the inputs are now normalised on the GPU from the uint8 pixels: pipelines/images/tensors.py)"
-)
-
-
-def host_normalized(pixels: np.ndarray, mean, std, rescale: float) -> torch.Tensor:
-    """The baseline's inputs, as the embedder and the detector built them until 2026-11-27."""
-    mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
-    values = (np.asarray(pixels, dtype=np.float32) * rescale - mean) / std
-    return torch.from_numpy(values.transpose(0, 3, 1, 2).copy())
-
-
 def check_dinov2(run: Run, tmp: Path) -> dict:
     from pipelines.concepts.dinov2 import Embedder, EmbedderConfig, prepare
     from testing.published import published_config, write_dinov2
@@ -165,13 +156,12 @@ def check_dinov2(run: Run, tmp: Path) -> dict:
     per_second, baseline = run.in_turns(lambda: len(embedder.embed(pixels)), before, 2 if run.dry_run else 10)
     params = sum(p.numel() for p in embedder.model.parameters())
     return {"model": "facebook/dinov2-large (random weights)", "params": params, "batch": batch,
-            "images_per_second": round(per_second, 1), "baseline": HOST_BASELINE,
+            "images_per_second": round(per_second, 1), "baseline": BASELINE,
             "baseline_images_per_second": round(baseline, 1), "speedup": round(per_second / baseline, 2),
             "max_abs_difference_from_baseline": float(difference)}  # fmt: skip
 
 
 def check_detector(run: Run, tmp: Path) -> dict:
-    from pipelines.compute.weights import IMAGENET_MEAN, IMAGENET_STD
     from pipelines.panels.detector import Detector, DetectorConfig, postprocess, prepare_image, to_tensors
     from tests.panel_fixtures import PUBLISHED, REDUCED, write_checkpoint
 
@@ -191,13 +181,8 @@ def check_detector(run: Run, tmp: Path) -> dict:
         return sum(len(detector.detect_pixels(pixels, frames)) for pixels, frames in batches)
 
     def host_forward(pixels: np.ndarray, frames: list) -> tuple[torch.Tensor, torch.Tensor]:
-        values = host_normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255)
-        mask = np.zeros((len(frames), size, size), dtype=np.int64)
-        for i, frame in enumerate(frames):
-            x, y = frame.offset
-            mask[i, y : y + frame.resized[1], x : x + frame.resized[0]] = 1
-        mask = torch.from_numpy(mask)
-        return detector.forward(values * mask[:, None], mask)
+        values, mask = host_detector_inputs(pixels, frames)
+        return detector.forward(values, mask)  # forward copies them to the GPU
 
     def before() -> int:  # the same post-processing as detect_pixels, on the baseline's outputs
         done = 0
@@ -216,7 +201,7 @@ def check_detector(run: Run, tmp: Path) -> dict:
     n, seconds = run.timed(lambda: len(detector.detect(images, batch_size=batch)), 1 if run.dry_run else 3, False)
     params = sum(p.numel() for p in detector.model.parameters())
     return {"model": "Open-PMC-18M DAB-DETR DC5 (random weights)", "params": params, "input_size": size,
-            "batch": batch, "figures_per_second": round(per_second, 2), "baseline": HOST_BASELINE,
+            "batch": batch, "figures_per_second": round(per_second, 2), "baseline": BASELINE,
             "baseline_figures_per_second": round(baseline, 2), "speedup": round(per_second / baseline, 2),
             "max_abs_difference_from_baseline": difference,
             "with_cpu_resize_figures_per_second": round(n / seconds, 2)}  # fmt: skip

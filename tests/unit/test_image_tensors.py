@@ -37,3 +37,18 @@ def test_the_same_float32_arithmetic_as_the_numpy_form():
     mean, std, rescale = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 1 / 255
     host = (pixels.astype(np.float32) * rescale - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     assert torch.equal(normalized(pixels, mean, std, rescale), torch.from_numpy(host.transpose(0, 3, 1, 2).copy()))
+
+
+def test_the_inputs_benchmark_counts_what_each_form_sends(tmp_path):
+    """benchmarks/model_inputs.py at the production shapes. Before, the device got float32 values
+    (4 bytes a channel) and the detector's int64 mask (8 bytes a pixel); now the uint8 pixels only:
+    DINOv2 64 x 224 x 224 x 3 = 9,633,792 bytes against 4 x that = 38,535,168; the detector
+    8 x 800 x 800 x 3 = 15,360,000 against 61,440,000 + 8 x 800 x 800 x 8 = 102,400,000."""
+    from benchmarks.model_inputs import main
+
+    result = main(["--rounds", "1", "--out", str(tmp_path / "model_inputs.json")])
+    dinov2, detector = result["models"]["dinov2"], result["models"]["detector"]
+    assert dinov2["bytes_to_the_device"] == {"before": 38_535_168, "now": 9_633_792}
+    assert detector["bytes_to_the_device"] == {"before": 102_400_000, "now": 15_360_000}
+    assert dinov2["identical_inputs"] is True and detector["identical_inputs"] is True
+    assert all(t["cpu_ms_torch"] > 0 and t["cpu_ms_numpy_on_the_host"] > 0 for t in dinov2["timings"].values())
