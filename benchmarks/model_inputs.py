@@ -11,7 +11,9 @@ batch shapes (DINOv2: 64 images at 224 px; the detector: 8 figures at 800 px), w
 thread and on every core (CPU time and wall clock, the best of ``--rounds`` taken in turns), the
 bytes each sends to the device, and whether the two forms give the same numbers (on the CPU they
 must: the same float32 operations in the same order). The pixels are random (seeded): the
-arithmetic's cost does not depend on them.
+arithmetic's cost does not depend on them. (The detector's NumPy form divided by 255; both forms
+here multiply by 1/255, as the detector now does: the cost is the same, the values differ by at
+most one float32 rounding step.)
 
     python -m benchmarks.model_inputs [--rounds 5]
 
