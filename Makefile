@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.panels
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.label_styles
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.crop_gate
+	$(BENCH_ENV) $(BIN)/python -m benchmarks.panel_scales
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.model_inputs
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.panels_detector
 	$(BENCH_ENV) $(BIN)/python -m benchmarks.captions

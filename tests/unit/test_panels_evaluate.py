@@ -137,3 +137,19 @@ def test_the_evaluation_set_is_loaded_once_per_file(tmp_path):
     assert [(f["file"], f["boxes"], f["caption"]) for f in tune] == [("x.png", [(0, 0, 10, 10)], "One chart.")]
     every = load_eval_figures(tmp_path / "boxes.json", [tmp_path / "figures-A.json"], tmp_path)
     assert sorted(f["file"] for f in every) == ["x.png", "y.png"]
+
+
+def test_the_renditions_benchmark_scales_the_truth_with_the_image():
+    """benchmarks/panel_scales.py: a 100 x 50 figure at 0.5x is 50 x 25 and its panel (10, 10, 50,
+    40) becomes (5, 5, 25, 20); at 1.5x, 150 x 75 and (15, 15, 75, 60); JPEG keeps the size."""
+    from PIL import Image
+
+    from benchmarks.panel_scales import render, scaled_truth
+
+    image = Image.new("RGB", (100, 50), "white")
+    figure = {"width": 100, "height": 50, "boxes": [(10, 10, 50, 40)], "caption": None}
+    half, larger, jpeg = render(image, "0.5x"), render(image, "1.5x"), render(image, "JPEG q75")
+    assert half.size == (50, 25) and larger.size == (150, 75) and jpeg.size == (100, 50)
+    assert scaled_truth(figure, *half.size)["boxes"] == [(5, 5, 25, 20)]
+    assert scaled_truth(figure, *larger.size)["boxes"] == [(15, 15, 75, 60)]
+    assert render(image, "as given") is image
