@@ -23,7 +23,10 @@ def normalized(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float], 
     import torch
 
     device = torch.device(device)
-    values = torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.uint8)).to(device).to(torch.float32)
+    array = np.ascontiguousarray(pixels, dtype=np.uint8)
+    if not array.flags.writeable:  # read-only memory (a zero-copy batch): torch.from_numpy warns on it
+        array = array.copy()
+    values = torch.from_numpy(array).to(device).to(torch.float32)
     mean_t = torch.tensor(np.asarray(mean, dtype=np.float32), device=device)
     std_t = torch.tensor(np.asarray(std, dtype=np.float32), device=device)
     # in place, channels last (contiguous, the mean and std broadcast over the last axis); one copy

@@ -52,3 +52,15 @@ def test_the_inputs_benchmark_counts_what_each_form_sends(tmp_path):
     assert detector["bytes_to_the_device"] == {"before": 102_400_000, "now": 15_360_000}
     assert dinov2["identical_inputs"] is True and detector["identical_inputs"] is True
     assert all(t["cpu_ms_torch"] > 0 and t["cpu_ms_numpy_on_the_host"] > 0 for t in dinov2["timings"].values())
+
+
+def test_a_read_only_batch_is_taken_without_a_warning():
+    """Zero-copy batches (Arrow, np.frombuffer) are read-only; torch.from_numpy warns on those."""
+    import warnings
+
+    pixels = np.frombuffer(bytes([0, 255, 51] * 2), dtype=np.uint8).reshape(1, 1, 2, 3)
+    assert not pixels.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = normalized(pixels, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 1 / 255)
+    assert torch.allclose(values[0, :, 0, 0], torch.tensor([-2.0, 2.0, -1.2]), atol=1e-6)
