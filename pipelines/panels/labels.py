@@ -75,6 +75,7 @@ MAX_HEIGHT_PX = 96
 MAX_GLYPHS = 3.6  # token width / height: "iii", "A12", "(a)" at most
 MIN_WIDTH_SHARE = 0.08  # "1", "I", "l"
 MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
+MIN_FILL = 0.08  # ... nor ink that fills less of its box than a glyph's strokes (a thin line's corner)
 RING_X = 0.6
 RING_Y = 0.35
 STOP_GAP = 0.5  # ... set at most this share of its height after it
@@ -225,18 +226,21 @@ class _Ink:
     taken: np.ndarray  # by label id (0: no ink)
 
 
-def _text_sized(boxes: np.ndarray, max_height: float) -> np.ndarray:
+def _text_sized(boxes: np.ndarray, ink: np.ndarray, max_height: float) -> np.ndarray:
     """By label id (0: no ink): tokens the size of text. They are the neighbours that make a
     glyph part of a word or a number; larger ink (a photograph, a frame, an axis, a rule) beside
-    a label does not, nor do thin brackets ("(a)")."""
+    a label does not, nor do thin brackets ("(a)"), nor a piece of a frame's thin line that fills
+    less of its box than a glyph does (``MIN_FILL``: a frame drawn one pixel wide breaks into
+    such corners where a figure is resized or recompressed)."""
     bh, bw = boxes[:, 3] - boxes[:, 1], boxes[:, 2] - boxes[:, 0]
-    return np.concatenate([[False], (bh <= max_height) & (bw <= 10 * bh) & (bw >= BRACKET_WIDTH * bh)])
+    sized = (bh <= max_height) & (bw <= 10 * bh) & (bw >= BRACKET_WIDTH * bh) & (ink >= MIN_FILL * bw * bh)
+    return np.concatenate([[False], sized])
 
 
 def _ink(gray: np.ndarray, dark: bool, max_height: float, connect: str = "joined") -> _Ink:
     mask = gray < DARK if dark else gray > LIGHT
     labels, boxes, ink = _tokens(mask, connect)
-    small = _text_sized(boxes, max_height)
+    small = _text_sized(boxes, ink, max_height)
     return _Ink(mask, dark, labels, boxes, ink, small, np.zeros_like(small))
 
 
@@ -260,7 +264,7 @@ def _scan(
     else:
         # glyphs inside the tokens that are not candidates already
         parts, boxes, count = _tokens(ink.mask & ~ink.taken[ink.labels], connect)
-        part_small = _text_sized(boxes, max_height)
+        part_small = _text_sized(boxes, count, max_height)
     if not len(boxes):
         return []
     x1, y1, x2, y2 = boxes.T
@@ -278,7 +282,7 @@ def _scan(
         & (bw <= MAX_GLYPHS * bh)
         & (bw >= np.maximum(2, MIN_WIDTH_SHARE * bh))
         & ((count <= MAX_FILL * bw * bh) | (bw < 0.5 * bh))  # a thin bar is "i", "l", "1"
-        & (count >= 0.08 * bw * bh)
+        & (count >= MIN_FILL * bw * bh)
     )
     out = []
     for i in keep:

@@ -138,6 +138,20 @@ def test_candidates_stand_free():
     assert len(found) < 40
 
 
+def test_a_thin_frame_beside_a_label_is_not_text():
+    """A photograph's one-pixel white frame, once a figure is resized or recompressed, breaks
+    into pieces; a corner piece is an L the size of a word but almost empty (here 40 x 25 px,
+    64 ink pixels: 6 % of its box, where glyphs fill more than 8 %). Beside a white label in the
+    photograph's dark corner it is no neighbouring text: the label stays a candidate."""
+    im = Image.new("L", (300, 200), 0)
+    draw = ImageDraw.Draw(im)
+    draw.line([(1, 1), (40, 1)], fill=255)  # the frame's corner piece, broken off at (41, 1) and (1, 26)
+    draw.line([(1, 1), (1, 25)], fill=255)
+    box = draw_label(draw, (6, 8), "a", bold_font(16), fill=255)
+    found = [c.box for c in find_candidates(np.asarray(work_copy(im.convert("RGB"))))]
+    assert any(all(abs(a - b) <= 2 for a, b in zip(box, f, strict=True)) for f in found), (box, found)
+
+
 def test_tesseract_reads_the_labels():
     require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
     im, boxes = _figure_with_labels()
