@@ -11,9 +11,7 @@ batch shapes (DINOv2: 64 images at 224 px; the detector: 8 figures at 800 px), w
 thread and on every core (CPU time and wall clock, the best of ``--rounds`` taken in turns), the
 bytes each sends to the device, and whether the two forms give the same numbers (on the CPU they
 must: the same float32 operations in the same order). The pixels are random (seeded): the
-arithmetic's cost does not depend on them. (The detector's NumPy form divided by 255; both forms
-here multiply by 1/255, as the detector now does: the cost is the same, the values differ by at
-most one float32 rounding step.)
+arithmetic's cost does not depend on them. The baselines are the code as it was, line for line.
 
     python -m benchmarks.model_inputs [--rounds 5]
 
@@ -41,21 +39,25 @@ BASELINE = (
 
 
 def host_normalized(pixels: np.ndarray, mean, std, rescale: float) -> torch.Tensor:
-    """The baseline's (n, 3, H, W) float32 inputs, made with NumPy on the host."""
+    """The baseline's (n, 3, H, W) float32 DINOv2 inputs: ``Embedder.embed``'s NumPy lines as
+    they were."""
     mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
     values = (np.asarray(pixels, dtype=np.float32) * rescale - mean) / std
     return torch.from_numpy(values.transpose(0, 3, 1, 2).copy())
 
 
 def host_detector_inputs(pixels: np.ndarray, frames: list[Frame]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The baseline's detector inputs: normalised values, zero outside each figure, and the mask."""
-    values = host_normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255)
-    mask = np.zeros((len(frames), *pixels.shape[1:3]), dtype=np.int64)
+    """The baseline's detector inputs (values zero outside each figure, and the mask):
+    ``detector.to_tensors`` as it was."""
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32)
+    std = np.asarray(IMAGENET_STD, dtype=np.float32)
+    values = (np.asarray(pixels, dtype=np.float32) / 255.0 - mean) / std
+    mask = np.zeros(values.shape[:3], dtype=np.int64)
     for i, frame in enumerate(frames):
         x, y = frame.offset
         mask[i, y : y + frame.resized[1], x : x + frame.resized[0]] = 1
-    mask = torch.from_numpy(mask)
-    return values * mask[:, None], mask
+    values *= mask[..., None]
+    return torch.from_numpy(values.transpose(0, 3, 1, 2).copy()), torch.from_numpy(mask)
 
 
 def _timed(step) -> tuple[float, float]:
@@ -72,7 +74,7 @@ def _model(name: str, pixels: np.ndarray, frames: list[Frame] | None, rounds: in
             return host_normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255)
 
         def here():
-            return normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255)
+            return normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, rescale=1 / 255)
 
         host_bytes = 4 * pixels.size
     else:  # the detector: normalised, padding zeroed, and the pixel mask

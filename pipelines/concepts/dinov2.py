@@ -234,14 +234,13 @@ class Embedder:
         uint8 batch goes to the model's device and is normalised there (``images.tensors``)."""
         if len(pixels) == 0:
             return np.zeros((0, self.dim), dtype=np.float16)
-        processor = self.processor
-        return self.forward(
-            normalized(pixels, processor.image_mean, processor.image_std, processor.rescale_factor, self.device)
-        )
+        mean, std, rescale = self.processor.image_mean, self.processor.image_std, self.processor.rescale_factor
+        return self.forward(normalized(pixels, mean, std, rescale=rescale, device=self.device))
 
     def forward(self, pixel_values) -> np.ndarray:
-        """Normalised (n, 3, 224, 224) float32 on the model's device -> pooled (n, dim) float16."""
+        """Normalised (n, 3, 224, 224) float32 -> pooled (n, dim) float16."""
         torch = self._torch
+        pixel_values = pixel_values.to(self.device)  # a no-op for what ``embed`` built there
         with torch.inference_mode():
             if self.device.type == "cuda":  # bf16 autocast on GPU, full fp32 on CPU
                 with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -134,7 +134,7 @@ def to_tensors(pixels: np.ndarray, frames: list[Frame], device="cpu"):
     built on ``device`` (the uint8 pixels are what crosses to it: ``pipelines.images.tensors``)."""
     import torch
 
-    values = normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, 1 / 255, device)
+    values = normalized(pixels, IMAGENET_MEAN, IMAGENET_STD, divide_by=255, device=device)
     mask = torch.zeros((values.shape[0], *values.shape[2:]), dtype=torch.int64, device=values.device)
     for i, frame in enumerate(frames):
         x, y = frame.offset

@@ -153,3 +153,9 @@ def test_the_renditions_benchmark_scales_the_truth_with_the_image():
     assert scaled_truth(figure, *half.size)["boxes"] == [(5, 5, 25, 20)]
     assert scaled_truth(figure, *larger.size)["boxes"] == [(15, 15, 75, 60)]
     assert render(image, "as given") is image
+    # sizes round on their own: 101 x 51 at 0.75x is 76 x 38 (75.75 and 38.25 rounded), so x
+    # scales by 76/101 and y by 38/51: (10, 10, 50, 40) -> (7.525, 7.451, 37.624, 29.804)
+    odd = render(Image.new("RGB", (101, 51), "white"), "0.75x")
+    assert odd.size == (76, 38)
+    box = scaled_truth({**figure, "width": 101, "height": 51}, *odd.size)["boxes"][0]
+    assert box == pytest.approx((7.525, 7.451, 37.624, 29.804), abs=1e-3)
