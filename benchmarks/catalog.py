@@ -79,6 +79,19 @@ TRAINING_GPU_ARGS = (
 )
 
 
+# benchmarks/panel_scales.py: the decision's scores on each rendition of a split's figures
+RENDITION_COLUMNS = (
+    Col("recall", "recall"),
+    Col("precision", "precision"),
+    Col("ImageCLEF-style", "imageclef_accuracy"),
+    Col("singles whole", "single_whole"),
+    Col("exact count", "count_exact"),
+    Col("labels read", "labels_read"),
+    Col("panel with its own text", "panel_text"),
+    Col("figures whose panel count changes", "figures_whose_panel_count_changes"),
+)
+
+
 def _training(title: str, run: Run, memory_key: str, memory_label: str, gpu: bool = False) -> Benchmark:
     """The training benchmark's page section, on the CPU or a GPU (their memory is counted differently)."""
     return Benchmark(
@@ -706,31 +719,13 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 "Tune split, each rendition",
                 "splits/tune/renditions",
                 "rendition",
-                (
-                    Col("recall", "recall"),
-                    Col("precision", "precision"),
-                    Col("ImageCLEF-style", "imageclef_accuracy"),
-                    Col("singles whole", "single_whole"),
-                    Col("exact count", "count_exact"),
-                    Col("labels read", "labels_read"),
-                    Col("panel with its own text", "panel_text"),
-                    Col("figures whose panel count changes", "figures_whose_panel_count_changes"),
-                ),
+                RENDITION_COLUMNS,
             ),
             Table(
                 "Holdout split, each rendition",
                 "splits/holdout/renditions",
                 "rendition",
-                (
-                    Col("recall", "recall"),
-                    Col("precision", "precision"),
-                    Col("ImageCLEF-style", "imageclef_accuracy"),
-                    Col("singles whole", "single_whole"),
-                    Col("exact count", "count_exact"),
-                    Col("labels read", "labels_read"),
-                    Col("panel with its own text", "panel_text"),
-                    Col("figures whose panel count changes", "figures_whose_panel_count_changes"),
-                ),
+                RENDITION_COLUMNS,
             ),
         ),
     ),
