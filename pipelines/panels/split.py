@@ -157,6 +157,11 @@ def decide(
         found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
         labels, scheme = found.labels, found.scheme
         decision.candidates, decision.readings, decision.labels = found.candidates, found.readings, labels
+    if named == 0 and len(labels) >= 2 and "structure" in evidence and _missing(labels, scheme, caption_labels):
+        # a caption that names no panel is evidence of a single figure, and labels read with gaps
+        # in their sequence ("A", "C", "E"; "A1" and "C") are weak evidence of several: the
+        # letters of a chart or a table's words read as labels. Together they part nothing.
+        labels = decision.labels = []
     if len(labels) >= 2:
         work = [_Label(_to_work(sheet, lab.box), lab.text) for lab in labels]
         direction = _direction(root, work)

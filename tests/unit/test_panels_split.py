@@ -185,6 +185,24 @@ def test_a_chart_with_its_text_strips_and_legend_stays_whole():
     assert iou(panels[0].box, (20, 20, 610, 398)) >= 0.9
 
 
+def test_a_caption_naming_no_panel_and_labels_read_with_a_gap_keep_one_chart_whole():
+    """One chart with a bold "A" over its left end and a "C" over its middle (letters a chart or a
+    table prints: site codes, words of one letter). A caption that names no panel is evidence of
+    one figure, and "A", "C" without a "B" is a sequence with a gap: together they part nothing.
+    Without a caption, or with one that names A to C, the letters stay labels and part it."""
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (700, 420), "white")
+    draw = ImageDraw.Draw(im)
+    draw_chart(draw, (40, 50, 680, 400), seed=3)
+    draw_label(draw, (12, 10), "A", bold_font(22))
+    draw_label(draw, (360, 10), "C", bold_font(22))
+    whole = decide(im, "Figure 2. Catch per unit effort at each site over the study years.")
+    assert len(whole.panels) == 1 and whole.route == "structure" and whole.labels == []
+    for caption in (None, "Figure 2. (A) Catch at site 1. (B) Catch at site 2. (C) Catch at site 3."):
+        parted = decide(im, caption)
+        assert parted.route == "labels" and len(parted.panels) >= 2, caption
+
+
 def test_a_caption_that_speaks_of_left_and_right_panels_parts_a_narrow_gutter():
     # two bar charts 20 px apart (under UNNAMED_GUTTER of the 760 px side), no printed label
     im = Image.new("RGB", (760, 330), "white")
