@@ -6,11 +6,12 @@ in proportions where they can be, but OCR, glyph sizes and gutters are still mea
 so its scores on the evaluation set (mostly 600 px figures in the holdout split, 1,280 px in the
 tune split) say little about a figure drawn at another size. This benchmark scores
 ``split.decide`` (the panels stage's decision, caption evidence included) on each figure of the
-tune and holdout splits of ``sample/panels/eval`` as given (the baseline, same run) and
-re-rendered: resized to 0.5x, 0.75x and 1.5x (Lanczos, the hand-drawn boxes scaled with it) and
-re-encoded as JPEG at quality 75 (the one encoder, ``pipelines/images/jpeg.py``, 4:4:4). It also
-counts the figures whose number of panels changes from the one found on the figure as given.
-Nothing here is tuned on: it measures how far the decision's quality depends on the rendition.
+tune and holdout splits of ``sample/panels/eval`` as given (prepared as the panels stage prepares
+them: ``benchmarks.panels.eval_images``; the baseline, same run) and re-rendered: resized to 0.5x,
+0.75x and 1.5x (Lanczos, the hand-drawn boxes scaled with it) and re-encoded as JPEG at quality
+75 (the one encoder, ``pipelines/images/jpeg.py``, 4:4:4). It also counts the figures whose number
+of panels changes from the one found on the figure as given. No threshold is fitted to it: it
+measures how far the decision's quality depends on the rendition.
 
     python -m benchmarks.panel_scales
 
@@ -22,13 +23,11 @@ from __future__ import annotations
 import argparse
 import io
 import time
-from pathlib import Path
 
 from PIL import Image
 
-from benchmarks.panels import EVAL_DIR, eval_figures, pair_texts
+from benchmarks.panels import EVAL_DIR, eval_figures, eval_images, pair_texts
 from benchmarks.record import write_results
-from pipelines.images.decode import decode_image
 from pipelines.images.jpeg import jpeg_bytes
 from pipelines.panels.evaluate import score_figures
 from pipelines.panels.split import decide
@@ -61,9 +60,7 @@ def scaled_truth(figure: dict, width: int, height: int) -> dict:
 
 
 def score_split(figures: list[dict]) -> dict:
-    images = {}
-    for figure in figures:
-        images[figure["file"]], _ = decode_image(Path(figure["path"]).read_bytes())
+    images = eval_images(figures)
     out, counts = {}, {}
     for rendition in RENDITIONS:
         truths, predictions = [], []

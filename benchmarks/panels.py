@@ -293,6 +293,15 @@ def eval_figures(files: list[Path], split: str) -> list[dict]:
     return [f for f in load_eval_figures(BOXES, files, ROOT, split=split) if Path(f["path"]).exists()]
 
 
+def eval_images(figures: list[dict]) -> dict[str, Image.Image]:
+    """Each evaluation figure's image as the panels stage prepares it, by its ``file``."""
+    images = {}
+    for fig in figures:
+        with Image.open(fig["path"]) as im:
+            images[fig["file"]] = prepare_image(im)[0]
+    return images
+
+
 def article_of(fig: dict) -> str:
     """The article a figure of the evaluation set comes from (its folder under sample/articles;
     the hand-boxed PMC7003341 figures under sample/images)."""
@@ -443,10 +452,7 @@ def figure_decision(
             figures = [f for f in load_eval_figures(None, [external[0]], external[1]) if Path(f["path"]).exists()]
         else:
             figures = eval_figures(files, split)
-        images = {}
-        for fig in figures:
-            with Image.open(fig["path"]) as im:
-                images[fig["file"]] = prepare_image(im)[0]
+        images = eval_images(figures)
         summary = {
             "figures": len(figures),
             "single": sum(f["kind"] == "single" for f in figures),
