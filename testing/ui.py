@@ -64,17 +64,19 @@ def open_lineage(page: Page, base_url: str) -> None:
     graph.locator("foreignObject").first.wait_for()
     size = page.viewport_size or VIEWPORT
     expand = page.get_by_role("menuitem").filter(has_text="Expand all groups")
+    nodes = graph.locator("[class*=AssetNode_assetName]")
     for attempt in range(3):
         # the background's context menu (the left column is the sidebar: click far right and low);
-        # the sign-up dialog of a fresh instance may pop up and close it, hence the retries
+        # the sign-up dialog of a fresh instance may pop up and close it, or swallow the click on
+        # "Expand all groups" (the groups then stay collapsed), hence the retries
         page.mouse.click(size["width"] - 200, size["height"] - 40, button="right")
         try:
             expand.click(timeout=10_000)
-            break
+            nodes.first.wait_for(timeout=20_000)
+            return
         except PlaywrightTimeoutError:
             if attempt == 2:
                 raise
-    graph.locator("[class*=AssetNode_assetName]").first.wait_for()
 
 
 def graph_labels(page: Page) -> list[str]:
