@@ -43,7 +43,9 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    passes, the glyph tokens of the labels' font size standing in a row or a column of the
    labels read (free-standing or not: a label set just before its panel's title, or close
    above tick labels) are read again, grey and at twice the scale; a reading counts when it is
-   a missing label. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
+   a missing label. Where the caption names labels and only one of them was read, a clear
+   reading of it (``SEED_CONFIDENCE``) shows the font size, the row and the column alone; a
+   sequence still needs two labels. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
    fonts print it so, and engines read a bar as nothing, "l", "1" or "|". Without a caption
    nothing says how many labels there are: the slots are read for the label after the last.
 """
@@ -91,6 +93,7 @@ MAX_SLOTS = 6  # candidates in the labels' rows and columns read again when labe
 SLOT_RENDERINGS = ((False, 32), (True, 64))  # (thresholded, token height in px) of those second readings
 SLOT_CONFIDENCE = 0.5
 SLOT_ROUNDS = 2
+SEED_CONFIDENCE = 0.8  # one caption label read alone seeds the slots at this confidence or more
 BAR_LABELS = ("I", "l")  # labels a sans-serif font prints as one upright bar (see reread_slots)
 BAR_WIDTH, BAR_FILL = 0.35, 0.85
 LATE_START = 4  # a sequence read from its third to fifth label on is looked over for the ones before
@@ -1025,9 +1028,13 @@ def read_labels(
             late, late_scheme = _best_sequence(readings, caption_labels, max_start=LATE_START)
             if len(late) >= 2 and _aligned(late[0], late[1:]):
                 base, base_scheme = late, late_scheme
+        if len(base) < 2 and caption_labels:
+            # one label the caption names, read clearly, gives the labels' font size and a row
+            # and a column where the others stand (serif capitals at 8 px: "B" read, "A" not)
+            base, base_scheme = _seed(readings, caption_labels) or (base, base_scheme)
         for _ in range(SLOT_ROUNDS):  # a label found in a column shows the row of the next one
             missing = missing_labels(base, base_scheme, caption_labels)
-            if len(base) < 2 or not missing:
+            if not base or not missing:
                 break
             seen = candidates + touching + finder.in_rows_and_columns(_in_work(base, sx, sy))
             slots = _slots(seen, base, base_scheme, (sx, sy))
@@ -1060,6 +1067,21 @@ def read_labels(
             readings = readings + again
             labels, chosen_scheme = choose_sequence(readings, caption_labels)
     return LabelReading(labels=labels, scheme=chosen_scheme, readings=readings, candidates=total, read=read)
+
+
+def _seed(readings: Sequence[PrintedLabel], caption_labels: Sequence[str]) -> tuple[list[PrintedLabel], str] | None:
+    """The most confident reading of a label the caption names, read at ``SEED_CONFIDENCE``
+    or more, as a sequence of one, with its scheme; None when there is none. The slots it
+    shows are read only for the caption's other labels, and the sequence still needs two."""
+    named = {x.casefold() for x in caption_labels}
+    clear = [r for r in readings if r.text.casefold() in named and r.confidence >= SEED_CONFIDENCE]
+    if not clear:
+        return None
+    seed = max(clear, key=lambda r: (r.confidence, r.height))
+    schemes = label_schemes(seed.text)
+    named_scheme = caption_scheme(list(caption_labels))
+    scheme = named_scheme if named_scheme in schemes else next((x for x in schemes if x != "roman"), schemes[0])
+    return [seed], scheme
 
 
 def _in_full(box: Box, sx: float, sy: float) -> Box:

@@ -238,6 +238,22 @@ def test_without_a_caption_the_label_after_the_last_is_looked_for():
     assert [r.text for r in reading.labels] == ["a", "b", "c"]
 
 
+def test_one_label_read_clearly_shows_where_the_others_stand():
+    # elife-52882 fig5-figsupp2 (holdout split, 600 x 163): three trajectory plots with serif
+    # capitals 8 px tall at their top-left, the caption naming (A) to (C). The first reading
+    # makes "A" an "N" and only "B" is a label: alone, no sequence, and nothing was read again.
+    # "B" shows the labels' height and row; "A" (at 22-29 x 12-20 by hand) stands in it
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    with Image.open(ROOT / "sample/articles/elife-52882/fig5-figsupp2.jpg") as im:
+        im = im.convert("RGB")
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), ["A", "B", "C"])
+    assert [r.text for r in reading.labels][:2] == ["A", "B"]
+    assert all(abs(a - b) <= 2 for a, b in zip(reading.labels[0].box, (22, 12, 29, 20), strict=True))
+    # a reading outside the caption's labels seeds nothing
+    reading = read_labels(im, np.asarray(work_copy(im)), TesseractReader(), ["a1", "a2", "a3"])
+    assert reading.labels == []
+
+
 def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
     # "A Family 1", "B Family 2" (a title a few pixels after the label: no free-standing
     # glyph), "C" and "D" free below them in the same columns
