@@ -254,6 +254,30 @@ def test_one_label_read_clearly_shows_where_the_others_stand():
     assert reading.labels == []
 
 
+def test_labels_under_the_glyph_floor_are_read_at_twice_the_scale_when_the_caption_names_them():
+    # three charts 170 px apart with bold capitals 5 px tall (drawn at 7 pt) at their top-left:
+    # below the 6 work pixels from which a glyph is a candidate, as the labels of a small
+    # rendition are. The caption names A to C and none was read: the figure is searched again at
+    # twice its size. Without a caption, or with one naming no panel, nothing says labels are
+    # there, and the search is not repeated
+    require(tesseract_data(), "Tesseract (tesserocr and Debian's tesseract-ocr-eng) is not installed")
+    im = Image.new("RGB", (520, 140), "white")
+    draw = ImageDraw.Draw(im)
+    boxes = []
+    for col, text in enumerate("ABC"):
+        x = 8 + col * 170
+        boxes.append(draw_label(draw, (x, 4), text, bold_font(7)))
+        draw_chart(draw, (x + 4, 16, x + 160, 136), seed=col)
+    assert all(b[3] - b[1] == 5 for b in boxes)
+    gray = np.asarray(work_copy(im))
+    reading = read_labels(im, gray, TesseractReader(), ["A", "B", "C"])
+    assert [r.text for r in reading.labels] == ["A", "B", "C"]
+    for label, box in zip(reading.labels, boxes, strict=True):
+        assert all(abs(a - b) <= 1 for a, b in zip(label.box, box, strict=True))
+    assert read_labels(im, gray, TesseractReader()).labels == []
+    assert read_labels(im, gray, TesseractReader(), []).labels == []
+
+
 def test_labels_set_against_a_title_are_found_from_the_labels_below_them():
     # "A Family 1", "B Family 2" (a title a few pixels after the label: no free-standing
     # glyph), "C" and "D" free below them in the same columns
