@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
@@ -64,7 +65,8 @@ from pipelines.panels.evaluate import (
 )
 from pipelines.panels.inputs import prepare_image
 from pipelines.panels.layout import split_panels
-from pipelines.text.captions import caption_agreement, phrase_agreement, split_caption
+from pipelines.parse.nxml import parse_article
+from pipelines.text.captions import caption_agreement, caption_of, phrase_agreement, split_caption
 from pipelines.text.pairing import assign_captions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,7 +292,32 @@ def pair_texts(panels: list[Panel], caption: str) -> list[str | None]:
 
 
 def eval_figures(files: list[Path], split: str) -> list[dict]:
-    return [f for f in load_eval_figures(BOXES, files, ROOT, split=split) if Path(f["path"]).exists()]
+    """The evaluation figures of ``split`` whose images are here. The hand-boxed sample figures
+    of ``boxes.json`` carry no caption there; those of a bundled article get the caption its XML
+    gives them (``article_captions``), the one the panels stage decides with."""
+    figures = [f for f in load_eval_figures(BOXES, files, ROOT, split=split) if Path(f["path"]).exists()]
+    for fig in figures:
+        if fig["caption"] is None and fig["file"].startswith("sample/articles/"):
+            fig["caption"] = article_captions(fig["file"].split("/")[2]).get(Path(fig["file"]).name)
+    return figures
+
+
+@functools.cache
+def article_captions(folder: str) -> dict[str, str]:
+    """Image file name -> caption (``captions.caption_of``) of each figure of the bundled article
+    in ``sample/articles/<folder>``, parsed as the parse stage parses it."""
+    article = ROOT / "sample" / "articles" / folder
+    # the article's XML, not a package's MANIFEST.xml
+    xml = [p for p in article.iterdir() if p.suffix in (".xml", ".nxml") and p.stem != "MANIFEST"]
+    if len(xml) != 1:
+        return {}
+    files = [p.name for p in article.iterdir() if p.is_file() and p.suffix not in (".xml", ".nxml", ".dtd")]
+    parsed = parse_article(xml[0].read_bytes(), files=files)
+    return {
+        name: caption_of(fig)
+        for fig in parsed.figures
+        for name in [*(fig["image_files"] or []), *(fig["other_renditions"] or [])]
+    }
 
 
 def eval_images(figures: list[dict]) -> dict[str, Image.Image]:
