@@ -68,6 +68,7 @@ from pipelines.panels.layout import split_panels
 from pipelines.parse.nxml import parse_article
 from pipelines.text.captions import caption_agreement, caption_of, phrase_agreement, split_caption
 from pipelines.text.pairing import assign_captions
+from testing.loopback.sample_mirror import SAMPLE_DIR, article_files
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "panels.json"
@@ -306,13 +307,8 @@ def eval_figures(files: list[Path], split: str) -> list[dict]:
 def article_captions(folder: str) -> dict[str, str]:
     """Image file name -> caption (``captions.caption_of``) of each figure of the bundled article
     in ``sample/articles/<folder>``, parsed as the parse stage parses it."""
-    article = ROOT / "sample" / "articles" / folder
-    # the article's XML, not a package's MANIFEST.xml
-    xml = [p for p in article.iterdir() if p.suffix in (".xml", ".nxml") and p.stem != "MANIFEST"]
-    if len(xml) != 1:
-        return {}
-    files = [p.name for p in article.iterdir() if p.is_file() and p.suffix not in (".xml", ".nxml", ".dtd")]
-    parsed = parse_article(xml[0].read_bytes(), files=files)
+    xml, others = article_files(SAMPLE_DIR, {"path": f"articles/{folder}"})
+    parsed = parse_article(xml.read_bytes(), files=sorted(p.name for p in others))
     return {
         name: caption_of(fig)
         for fig in parsed.figures

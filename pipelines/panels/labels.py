@@ -981,10 +981,11 @@ def read_labels(
     labels under the glyph floor (``MIN_HEIGHT``). That second search is kept only when it
     reads a sequence; without a caption naming labels nothing says they are there, and a
     larger copy of a single chart offers more of its words to be read as labels."""
+    # the crops are cut from the grey figure: converted once for both searches
+    image = image if image.mode == "L" else image.convert("L")
     found = _read_labels(image, gray, reader, caption_labels)
     if len(found.labels) >= 2 or not caption_labels or gray.shape != (image.height, image.width):
         return found
-    image = image if image.mode == "L" else image.convert("L")
     big = np.asarray(image.resize((image.width * UPSCALE, image.height * UPSCALE), Image.Resampling.BICUBIC))
     again = _read_labels(image, big, reader, caption_labels)
     if len(again.labels) < 2:
@@ -995,14 +996,13 @@ def read_labels(
 def _read_labels(
     image: Image.Image, gray: np.ndarray, reader: LabelReader, caption_labels: Sequence[str] | None = None
 ) -> LabelReading:
-    """The printed labels of a figure on the work copy ``gray``: the best ``MAX_CANDIDATES`` candidates are
+    """The printed labels of a figure (``image`` grey, as ``read_labels`` converts it once) on
+    the work copy ``gray``: the best ``MAX_CANDIDATES`` candidates are
     read, ``FIRST_BATCH`` at a time until no label is missing; when labels are still missing
     (the caption names more, or the sequence has a gap), up to ``MORE_CANDIDATES`` more are
     read: the next candidates as tall as the labels found (tall text and symbols outrank
     small labels in the first pass) and glyphs touching a panel."""
     scheme = caption_scheme(list(caption_labels or []))
-    # the crops are cut from the grey figure: converted once, not for every batch
-    image = image if image.mode == "L" else image.convert("L")
     finder = CandidateFinder(gray, words=scheme in ("alnum", "roman"))
     candidates = finder.first()
     size = (gray.shape[1], gray.shape[0])
