@@ -46,7 +46,7 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,7 +81,11 @@ TRAIN_INPUT_SIZE = 480
 
 METHODS: dict[str, Callable[[Image.Image], list[Panel]]] = {XYCUT: split_panels}
 DETECTOR_METHODS = ("detr", "consensus", "trained_detr")
-EXTERNAL = Path(__file__).parent / "data" / "figure-separator-imgs.json"
+# figures annotated here whose images are not shipped (benchmarks/data/README.md): split -> boxes file
+EXTERNAL_SETS = {
+    "external": Path(__file__).parent / "data" / "figure-separator-imgs.json",
+    "external2": Path(__file__).parent / "data" / "figure-separator-1830b10-imgs.json",
+}
 DECISION = "decision"  # the figure decision's evaluation (``figure_decision``), not a ``METHODS`` entry
 # the evidence ladder: each rung adds one kind of evidence to the one before
 LADDER = {
@@ -333,8 +337,10 @@ def article_of(fig: dict) -> str:
     return "PMC7003341" if fig["file"].startswith("sample/images/") else Path(fig["file"]).name.split("-")[0]
 
 
-def decision_quality(figures: list[dict], images: dict, by_article: bool = False) -> dict:
-    """Every rung of ``LADDER`` scored on ``figures`` (``evaluate.score_figures``), the route
+def decision_quality(
+    figures: list[dict], images: dict, by_article: bool = False, rungs: Collection[str] = tuple(LADDER)
+) -> dict:
+    """Each of ``rungs`` (every rung of ``LADDER``) scored on ``figures`` (``evaluate.score_figures``), the route
     each figure took, and milliseconds of CPU per figure (decode excluded). ``by_article``: the
     decision's scores per article too (``per_article``), to see whether one article's house
     style carries the totals (tune only: the holdout is reported as a whole)."""
@@ -342,6 +348,8 @@ def decision_quality(figures: list[dict], images: dict, by_article: bool = False
 
     out = {}
     for name, evidence in LADDER.items():
+        if name not in rungs:
+            continue
         predictions, routes = [], {}
         cpu0 = time.process_time()
         for fig in figures:
@@ -458,21 +466,24 @@ def decision_speed(figures: list[dict], repeat: int) -> dict:
     return out
 
 
-def figure_decision(
-    files: list[Path], splits: list[str], repeat: int, external: tuple[Path, Path] | None = None
-) -> dict:
+def figure_decision(files: list[Path], splits: list[str], repeat: int, external: dict[str, Path] | None = None) -> dict:
     """The figure decision on the evaluation set (``sample/panels/eval``): the evidence ladder
     per split, the OCR engines on tune, and speed against the layout splitter. ``external``:
-    (boxes file, image folder) of figures annotated here whose images are not shipped, scored
-    as the split ``external`` (``benchmarks/data/README.md``)."""
+    split name (``EXTERNAL_SETS``) -> the folder holding its images, figures annotated here
+    whose images are not shipped (``benchmarks/data/README.md``); where a set marks some figures
+    ``check: held`` (kept unseen while its other figures were read for misses), the decision is
+    also scored on each part."""
     out: dict = {
         "eval_files": [str(Path(f).relative_to(ROOT)) if Path(f).is_relative_to(ROOT) else str(f) for f in files],
         "boxes": str(BOXES.relative_to(ROOT)),
         "splits": {},
     }
-    for split in [*splits, *(["external"] if external else [])]:
-        if split == "external":
-            figures = [f for f in load_eval_figures(None, [external[0]], external[1]) if Path(f["path"]).exists()]
+    external = external or {}
+    for split in [*splits, *external]:
+        if split in external:
+            figures = [
+                f for f in load_eval_figures(None, [EXTERNAL_SETS[split]], external[split]) if Path(f["path"]).exists()
+            ]
         else:
             figures = eval_figures(files, split)
         images = eval_images(figures)
@@ -496,6 +507,16 @@ def figure_decision(
         }
         if split == "tune":
             entry["ocr"] = ocr_comparison(figures, images)
+        if split in external:
+            checks = {f["file"]: f.get("check") for f in json.loads(EXTERNAL_SETS[split].read_text("utf-8"))}
+            parts = sorted({c for c in checks.values() if c})
+            if parts:
+                entry["parts"] = {
+                    part: decision_quality(
+                        [f for f in figures if checks.get(f["file"]) == part], images, rungs=(DECISION,)
+                    )[DECISION]
+                    for part in parts
+                }
         out["splits"][split] = entry
     speed_set = [f for split in splits for f in eval_figures(files, split)]
     out["speed"] = decision_speed(speed_set, repeat)
@@ -520,6 +541,12 @@ def main() -> None:
         type=Path,
         default=None,
         help="a folder holding apple2373/figure-separator's imgs/ (benchmarks/data/README.md): score them too",
+    )
+    parser.add_argument(
+        "--external2-dir",
+        type=Path,
+        default=None,
+        help="a folder holding the imgs/ of dainini/figure-separator at commit 1830b10 (benchmarks/data/README.md)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed passes for weight-free methods")
     parser.add_argument("--detector-repeat", type=int, default=1, help="timed passes for detector methods")
@@ -556,7 +583,8 @@ def main() -> None:
     if DECISION in args.methods:
         files = args.eval_files or sorted(EVAL_DIR.glob("figures-*.json"))
         splits = ["tune", "holdout"] if args.holdout else ["tune"]
-        external = (EXTERNAL, args.external_dir) if args.external_dir else None
+        dirs = {"external": args.external_dir, "external2": args.external2_dir}
+        external = {split: folder for split, folder in dirs.items() if folder is not None}
         decided = figure_decision(files, splits, args.repeat, external)
         kept = result.get("figure_decision", {}).get("splits", {})
         result["figure_decision"] = {**decided, "splits": {**kept, **decided["splits"]}}

@@ -316,11 +316,14 @@ def panel_quality(root: Path = ROOT) -> str:
         for key, title in PANEL_METHODS:
             cells = [fmt(methods[key][col]) for col, _ in PANEL_COLS]
             lines.append(f"| {split} | {title} | " + " | ".join(cells) + " |")
-    if "external" in splits:  # figures from outside the project, no caption (benchmarks/data/README.md)
-        decision = splits["external"]["methods"]["decision"]
+    # figures from outside the project, no caption (benchmarks/data/README.md)
+    for split, title in (("external", "external"), ("external2", "external 2")):
+        if split not in splits:
+            continue
+        decision = splits[split]["methods"]["decision"]
         cells = [fmt(decision[col]) for col, _ in PANEL_COLS]
         lines.append(
-            f"| external, {decision['figures']} figures, no caption | **the figure decision** | "
+            f"| {title}, {decision['figures']} figures, no caption | **the figure decision** | "
             + " | ".join(cells)
             + " |"
         )

@@ -15,9 +15,12 @@ are parts of the panel next to them, never panels by themselves.
   ink mask, or None for divider lines) along ``axis`` (0: horizontal gutters, pieces stacked;
   1: vertical gutters, pieces side by side), each piece trimmed to its ink; no sliver merging:
   a label row or a tick strip is a piece of its own here.
-* ``Structure.is_major(piece, siblings)``: the piece holds a graphic shape and is not small
-  beside its largest sibling (``MINOR_AREA`` of its area, or a strip thinner than
-  ``MINOR_SIDE`` of the sibling's side across the cut).
+* ``Structure.is_major(piece, siblings)``: the piece holds a graphic shape that is not a colour
+  bar (``is_colour_bar``) and is not small beside its largest sibling (``MINOR_AREA`` of its
+  area, or a strip thinner than ``MINOR_SIDE`` of the sibling's side across the cut).
+* ``is_colour_bar(gray, box)``: a colour bar is a long strip whose shade runs smoothly along its
+  length and stays the same across it (a scale, not a picture). With its tick labels and title
+  it can be as wide as a small panel beside it, so its width alone does not tell.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ GRAPHIC_TEXT_HEIGHTS = 2.5
 MINOR_AREA = 0.12
 MINOR_SIDE = 0.25
 DEFAULT_TEXT_HEIGHT = 10.0
+BAR_ASPECT = 4  # a colour bar is at least this many times as long as it is wide
+BAR_RANGE = 64  # grey levels its scale spans along its length, at least
+BAR_ACROSS = 12  # grey levels (median standard deviation) it varies across, at most
+BAR_WAVES = 3  # its shade's total variation along its length, in multiples of its range, at most
 
 
 def cut(sheet: Sheet, box: Box, axis: int, mask: np.ndarray | None) -> list[Box]:
@@ -106,6 +113,14 @@ class Structure:
         """A piece that is a panel (or holds panels) rather than a part of the chart beside it."""
         if not self.graphic_in(piece):
             return False
+        inside = self.graphic[
+            (self.graphic[:, 0] >= piece[0])
+            & (self.graphic[:, 1] >= piece[1])
+            & (self.graphic[:, 2] <= piece[2])
+            & (self.graphic[:, 3] <= piece[3])
+        ]
+        if len(inside) and all(is_colour_bar(self.sheet.gray, tuple(int(v) for v in g)) for g in inside):
+            return False  # a colour bar with its ticks and title serves the picture beside it
         largest = max(siblings, key=box_area)
         if box_area(piece) < MINOR_AREA * box_area(largest):
             return False
@@ -114,6 +129,29 @@ class Structure:
         side = (piece[3] - piece[1]) if axis == 0 else (piece[2] - piece[0])
         big = (largest[3] - largest[1]) if axis == 0 else (largest[2] - largest[0])
         return side >= MINOR_SIDE * big
+
+
+def is_colour_bar(gray: np.ndarray, box: Box) -> bool:
+    """Whether the shape in ``box`` of the grey work copy is a colour bar (module doc): at least
+    ``BAR_ASPECT`` times as long as wide; inside its frame, its shade spans ``BAR_RANGE`` grey
+    levels along its length, varies by at most ``BAR_ACROSS`` across it, and runs there without
+    waves (a gel lane's bands, a kymograph's tracks go up and down many times; a rainbow scale's
+    brightness rises and falls once)."""
+    x1, y1, x2, y2 = box
+    w, h = x2 - x1, y2 - y1
+    if max(w, h) < BAR_ASPECT * min(w, h):
+        return False
+    # its frame left out: a fifth of its width on every side
+    m = max(1, min(w, h) // 5)
+    inner = gray[y1 + m : y2 - m, x1 + m : x2 - m].astype(np.float32)
+    if min(inner.shape) < 2:
+        return False
+    across = 1 if h > w else 0  # a vertical bar's shade is constant along each row
+    profile = inner.mean(axis=across)
+    span = float(profile.max() - profile.min())
+    if span < BAR_RANGE or float(np.median(inner.std(axis=across))) > BAR_ACROSS:
+        return False
+    return float(np.abs(np.diff(profile)).sum()) <= BAR_WAVES * span
 
 
 def ink_structure(sheet: Sheet) -> Structure:

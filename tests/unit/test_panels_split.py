@@ -185,6 +185,40 @@ def test_a_chart_with_its_text_strips_and_legend_stays_whole():
     assert iou(panels[0].box, (20, 20, 610, 398)) >= 0.9
 
 
+def test_a_colour_bar_with_its_ticks_and_title_joins_the_picture_it_scales():
+    # an intensity scale (a framed grey ramp, its tick values and a title below), 40 px from the
+    # picture it scales, then two more pictures 110 px apart: three panels. With its ticks and
+    # title the scale is wider than a quarter of the widest picture, so its width alone would
+    # make it a panel of its own
+    im = Image.new("RGB", (1010, 420), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(14)
+    for y in range(30, 390):
+        shade = round(255 * (y - 30) / 359)
+        draw.line([(10, y), (49, y)], fill=(shade, shade, shade))
+    draw.rectangle([10, 30, 49, 389], outline=0)
+    for k, value in enumerate(("200", "100", "0", "-100", "-200")):
+        draw.text((56, 24 + 88 * k), value, fill=0, font=font)
+    draw.text((8, 398), "HU intensity", fill=0, font=font)
+    pictures = [(140, 40, 390, 380), (500, 40, 740, 380), (850, 20, 1000, 400)]
+    for i, box in enumerate(pictures):
+        draw_panel(draw, box, fill=(40, 40, 40), seed=i)
+    panels = panels_for_figure(im, None)
+    assert _same(panels, [(8, 30, 390, 412), *pictures[1:]])
+    # a rainbow scale drawn across, under its picture, 40 px below it: as tall with its words
+    # as a third of the picture
+    im = Image.new("RGB", (900, 280), "white")
+    draw = ImageDraw.Draw(im)
+    draw_panel(draw, (20, 10, 400, 160), fill=(40, 40, 40), seed=5)
+    for x in range(20, 400):
+        shade = round(255 * (x - 20) / 379)
+        draw.line([(x, 200), (x, 229)], fill=(shade, 255 - shade, 128))
+    draw.text((20, 236), "0      Expression (log2)      12", fill=0, font=font)
+    draw_panel(draw, (500, 10, 880, 160), fill=(40, 40, 40), seed=6)
+    panels = panels_for_figure(im, None)
+    assert _same(panels, [(20, 10, 400, 253), (500, 10, 880, 160)])
+
+
 def test_a_caption_naming_no_panel_and_labels_read_with_a_gap_keep_one_chart_whole():
     """One chart with a bold "A" over its left end and a "C" over its middle (letters a chart or a
     table prints: site codes, words of one letter). A caption that names no panel is evidence of
