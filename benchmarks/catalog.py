@@ -408,6 +408,20 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                 tuple(col for col in DECISION_COLS if col.path != "panel_text"),  # no caption: no text
             ),
             Table(
+                "The figure decision on 20 more figures from outside the project, boxed before any code ran on "
+                "them (benchmarks/data/README.md; no caption; its first run, at b21a9be, was the blind one)",
+                "figure_decision/splits/external2/methods",
+                "evidence",
+                tuple(col for col in DECISION_COLS if col.path != "panel_text"),
+            ),
+            Table(
+                "The figure decision on the two halves of those 20: diagnose (its misses were read after the "
+                "blind run) and held (never looked at, only its totals)",
+                "figure_decision/splits/external2/parts",
+                "half",
+                tuple(col for col in DECISION_COLS if col.path != "panel_text"),
+            ),
+            Table(
                 "OCR engines reading the printed labels of the tune split's labelled figures",
                 "figure_decision/splits/tune/ocr/engines",
                 "engine",
