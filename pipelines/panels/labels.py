@@ -43,8 +43,12 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    passes, the glyph tokens of the labels' font size standing in a row or a column of the
    labels read (free-standing or not: a label set just before its panel's title, or close
    above tick labels) are read again, grey and at twice the scale; a reading counts when it is
-   a missing label. Where the caption names labels and only one of them was read, a clear
-   reading of it (``SEED_CONFIDENCE``) shows the font size, the row and the column alone; a
+   a missing label (printed in the case of the labels read: a caption may name "a" where the
+   figure prints "A"); so are, in slots of their own, the glyphs there whose strokes run into a
+   solid shape (a label's foot on a panel's rounded black frame), parted from it by taking
+   away what a disc wider than a label's stroke fits in (``_body``). Where the caption names
+   labels and only one of them was read, a clear reading of it (``SEED_CONFIDENCE``) shows the
+   font size, the row and the column alone; a
    sequence still needs two labels. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
    fonts print it so, and engines read a bar as nothing, "l", "1" or "|". Without a caption
    nothing says how many labels there are: the slots are read for the label after the last.
@@ -103,9 +107,11 @@ UPSCALE = 2  # the scale of the second search for labels the caption names (step
 BAR_LABELS = ("I", "l")  # labels a sans-serif font prints as one upright bar (see reread_slots)
 BAR_WIDTH, BAR_FILL = 0.35, 0.85
 LATE_START = 4  # a sequence read from its third to fifth label on is looked over for the ones before
+STROKE_SHARE = 0.25  # of a label's height: the radius of the disc wider than its strokes (see _body)
 CORNER_BONUS = 0.6
 GROUND_BONUS = 0.6
 PAPER = 225  # grey at or above which the ground is the page's white
+PAPER_SHARE = 0.5  # of the ring around a glyph parted from a panel's frame (see _on_paper)
 MIN_CONFIDENCE = 0.35  # the engine's own confidence (0-1) below which a reading is noise
 OCR_HEIGHT = 32
 HEIGHT_SPREAD = 0.4  # lower-case labels of one figure: heights within 40 % of one another
@@ -451,14 +457,31 @@ class CandidateFinder:
         """Glyph tokens in the rows and columns of the labels found (``near``, work pixels),
         whether they stand free or not: a label set just before a panel's title, or close
         above its tick labels, has text beside it."""
-        h, w = self.gray.shape
-        windows = [(0, max(0, b - (d - b) // 2), w, min(h, b + (d - b) // 2 + 1)) for a, b, c, d in near]
-        windows += [(max(0, a - (d - b) // 2), 0, min(w, a + (d - b) // 2 + 1), h) for a, b, c, d in near]
+        windows = _label_lines(near, self.gray.shape)
         out = []
         for ink in self.inks:
             for cand in _scan(self.gray, ink, self.max_height, "joined", windows, ring=False):
                 if cand.box not in self.found:
                     out.append(cand)
+        return _ranked(out)
+
+    def parted_in_rows_and_columns(self, near: Sequence[Box]) -> list[Candidate]:
+        """Glyphs in the rows and columns of the labels found (``near``, work pixels, printed
+        dark on the page) whose strokes run into a solid shape (a label's foot on a panel's
+        rounded black frame): the shape's body, what a disc wider than a label's stroke fits in
+        (``_body``), taken away, the glyphs parted from it that stand on the page
+        (``_on_paper``). Glyphs that are tokens of their own are not these."""
+        # the labels read are printed on the page's white, not inside photographs
+        if not near or not all(_on_paper(self.gray, box) for box in near):
+            return []
+        windows = _label_lines(near, self.gray.shape)
+        height = float(np.median([d - b for a, b, c, d in near]))
+        ink = self.inks[0]  # dark ink
+        thin = replace(ink, mask=ink.mask & ~_body(ink.mask, height))
+        out = []
+        for cand in _scan(self.gray, thin, self.max_height, "sides", windows, ring=False):
+            if cand.box not in self.found and not _own_token(ink, cand.box) and _on_paper(self.gray, cand.box):
+                out.append(cand)
         return _ranked(out)
 
     def line_starts(self) -> list[Candidate]:
@@ -473,6 +496,46 @@ class CandidateFinder:
                     self.found.add(cand.box)
                     out.append(cand)
         return _ranked(out)
+
+
+def _label_lines(near: Sequence[Box], shape: tuple[int, int]) -> list[Box]:
+    """The rows and columns of the labels at ``near`` (work pixels): bands a label's height
+    across, through each label's top and left edge, where the other labels of the figure stand."""
+    h, w = shape
+    windows = [(0, max(0, b - (d - b) // 2), w, min(h, b + (d - b) // 2 + 1)) for a, b, c, d in near]
+    return windows + [(max(0, a - (d - b) // 2), 0, min(w, a + (d - b) // 2 + 1), h) for a, b, c, d in near]
+
+
+def _on_paper(gray: np.ndarray, box: Box) -> bool:
+    """Whether the glyph at ``box`` stands on the page: at least ``PAPER_SHARE`` of the ring
+    around it (``RING_X``, ``RING_Y`` of its height) is the page's white, as beside a label whose
+    foot touches its panel; a stroke of a photograph's texture has the photograph around it."""
+    a, b, c, d = box
+    th = d - b
+    h, w = gray.shape
+    oa, ob = max(0, a - math.ceil(RING_X * th)), max(0, b - math.ceil(RING_Y * th))
+    oc, od = min(w, c + math.ceil(RING_X * th)), min(h, d + math.ceil(RING_Y * th))
+    ring = gray[ob:od, oa:oc] >= PAPER
+    ring_area = ring.size - (c - a) * (d - b)
+    paper = int(ring.sum()) - int((gray[b:d, a:c] >= PAPER).sum())
+    return ring_area > 0 and paper >= PAPER_SHARE * ring_area
+
+
+def _own_token(ink: _Ink, box: Box) -> bool:
+    """Whether the ink in ``box`` belongs to a text-sized token of ``ink`` (not to a larger shape)."""
+    ids = ink.labels[box[1] : box[3], box[0] : box[2]][ink.mask[box[1] : box[3], box[0] : box[2]]]
+    return bool(len(ids)) and bool(ink.small[np.bincount(ids).argmax()])
+
+
+def _body(mask: np.ndarray, height: float) -> np.ndarray:
+    """The solid parts of ``mask``: an opening by a disc ``STROKE_SHARE`` of a label's ``height``
+    across on each side of its centre, which a glyph's strokes are too thin to hold."""
+    from pipelines.images.opencv import opencv
+
+    cv2 = opencv()
+    r = max(2, round(STROKE_SHARE * height))
+    disc = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * r + 1, 2 * r + 1))
+    return cv2.morphologyEx(mask.astype(np.uint8), cv2.MORPH_OPEN, disc).astype(bool)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -1062,8 +1125,11 @@ def _read_labels(
             missing = missing_labels(base, base_scheme, caption_labels)
             if not base or not missing:
                 break
-            seen = candidates + touching + finder.in_rows_and_columns(_in_work(base, sx, sy))
+            near = _in_work(base, sx, sy)
+            seen = candidates + touching + finder.in_rows_and_columns(near)
             slots = _slots(seen, base, base_scheme, (sx, sy))
+            # glyphs run into a panel's solid frame, read after the free ones (slots of their own)
+            slots += _slots(finder.parted_in_rows_and_columns(near), base, base_scheme, (sx, sy))
             again = reread_slots(image, slots, size, reader, missing)
             read += len(slots) * len(SLOT_RENDERINGS)
             if not again:
@@ -1128,12 +1194,13 @@ def missing_labels(
     labels: Sequence[PrintedLabel], scheme: str | None, caption_labels: Sequence[str] | None
 ) -> list[str]:
     """Labels of the figure's sequence that were not read: the caption's (when it names the
-    labels read), else those before the last label read."""
+    labels read), else those before the last label read; in the case of the labels read (a
+    caption may name "a" where the figure prints "A": labels of one figure share their case)."""
     if not labels or scheme is None:
         return []
     found = {lab.text.casefold() for lab in labels}
     if caption_labels and found <= {x.casefold() for x in caption_labels}:
-        return [x for x in caption_labels if x.casefold() not in found]
+        return [_in_scheme(x, scheme) for x in caption_labels if x.casefold() not in found]
     have = {label_index(lab.text, scheme) for lab in labels}
     return [label_at(i, scheme, labels[0].text) for i in range(max(have)) if i not in have]
 

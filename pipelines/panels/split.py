@@ -68,8 +68,8 @@ from pipelines.panels.labels import (
     LabelReader,
     PrintedLabel,
     get_reader,
-    label_at,
     label_index,
+    missing_labels,
     read_labels,
 )
 from pipelines.panels.layout import MAX_DEPTH, MAX_PANELS, Sheet, make_sheet, split_panels, trim_box
@@ -157,7 +157,7 @@ def decide(
         found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
         labels, scheme = found.labels, found.scheme
         decision.candidates, decision.readings, decision.labels = found.candidates, found.readings, labels
-    if named == 0 and len(labels) >= 2 and "structure" in evidence and _missing(labels, scheme, caption_labels):
+    if named == 0 and len(labels) >= 2 and "structure" in evidence and missing_labels(labels, scheme, caption_labels):
         # a caption that names no panel is evidence of a single figure, and labels read with gaps
         # in their sequence ("A", "C", "E"; "A1" and "C") are weak evidence of several: the
         # letters of a chart or a table's words read as labels. Together they part nothing.
@@ -165,7 +165,7 @@ def decide(
     if len(labels) >= 2:
         work = [_Label(_to_work(sheet, lab.box), lab.text) for lab in labels]
         direction = _direction(root, work)
-        missing = _missing(labels, scheme, caption_labels) if "structure" in evidence else []
+        missing = missing_labels(labels, scheme, caption_labels) if "structure" in evidence else []
         first_missing = bool(missing) and min(label_index(lab.text, scheme) for lab in labels) > 0
         structure = ink_structure(sheet)
         parts = partition_by_labels(sheet, structure, root, work, direction, first_missing)
@@ -630,16 +630,6 @@ def _leaves(sheet: Sheet, box: Box, limit: int = MAX_LEAVES) -> list[Box]:
         else:
             out.append(region)
     return out
-
-
-def _missing(labels: list[PrintedLabel], scheme: str, caption_labels: list[str] | None) -> list[str]:
-    """Labels of the figure's sequence that were not read: the caption's (when it names the
-    labels read), else those before the last label read."""
-    found = {lab.text.casefold() for lab in labels}
-    if caption_labels and found <= {x.casefold() for x in caption_labels}:
-        return [x for x in caption_labels if x.casefold() not in found]
-    have = {label_index(lab.text, scheme) for lab in labels}
-    return [label_at(i, scheme, labels[0].text) for i in range(max(have)) if i not in have]
 
 
 def fill_missing(

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from pipelines.images.boxes import iou
+from pipelines.images.components import components
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
 from pipelines.panels.split import _in_runs, _Label, _parting, decide, figure_decision, panels_for_figure
 from testing.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
@@ -91,6 +92,31 @@ def test_white_labels_inside_dark_photographs():
         draw_label(draw, (box[0] + 8, 6), text, font, fill=(255, 255, 255))
     panels = panels_for_figure(im, "Chest CT of patient 1 (a), patient 2 (b) and patient 3 (c).")
     assert [p.label for p in panels] == ["a", "b", "c"]
+    assert _same(panels, truth)
+
+
+def test_a_label_whose_foot_runs_into_a_rounded_black_frame():
+    # three MRI rows, each a black rounded frame the width of the figure with its label at its
+    # top-left corner; the "A"'s right foot runs into its frame's rounded corner (biorxiv
+    # 469032v1 Fig. 2 prints it so), "B" and "C" stand free. The caption names "a" to "c": the
+    # labels are recorded as printed, capitals
+    im = Image.new("RGB", (900, 780), "white")
+    draw = ImageDraw.Draw(im)
+    font = bold_font(26)
+    truth, label_a = [], None
+    for k, text in enumerate("ABC"):
+        top = 8 + k * 258
+        frame = (16 if k == 0 else 22, top + 22, 890, top + 248)
+        draw.rounded_rectangle(frame, radius=40, fill=(0, 0, 0))
+        draw.text((300, top + 60), "RSC (medial)", fill=(255, 255, 255), font=font)
+        label = draw_label(draw, (6, top + 15) if k == 0 else (4, top - 6), text, font)
+        label_a = label if k == 0 else label_a
+        truth.append((min(label[0], frame[0]), label[1], frame[2] + 1, frame[3] + 1))
+    # the "A" and its frame are one shape of ink
+    shapes, _, _ = components(np.asarray(im.convert("L")) < 128)
+    assert shapes[truth[0][1] + 1, (truth[0][0] + label_a[2]) // 2] == shapes[200, 400] > 0
+    panels = panels_for_figure(im, "Figure 2. Tracts of the hippocampus. (a) Head. (b) Body. (c) Tail.")
+    assert [p.label for p in panels] == ["A", "B", "C"]
     assert _same(panels, truth)
 
 
