@@ -40,18 +40,18 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    consistent sequence (ties: taller, then more confident) wins; the case of shape-ambiguous
    letters (c, o, s, u, v, w, x, z) is the case of the other labels.
 4. **Slots** (``reread_slots``): when labels of the sequence are still missing after both
-   passes, the glyph tokens of the labels' font size standing in a row or a column of the
-   labels read (free-standing or not: a label set just before its panel's title, or close
-   above tick labels) are read again, grey and at twice the scale; a reading counts when it is
-   a missing label (printed in the case of the labels read: a caption may name "a" where the
-   figure prints "A"); so are, in slots of their own, the glyphs there whose strokes run into a
-   solid shape (a label's foot on a panel's rounded black frame), parted from it by taking
-   away what a disc wider than a label's stroke fits in (``_body``). Where the caption names
-   labels and only one of them was read, a clear reading of it (``SEED_CONFIDENCE``) shows the
-   font size, the row and the column alone; a
-   sequence still needs two labels. A slot whose glyph is one upright bar is a missing "I" (or "l"): sans-serif
-   fonts print it so, and engines read a bar as nothing, "l", "1" or "|". Without a caption
-   nothing says how many labels there are: the slots are read for the label after the last.
+   passes, the glyph tokens of the labels' font size standing in a row or a column of the labels
+   read (free-standing or not: a label set just before its panel's title, or close above tick
+   labels) are read again, grey and at twice the scale; a reading counts when it is a missing
+   label (printed in the case of the labels read: a caption may name "a" where the figure prints
+   "A"); so are, in slots of their own, the glyphs there whose strokes run into a solid shape (a
+   label's foot on a panel's rounded black frame), parted from it by taking away what a disc
+   wider than a label's stroke fits in (``_body``). Where the caption names labels and only one
+   of them was read, a clear reading of it (``SEED_CONFIDENCE``) shows the font size, the row
+   and the column alone; a sequence still needs two labels. A slot whose glyph is one upright
+   bar is a missing "I" (or "l"): sans-serif fonts print it so, and engines read a bar as
+   nothing, "l", "1" or "|". Without a caption nothing says how many labels there are: the slots
+   are read for the label after the last.
 5. **Twice the scale** (``read_labels``): where the caption names labels and steps 1 to 4 read
    no sequence on a figure no larger than its work copy, they run again on the figure scaled
    ``UPSCALE`` times. Labels of a small rendition are printed under ``MIN_HEIGHT``; lowering
@@ -528,8 +528,8 @@ def _own_token(ink: _Ink, box: Box) -> bool:
 
 
 def _body(mask: np.ndarray, height: float) -> np.ndarray:
-    """The solid parts of ``mask``: an opening by a disc ``STROKE_SHARE`` of a label's ``height``
-    across on each side of its centre, which a glyph's strokes are too thin to hold."""
+    """The solid parts of ``mask``: its opening by a disc of radius ``STROKE_SHARE`` times a
+    label's ``height``, which a glyph's strokes are too thin to hold."""
     from pipelines.images.opencv import opencv
 
     cv2 = opencv()
