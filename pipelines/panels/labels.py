@@ -302,8 +302,7 @@ def _scan(
     out = []
     for i in keep:
         a, b, c, d, th = int(x1[i]), int(y1[i]), int(x2[i]), int(y2[i]), int(bh[i])
-        rx, ry = math.ceil(RING_X * th), math.ceil(RING_Y * th)
-        oa, ob, oc, od = max(0, a - rx), max(0, b - ry), min(w, c + rx), min(h, d + ry)
+        oa, ob, oc, od = _ring((a, b, c, d), (h, w))
         ids = ink.labels[ob:od, oa:oc]
         if parts is None:
             # text-sized ink around, with a joined token's one-pixel halo
@@ -350,6 +349,15 @@ def _scan(
         score = math.sqrt(th) * corner * bold * ground * (1.0 if connect == "joined" else 0.9)
         out.append(Candidate(box=(a, b, c, d), dark=ink.dark, score=score))
     return out
+
+
+def _ring(box: Box, shape: tuple[int, int]) -> Box:
+    """The window around a glyph at ``box`` whose ink makes it part of text: ``RING_X`` of its
+    height beside it and ``RING_Y`` above and below, within an image of ``shape`` (h, w)."""
+    a, b, c, d = box
+    th = d - b
+    rx, ry = math.ceil(RING_X * th), math.ceil(RING_Y * th)
+    return max(0, a - rx), max(0, b - ry), min(shape[1], c + rx), min(shape[0], d + ry)
 
 
 def _corner_free(mask: np.ndarray, box: Box, extent: tuple[int, int, int]) -> tuple[bool, bool]:
@@ -511,10 +519,7 @@ def _on_paper(gray: np.ndarray, box: Box) -> bool:
     around it (``RING_X``, ``RING_Y`` of its height) is the page's white, as beside a label whose
     foot touches its panel; a stroke of a photograph's texture has the photograph around it."""
     a, b, c, d = box
-    th = d - b
-    h, w = gray.shape
-    oa, ob = max(0, a - math.ceil(RING_X * th)), max(0, b - math.ceil(RING_Y * th))
-    oc, od = min(w, c + math.ceil(RING_X * th)), min(h, d + math.ceil(RING_Y * th))
+    oa, ob, oc, od = _ring(box, gray.shape)
     ring = gray[ob:od, oa:oc] >= PAPER
     ring_area = ring.size - (c - a) * (d - b)
     paper = int(ring.sum()) - int((gray[b:d, a:c] >= PAPER).sum())

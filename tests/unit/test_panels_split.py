@@ -103,18 +103,17 @@ def test_a_label_whose_foot_runs_into_a_rounded_black_frame():
     im = Image.new("RGB", (900, 780), "white")
     draw = ImageDraw.Draw(im)
     font = bold_font(26)
-    truth, label_a = [], None
+    truth, labels = [], []
     for k, text in enumerate("ABC"):
         top = 8 + k * 258
         frame = (16 if k == 0 else 22, top + 22, 890, top + 248)
         draw.rounded_rectangle(frame, radius=40, fill=(0, 0, 0))
         draw.text((300, top + 60), "RSC (medial)", fill=(255, 255, 255), font=font)
-        label = draw_label(draw, (6, top + 15) if k == 0 else (4, top - 6), text, font)
-        label_a = label if k == 0 else label_a
-        truth.append((min(label[0], frame[0]), label[1], frame[2] + 1, frame[3] + 1))
+        labels.append(draw_label(draw, (6, top + 15) if k == 0 else (4, top - 6), text, font))
+        truth.append((min(labels[-1][0], frame[0]), labels[-1][1], frame[2] + 1, frame[3] + 1))
     # the "A" and its frame are one shape of ink
     shapes, _, _ = components(np.asarray(im.convert("L")) < 128)
-    assert shapes[truth[0][1] + 1, (truth[0][0] + label_a[2]) // 2] == shapes[200, 400] > 0
+    assert shapes[truth[0][1] + 1, (truth[0][0] + labels[0][2]) // 2] == shapes[200, 400] > 0
     panels = panels_for_figure(im, "Figure 2. Tracts of the hippocampus. (a) Head. (b) Body. (c) Tail.")
     assert [p.label for p in panels] == ["A", "B", "C"]
     assert _same(panels, truth)
