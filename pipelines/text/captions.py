@@ -55,13 +55,19 @@ How a caption is read:
    a panel too, its text from its first sub-label to the next letter.
 7. Texts: a lead label's text runs to the next label; a trailing label's text is its list item
    with the label itself ("patient 2 (B)"), the first item of a list leaving the shared head to
-   the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"). A range or group
+   the preface ("Chest CT images showing the lungs of" | "patient 1 (A)"); after a list of
+   trailing labels, a later sentence naming one of them in brackets is that label's too ("EC
+   displayed high density throughout (a)."). A range or group
    "(A, B) ..." whose text then names each of its labels, in order, all after or all before
    their descriptions ("... shown in (A), and ... in (B)"; "for: (A) genes up; (B) ...") gives
    each label its own description, with what the group says of all of them: the words before
    the first description ("Enrichment of genes for" | "PTEN (b), CDC42 (c) and AKT3 (d)") and
    the sentences after the last, but a sentence naming one of them ("In (E), ...") is that
-   label's. Text edges lose punctuation and a dangling "and"/"or".
+   label's, and one listing several after their items ("... into the RSC (b; red), PeEc (c)
+   and TE2a (d)") gives each its item with the sentence's head. A credit line is cut out of
+   the text it stands in, a credit in brackets with its brackets ("hippocampus (right; Images
+   reproduced with permission from (22)) show ..."). Text edges lose punctuation and a
+   dangling "and"/"or".
 
 ``panels`` keys every label as printed: panels, and sub-panels after their panel
 (``{"a": ..., "a1": ..., "a2": ..., "b": ...}``); a panel's text covers its sub-panels' texts;
@@ -207,6 +213,8 @@ _CREDIT = re.compile(
     r"\b(?:(?P<upper>Reproduced|Reprinted|Adapted|Modified|Copyright|Courtesy)|reproduced|reprinted|adapted)\b"
     r"(?=[^.]{0,60}?\b(?:permission|Copyright|license|licence|courtesy|©)|\s+from\b|\s+\d{4}\b|\s+©)|©",
 )
+# A credit line ends at a full stop that no abbreviation holds ("adapted from Wang et al. [28]").
+_CREDIT_END = re.compile(r"(?<!\bal)(?<!\b[Rr]ef)(?<!\b[Rr]efs)(?<!\bFig)(?<!\bFigs)(?<!\bNo)(?<!\b[A-Z])\.(?:\s|$)")
 # A closing sentence that points to data elsewhere describes no panel.
 _POINTER = re.compile(
     r"\b(?:source\s+data|figure\s+supplements?|(?:raw|underlying)\s+data|can\s+be\s+found\s+(?:at|in)"
@@ -435,14 +443,32 @@ def _credits(c: _Caption) -> list[tuple[int, int]]:
         opened = text[:start].rstrip().endswith("(")
         if opened:
             start = text.rindex("(", 0, start)
+        else:
+            # a credit inside a bracket of its clause goes with the bracket: "hippocampus (right;
+            # Images reproduced with permission from (22)) show ..." keeps "show ..."
+            opener = _opener(text, max([c.floor, *(b.end() for b in re.finditer(r"[.!?]\s", text[:start]))]), start)
+            start = start if opener is None else opener
         if text[start] == "(":
             end = _closing(text, start + 1, c.body_end)
             end = c.body_end if end is None else end + 1
         else:
-            stop = re.compile(r"\.(?:\s|$)").search(text, m.end(), c.body_end)
+            stop = _CREDIT_END.search(text, m.end(), c.body_end)
             end = stop.end() if stop else c.body_end
         spans.append((start, end))
     return spans
+
+
+def _opener(text: str, start: int, end: int) -> int | None:
+    """Position of the "(" left open between ``start`` and ``end``, the innermost, if any."""
+    level = 0
+    for k in range(end - 1, start - 1, -1):
+        if text[k] == ")":
+            level += 1
+        elif text[k] == "(":
+            if level == 0:
+                return k
+            level -= 1
+    return None
 
 
 def _closing(text: str, start: int, end: int) -> int | None:
@@ -776,7 +802,7 @@ def _refine(
     _, spans = _segment(c, parts, span[0], end)
     if role == "lead":
         head = (span[0], order[0].start)
-    elif c.clause_start(order[0].start) > span[0]:
+    elif c.clause_start(order[0].start) > len(c.text) - len(c.text[span[0] :].lstrip()):
         head = (span[0], c.clause_start(order[0].start))  # the descriptions are clauses of their own
     else:
         # a list in the group's first clause: the first item as long as the longest other one
@@ -786,17 +812,18 @@ def _refine(
         head = (span[0], span[0] + words[-longest].start() if len(words) > longest else span[0])
     spans[0] = (span[0], spans[0][1])
     # after the last description: a sentence naming one label of the group is that label's
-    # ("In (E), three cells ..."), the others are the group's
+    # ("In (E), three cells ..."), one listing several of them after their items gives each its
+    # item and its head, the others are the group's
     tail_start = spans[-1][1] if role == "trail" else end
-    bounds = [tail_start, *(x for x in c.sentences if tail_start < x < span[1]), span[1]]
     shared, own = [], {}
-    for a, b in pairwise(bounds):
-        named = {
-            i for m in markers if a <= m.start < b and m.kind != "position" for i, _ in _expand(m.label_list, scheme)
-        }
-        named &= set(d.indices)
+    for a, b in _sentences(c, tail_start, span[1]):
+        named = _named(markers, scheme, a, b) & set(d.indices)
+        items = _trailing_items(c, markers, scheme, a, b) if len(named) > 1 else {}
         if len(named) == 1:
             own.setdefault(named.pop(), []).append((a, b))
+        elif items and set(items) == named:
+            for i, item in items.items():
+                own.setdefault(i, []).extend(item)
         else:
             shared.append((a, b))
     found, context = {}, {}
@@ -806,14 +833,51 @@ def _refine(
     return found, context
 
 
-def _avoid(start: int, end: int, spans: list[tuple[int, int]]) -> tuple[int, int]:
-    """A text span without the credit lines in it (the part before one, else the part after)."""
-    for a, b in spans:
-        if a <= start < b:
-            start = min(b, end)
-        elif start < a < end:
-            end = a
-    return start, end
+def _sentences(c: _Caption, start: int, end: int) -> list[tuple[int, int]]:
+    """The sentences between ``start`` and ``end``, the first and last cut there."""
+    return list(pairwise([start, *(x for x in c.sentences if start < x < end), end]))
+
+
+def _named(markers: list[_Marker], scheme: str, start: int, end: int, bracketed: bool = False) -> set[int]:
+    """The label indices of ``scheme`` that markers between ``start`` and ``end`` name (with
+    ``bracketed``, markers in brackets only: a bare "a" there may be the article)."""
+    kinds = ("paren", "close") if bracketed else ("paren", "close", "bare", "weak", "soft")
+    return {i for m in markers if start <= m.start < end and m.kind in kinds for i, _ in _expand(m.label_list, scheme)}
+
+
+def _trailing_items(
+    c: _Caption, markers: list[_Marker], scheme: str, start: int, end: int
+) -> dict[int, list[tuple[int, int]]]:
+    """A sentence that lists labels after their items, each once and in one clause ("... show
+    the cells labelled after injection into the RSC (b; red), PeEc (c; black points) and TE2a
+    (d)"): label index -> its spans, the sentence's head before the first item and its own item.
+    Empty when the sentence is not such a list."""
+    found = [m for m in markers if start <= m.start < end and m.kind != "position"]
+    named = [_expand(m.label_list, scheme) for m in found]
+    if (
+        len(found) < 2
+        or any(len(n) != 1 or not m.trailing for m, n in zip(found, named, strict=True))
+        or len({c.clause(m.start) for m in found}) > 1
+        or len({n[0][0] for n in named}) < len(found)
+    ):
+        return {}
+    parts = [_Def(m, [n[0][1]], [n[0][0]], "trail") for m, n in zip(found, named, strict=True)]
+    first, spans = _segment(c, parts, start, end)
+    head = [(start, first)] if first > start else []
+    return {part.indices[0]: [*head, item] for part, item in zip(parts, spans, strict=True)}
+
+
+def _uncredited(text: str, start: int, end: int, credits: list[tuple[int, int]]) -> str:
+    """``_trim`` of ``text[start:end]`` with the credit lines in it cut out: the pieces around
+    them, each trimmed, joined by a space ("CT scan. Reproduced from [3]. Scale bar, 1 cm")."""
+    pieces, at = [], start
+    for a, b in sorted(credits):
+        if b <= at or a >= end:
+            continue
+        pieces.append(_trim(text, at, max(at, a)))
+        at = min(max(at, b), end)
+    pieces.append(_trim(text, at, end))
+    return " ".join(piece for piece in pieces if piece)
 
 
 @dataclass
@@ -842,6 +906,15 @@ def _level(
             refined, shared = _refine(c, markers, scheme, d, span)
             by_index.update(refined)
             context.update(shared)
+    if defs and defs[-1].role == "trail":
+        # after a list of trailing labels, a sentence naming one of them is that label's ("...
+        # PHA3 (e). ... EC displayed high endpoint density throughout the hippocampus (a).")
+        for a, b in _sentences(c, spans[-1][1], hi):
+            named = _named(markers, scheme, a, b, bracketed=True) & set(by_index)
+            if len(named) == 1:
+                i = named.pop()
+                head, tail = context.get(i, (None, []))
+                context[i] = (head, [*tail, (a, b)])
     # a lead label with no text of its own shares the next one's: "(A) and (B) Western blots of ..."
     ordered = sorted(by_index.items(), key=lambda item: item[1][1][0])
     for (i, (label, span)), (_, (_, after)) in pairwise(ordered):
@@ -980,20 +1053,19 @@ def split_caption(caption: str | None) -> CaptionSplit:
     if outer is None:
         outer = _position_level(c, markers)
     if outer is None:
-        start, end = _avoid(0, c.body_end, c.credits)
-        return CaptionSplit(preface=text[start:end].strip(), scheme="none")
+        return CaptionSplit(preface=_uncredited(text, 0, c.body_end, c.credits), scheme="none")
     panels: dict[str, str] = {}
     parents: dict[str, str] = {}
     for index in sorted(outer.spans):
         label, span = outer.spans[index]
         head, tail = outer.context.get(index, (None, []))
-        pieces = [_trim(text, *_avoid(*piece, c.credits)) for piece in ([head] if head else []) + [span, *tail]]
+        pieces = [_uncredited(text, *piece, c.credits) for piece in ([head] if head else []) + [span, *tail]]
         panels[label] = " ".join(piece for piece in pieces if piece)
         for _, (sub, sub_span) in nested.get(index, []):
             if sub.casefold() not in {key.casefold() for key in panels}:
-                panels[sub] = _trim(text, *_avoid(*sub_span, c.credits))
+                panels[sub] = _uncredited(text, *sub_span, c.credits)
                 parents[sub] = label
-    preface = _trim(text, *_avoid(0, outer.first, c.credits))
+    preface = _uncredited(text, 0, outer.first, c.credits)
     rivals = sum(1 for other in options if other not in (outer.scheme, inner))
     scheme = outer.scheme
     if scheme == "letter":
