@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pipelines.text.captions import open_bracket
+
 MARKERS = ("arrow", "arrowhead", "asterisk", "box", "circle", "other")
 
 
@@ -391,7 +393,7 @@ def _back_to_clause_start(text: str, pos: int, floor: int = 0) -> tuple[int, int
         end -= 1
     head = text[max(floor, end - _MAX_CLAUSE) : end]
     offset = end - len(head)
-    sentence = max(head.rfind(". "), head.rfind("; "), _open_paren(head), head.rfind(": "), head.rfind(".("))
+    sentence = max(head.rfind(". "), head.rfind("; "), open_bracket(head), head.rfind(": "), head.rfind(".("))
     start = sentence + 1 if sentence >= 0 else 0
     if head[start : start + 1] == " ":
         start += 1
@@ -408,20 +410,6 @@ def _back_to_clause_start(text: str, pos: int, floor: int = 0) -> tuple[int, int
     while start < end and text[start].isspace():
         start += 1
     return start, end
-
-
-def _open_paren(text: str) -> int:
-    """The last "(" of ``text`` still open at its end, or -1: a clause inside a parenthesis
-    starts there, but a closed one ("slices (a and b) the mask ...") is part of the clause."""
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        if text[i] == ")":
-            depth += 1
-        elif text[i] == "(":
-            if depth == 0:
-                return i
-            depth -= 1
-    return -1
 
 
 def _words_back(text: str, pos: int, limit: int = 5) -> tuple[int, int]:

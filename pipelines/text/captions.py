@@ -446,8 +446,9 @@ def _credits(c: _Caption) -> list[tuple[int, int]]:
         else:
             # a credit inside a bracket of its clause goes with the bracket: "hippocampus (right;
             # Images reproduced with permission from (22)) show ..." keeps "show ..."
-            opener = _opener(text, max([c.floor, *(b.end() for b in re.finditer(r"[.!?]\s", text[:start]))]), start)
-            start = start if opener is None else opener
+            sentence = max([c.floor, *(b.end() for b in re.finditer(r"[.!?]\s", text[:start]))])
+            opener = open_bracket(text, sentence, start)
+            start = start if opener < 0 else opener
         if text[start] == "(":
             end = _closing(text, start + 1, c.body_end)
             end = c.body_end if end is None else end + 1
@@ -458,17 +459,18 @@ def _credits(c: _Caption) -> list[tuple[int, int]]:
     return spans
 
 
-def _opener(text: str, start: int, end: int) -> int | None:
-    """Position of the "(" left open between ``start`` and ``end``, the innermost, if any."""
+def open_bracket(text: str, start: int = 0, end: int | None = None) -> int:
+    """Position of the innermost "(" of ``text[start:end]`` still open at ``end``, or -1 (as
+    ``str.rfind``): a clause inside a bracket starts there, a closed one is part of its clause."""
     level = 0
-    for k in range(end - 1, start - 1, -1):
+    for k in range((len(text) if end is None else end) - 1, start - 1, -1):
         if text[k] == ")":
             level += 1
         elif text[k] == "(":
             if level == 0:
                 return k
             level -= 1
-    return None
+    return -1
 
 
 def _closing(text: str, start: int, end: int) -> int | None:
