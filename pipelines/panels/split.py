@@ -35,8 +35,9 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   caption that names no panel keeps a figure without labels whole unless a clear gutter
   (``UNNAMED_GUTTER``), a row of like photographs or a grid of like charts, each with its own
   axes and data marks (small multiples, ``_chart_row``), parts it. A caption that speaks of
-  its panels without labels ("the left panel ... the right panel", "in each panel",
-  ``captions.panels_mentioned``) names no label but is no single figure's.
+  its panels without labels ("the left panel ... the right panel", "on the left ... on the
+  right", "in each panel", ``captions.panels_mentioned``) names no label but is no single
+  figure's.
 * ``structure`` - chart structure (``pipelines.panels.regions``). Without labels the figure
   is cut only where the cut leaves two or more graphic blocks of comparable size; tick-label
   strips, axis titles, legends, colour bars and titles join the block beside them. Without

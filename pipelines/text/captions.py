@@ -185,6 +185,13 @@ _PANEL_MENTION = re.compile(
     r"|\b(?:each|every|both|all|individual|separate|respective)\s+panels?\b|\bpanels?\s+(?:titles?|headings?)\b",
     re.IGNORECASE,
 )
+# ... or as places without the word "panel": "on the left for T-bars, and on the right for ...",
+# "control (left) and knock-down (right) cells"; a place followed by a noun ("on the left
+# ventricle") or "of" ("at the top of the image") names a part of one picture, not a panel
+_PLACE_MENTION = re.compile(
+    rf"(?<![\w-])(?:(?:on|at|in)\s+the\s+(?P<pos>{_POSITIONS})(?=\s*[,;:.)]|\s*$|\s+(?:for|and|or|is|are|was|were"
+    rf"|shows?|depicts?|represents?|displays?|with|from)\b)|\((?P<inner>{_POSITIONS})\))"
+)
 _SAME_POSITION = {"upper": "top", "lower": "bottom", "center": "middle", "centre": "middle"}
 _POSITION_BEFORE = re.compile(rf"(?<![\w-])(?P<pos>{_POSITION})[\s,]*$")
 _POSITION_MARK = re.compile(rf"(?<![\w-])(?:(?P<pos>{_POSITION})\s*:|\((?P<inner>{_POSITION})\))(?=\s)")
@@ -1080,21 +1087,33 @@ def split_caption(caption: str | None) -> CaptionSplit:
 
 def panels_mentioned(caption: str | None) -> int | None:
     """What a caption says of panels it prints no label for: the number of places it names
-    ("the left panel ... the right panel": 2; "top, middle and bottom panels": 3), 0 when it
-    speaks of no panel, None when it speaks of panels without saying how many ("in each panel",
-    "the panel titles", one place). Authors write so of a figure whose panels carry no printed
-    label, so that a caption ``split_caption`` finds no label in is not read as a single figure's."""
+    ("the left panel ... the right panel", "on the left ..., on the right ...": 2; "top, middle
+    and bottom panels": 3), 0 when it speaks of no panel, None when it speaks of panels without
+    saying how many ("in each panel", "the panel titles", one place). Authors write so of a
+    figure whose panels carry no printed label, so that a caption ``split_caption`` finds no
+    label in is not read as a single figure's."""
     places: set[str] = set()
     mentioned = False
     for m in _PANEL_MENTION.finditer(normalize_caption(caption)):
         mentioned = True
         for place in re.split(r"\s*(?:,\s*and|,|and|&)\s*", m.group("pos") or ""):
-            words = [_SAME_POSITION.get(w, w) for w in re.split(r"[\s-]+", place.casefold()) if w]
-            if words:
-                places.add(" ".join(words))
+            if _place(place):
+                places.add(_place(place))
+    # places named without "panel" count only where two or more are named
+    elsewhere = {
+        _place(m.group("pos") or m.group("inner")) for m in _PLACE_MENTION.finditer(normalize_caption(caption))
+    }
+    if len(elsewhere) >= 2:
+        mentioned = True
+        places |= elsewhere
     if not mentioned:
         return 0
     return len(places) if len(places) >= 2 else None
+
+
+def _place(words: str) -> str:
+    """A place as ``panels_mentioned`` counts it: "Upper left" and "top-left" are one place."""
+    return " ".join(_SAME_POSITION.get(w, w) for w in re.split(r"[\s-]+", words.casefold()) if w)
 
 
 def caption_agreement(cases: Iterable[dict], splitter: Callable[[str | None], CaptionSplit] | None = None) -> dict:

@@ -958,6 +958,10 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
         ("Coronal (top panel), sagittal (middle panel) and axial (bottom panel) views.", 3),
         ("Top and bottom panels: two fields of one section.", 2),
         ("Upper panel: raw trace; lower panel: the same trace filtered.", 2),  # upper is top, lower bottom
+        # places without the word "panel", two or more of them
+        ("Precision and recall, on the left for T-bars, and on the right for synapses as a whole.", 2),
+        ("Images of control (left) and knock-down (right) cells.", 2),
+        ("Sections at the top, in the middle and at the bottom.", 3),
         # panels spoken of without a count
         ("Test results are given in the panel titles.", None),
         ("In each panel, the location of the slice is shown.", None),
@@ -966,6 +970,8 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
         ("Growth of two strains in rich medium.", 0),
         ("Expression of a panel of 50 genes measured with a sequencing panel.", 0),
         ("The left ventricle is enlarged (arrow).", 0),
+        ("A lesion on the left lung and one at the top of the liver (arrows).", 0),  # parts of one picture
+        ("The nucleus (top) is stained.", 0),  # one place alone
         (None, 0),
     ],
 )
