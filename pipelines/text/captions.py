@@ -1237,7 +1237,9 @@ def phrase_agreement(cases: Iterable[dict], splitter: Callable[[str | None], Cap
 def is_extractive(text: str | None, caption: str | None) -> bool:
     """Whether ``text`` is made of pieces of ``caption``, in caption order, joined by single
     spaces (after ``normalize_caption`` on both): what ``split_caption`` returns. Each piece is
-    taken as long as it still occurs after the previous one."""
+    first taken as long as it still occurs after the previous one; where that greedy reading
+    fails ("et al. et al. et al." from "et al. Reproduced ... et al. et al."), every way of
+    cutting the words into pieces is tried, each piece ending as early in the caption as it can."""
     text, caption = normalize_caption(text), normalize_caption(caption)
     if text in caption:  # the empty text of a label that has none too
         return True
@@ -1250,9 +1252,27 @@ def is_extractive(text: str | None, caption: str | None) -> bool:
                 best = (j, k + len(" ".join(words[i:j])))
                 break
         if best is None:
-            return False
+            return _pieces_in_order(words, caption)
         i, at = best
     return True
+
+
+def _pieces_in_order(words: list[str], caption: str) -> bool:
+    """``is_extractive``'s full search: ``reach[i]`` is the earliest end in ``caption`` of the
+    first ``i`` words taken as pieces in order (a longer piece is found only where its start is)."""
+    reach: list[int | None] = [0] + [None] * len(words)
+    for i in range(len(words)):
+        if reach[i] is None:
+            continue
+        for j in range(i + 1, len(words) + 1):
+            piece = " ".join(words[i:j])
+            k = caption.find(piece, reach[i])
+            if k < 0:
+                break
+            end = k + len(piece)
+            if reach[j] is None or end < reach[j]:
+                reach[j] = end
+    return reach[-1] is not None
 
 
 _STOP = frozenset("the and for with are was were this that from into their its than then these those which".split())

@@ -815,6 +815,15 @@ def test_generated_captions_split_extractively(figure_label, caption):
     assert_extractive(figure_label + caption, split_caption(figure_label + caption))
 
 
+def test_extractive_pieces_need_not_be_the_longest_first():
+    # "et al." at the start, then "et al. et al." at the end: the longest piece first ("et al.
+    # et al." at the end) leaves nothing after it for the last "et al."
+    caption = "et al. Reproduced from [3]. et al. et al."
+    assert is_extractive("et al. et al. et al.", caption)
+    assert not is_extractive("et al. et al. et al. et al.", caption)  # the caption has three
+    assert not is_extractive("et al. Reproduced", "Reproduced from [3]. et al.")  # out of order
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.sampled_from([c["caption"] for c in CASES]),
