@@ -186,12 +186,16 @@ _PANEL_MENTION = re.compile(
     re.IGNORECASE,
 )
 # ... or as places without the word "panel": "on the left for T-bars, and on the right for ...",
-# "control (left) and knock-down (right) cells"; a place followed by a noun ("on the left
-# ventricle") or "of" ("at the top of the image") names a part of one picture, not a panel
+# "control (left) and knock-down (right) cells". Only two opposite sides count (left and right,
+# top and bottom), each followed by punctuation or a verb: a place before a noun ("on the left
+# ventricle"), "of" ("at the top of the image"), "and" ("markers on the left and lane numbers at
+# the top") or a corner names a part of one picture.
 _PLACE_MENTION = re.compile(
-    rf"(?<![\w-])(?:(?:on|at|in)\s+the\s+(?P<pos>{_POSITIONS})(?=\s*[,;:.)]|\s*$|\s+(?:for|and|or|is|are|was|were"
-    rf"|shows?|depicts?|represents?|displays?|with|from)\b)|\((?P<inner>{_POSITIONS})\))"
+    r"(?<![\w-])(?:(?:[Oo]n|[Aa]t|[Ii]n)\s+the\s+(?P<pos>left|right|top|bottom|upper|lower)"
+    r"(?=\s*[,;:.)]|\s*$|\s+(?:for|is|are|was|were|shows?|depicts?|represents?|displays?|with|from)\b)"
+    r"|\((?P<inner>left|right)\))"
 )
+_OPPOSITE_SIDES = ({"left", "right"}, {"top", "bottom"})
 _SAME_POSITION = {"upper": "top", "lower": "bottom", "center": "middle", "centre": "middle"}
 _POSITION_BEFORE = re.compile(rf"(?<![\w-])(?P<pos>{_POSITION})[\s,]*$")
 _POSITION_MARK = re.compile(rf"(?<![\w-])(?:(?P<pos>{_POSITION})\s*:|\((?P<inner>{_POSITION})\))(?=\s)")
@@ -220,8 +224,25 @@ _CREDIT = re.compile(
     r"\b(?:(?P<upper>Reproduced|Reprinted|Adapted|Modified|Copyright|Courtesy)|reproduced|reprinted|adapted)\b"
     r"(?=[^.]{0,60}?\b(?:permission|Copyright|license|licence|courtesy|©)|\s+from\b|\s+\d{4}\b|\s+©)|©",
 )
-# A credit line ends at a full stop that no abbreviation holds ("adapted from Wang et al. [28]").
-_CREDIT_END = re.compile(r"(?<!\bal)(?<!\b[Rr]ef)(?<!\b[Rr]efs)(?<!\bFig)(?<!\bFigs)(?<!\bNo)(?<!\b[A-Z])\.(?:\s|$)")
+# A credit line ends at a full stop, unless an abbreviation holds it and the credit goes on after
+# it: a reference, a year, a lower-case word, or one word to its own stop ("Smith et al. [28]",
+# "Wiley-VCH Verlag GmbH & Co. KGaA."); "Elsevier B.V. (b) XRD ..." ends at "B.V.".
+_FULL_STOP = re.compile(r"\.(?:\s|$)")
+_ABBREVIATION = re.compile(r"(?:\b(?:al|[Rr]efs?|Figs?|No|Co|Inc|Ltd)|\b[A-Z]|\.[A-Z])$")
+_CREDIT_GOES_ON = re.compile(r"\s*(?:\[|\d|[a-z]|[^\s.()\[\]]+\.(?:\s|$))")
+
+
+_LABEL_BRACKET = re.compile(r"\(\s*(?=\w)[A-Za-z]?\d{0,2}[A-Za-z]?\s*[;,]")
+
+
+def _credit_end(text: str, start: int, end: int) -> int:
+    """Where a credit line that runs from ``start`` ends (``end`` when no stop ends it)."""
+    for stop in _FULL_STOP.finditer(text, start, end):
+        if not (_ABBREVIATION.search(text, 0, stop.start()) and _CREDIT_GOES_ON.match(text, stop.end())):
+            return stop.end()
+    return end
+
+
 # A closing sentence that points to data elsewhere describes no panel.
 _POINTER = re.compile(
     r"\b(?:source\s+data|figure\s+supplements?|(?:raw|underlying)\s+data|can\s+be\s+found\s+(?:at|in)"
@@ -444,7 +465,9 @@ def _credits(c: _Caption) -> list[tuple[int, int]]:
         start = m.start()
         if not (m.group("upper") or m.group() == "\u00a9"):
             sentence = max([c.floor, *(b.end() for b in re.finditer(r"[.;!?]\s", text[:start]))])
-            if len(text[sentence:start].split()) > 6:
+            if len(text[sentence:start].split()) > 6 or text[:start].rstrip().endswith(","):
+                # a long sentence, or a clause of its own ("Schematic of the pathway, reprinted
+                # with permission from ..."): from the comma or bracket before the credit
                 sentence = max(text.rfind(",", sentence, start) + 1, text.rfind("(", sentence, start), sentence)
             start = sentence
         opened = text[:start].rstrip().endswith("(")
@@ -455,13 +478,19 @@ def _credits(c: _Caption) -> list[tuple[int, int]]:
             # Images reproduced with permission from (22)) show ..." keeps "show ..."
             sentence = max([c.floor, *(b.end() for b in re.finditer(r"[.!?]\s", text[:start]))])
             opener = open_bracket(text, sentence, start)
-            start = start if opener < 0 else opener
+            close = _closing(text, opener + 1, c.body_end) if opener >= 0 else None  # "(n = 5, Reproduced ..."
+            own = _LABEL_BRACKET.match(text, opener) if close is not None else None
+            if own:
+                # in a label's own bracket ("PeEc (b; adapted from Smith 2010)"): from the
+                # label's ";" up to its ")"; the label keeps its marker
+                spans.append((own.end() - 1, close))
+                continue
+            start = start if close is None else opener
         if text[start] == "(":
             end = _closing(text, start + 1, c.body_end)
             end = c.body_end if end is None else end + 1
         else:
-            stop = _CREDIT_END.search(text, m.end(), c.body_end)
-            end = stop.end() if stop else c.body_end
+            end = _credit_end(text, m.end(), c.body_end)
         spans.append((start, end))
     return spans
 
@@ -536,8 +565,11 @@ def _candidates(c: _Caption) -> list[_Marker]:
     def free(start: int, end: int) -> bool:
         return not any(taken[start:end])
 
-    def add(start: int, end: int, label_list: str, kind: str, clause_start: bool | None = None) -> None:
-        if start < c.floor or start >= c.body_end or not free(start, end):
+    def add(
+        start: int, end: int, label_list: str, kind: str, clause_start: bool | None = None, owned: int | None = None
+    ) -> None:
+        # ``owned``: where the part that must be free ends (a label's own bracket may hold a credit)
+        if start < c.floor or start >= c.body_end or not free(start, end if owned is None else owned):
             return
         at_start = _is_clause_start(text, start, c.floor) if clause_start is None else clause_start
         window = max(c.floor, start - _WINDOW)  # references and position words sit just before a marker
@@ -557,7 +589,7 @@ def _candidates(c: _Caption) -> list[_Marker]:
         if _is_clause_start(text, m.start(), c.floor):
             add(m.start(), m.end(), m.group("bare") or m.group("paren"), "bare", True)
     for m in _PAREN.finditer(text):
-        add(m.start(), m.end(), m.group("list"), "paren")
+        add(m.start(), m.end(), m.group("list"), "paren", owned=m.end("list"))
     for m in _CLOSE.finditer(text):
         if not m.group("list").isdigit() and _unmatched_close(text, m.end() - 1):
             # one scheme to a list: the number of "gleason 6, C)" ends the text before the label
@@ -816,9 +848,7 @@ def _refine(
     else:
         # a list in the group's first clause: the first item as long as the longest other one
         # ("Enrichment of genes for PTEN (b), CDC42 (c) and AKT3 (d)")
-        longest = max(len(_trim(c.text, spans[k][0], order[k].start).split()) for k in range(1, len(order)))
-        words = list(re.finditer(r"\S+", c.text[span[0] : order[0].start]))
-        head = (span[0], span[0] + words[-longest].start() if len(words) > longest else span[0])
+        head = (span[0], _list_head_end(c.text, span[0], spans, order))
     spans[0] = (span[0], spans[0][1])
     # after the last description: a sentence naming one label of the group is that label's
     # ("In (E), three cells ..."), one listing several of them after their items gives each its
@@ -871,9 +901,20 @@ def _trailing_items(
     ):
         return {}
     parts = [_Def(m, [n[0][1]], [n[0][0]], "trail") for m, n in zip(found, named, strict=True)]
-    first, spans = _segment(c, parts, start, end)
-    head = [(start, first)] if first > start else []
+    _, spans = _segment(c, parts, start, end)
+    cut = _list_head_end(c.text, spans[0][0], spans, found)
+    spans[0] = (cut, spans[0][1])
+    head = [(start, cut)] if cut > start else []
     return {part.indices[0]: [*head, item] for part, item in zip(parts, spans, strict=True)}
+
+
+def _list_head_end(text: str, start: int, spans: list[tuple[int, int]], markers: list[_Marker]) -> int:
+    """Where the first item of a list of trailing labels starts when the words before its label
+    run from ``start``: it is as long as the longest other item, the words before it are the
+    list's head ("Enrichment of genes for" | "PTEN (b), CDC42 (c) and AKT3 (d)")."""
+    longest = max(len(_trim(text, spans[k][0], markers[k].start).split()) for k in range(1, len(markers)))
+    words = list(re.finditer(r"\S+", text[start : markers[0].start]))
+    return start + words[-longest].start() if len(words) > longest else start
 
 
 def _uncredited(text: str, start: int, end: int, credits: list[tuple[int, int]]) -> str:
@@ -918,7 +959,7 @@ def _level(
     if defs and defs[-1].role == "trail":
         # after a list of trailing labels, a sentence naming one of them is that label's ("...
         # PHA3 (e). ... EC displayed high endpoint density throughout the hippocampus (a).")
-        for a, b in _sentences(c, spans[-1][1], hi):
+        for a, b in _sentences(c, max(end for _, end in spans), hi):
             named = _named(markers, scheme, a, b, bracketed=True) & set(by_index)
             if len(named) == 1:
                 i = named.pop()
@@ -1099,11 +1140,11 @@ def panels_mentioned(caption: str | None) -> int | None:
         for place in re.split(r"\s*(?:,\s*and|,|and|&)\s*", m.group("pos") or ""):
             if _place(place):
                 places.add(_place(place))
-    # places named without "panel" count only where two or more are named
+    # places named without "panel" count where two opposite sides are named
     elsewhere = {
         _place(m.group("pos") or m.group("inner")) for m in _PLACE_MENTION.finditer(normalize_caption(caption))
     }
-    if len(elsewhere) >= 2:
+    if any(sides <= elsewhere for sides in _OPPOSITE_SIDES):
         mentioned = True
         places |= elsewhere
     if not mentioned:

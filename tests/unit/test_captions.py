@@ -434,6 +434,47 @@ def test_a_credit_inside_a_bracket_takes_the_bracket_and_leaves_the_sentence():
     assert split_caption(holin).preface == "Figure 2. Holin holes."
 
 
+@pytest.mark.parametrize(
+    ("caption", "panels"),
+    [
+        # a stop after an abbreviation ends the credit unless the credit goes on after it
+        (
+            "Fig. 2. (a) SEM image of the film. Reprinted with permission from [5], Copyright 2018 Elsevier B.V. "
+            "(b) XRD patterns of the film.",
+            {"a": "SEM image of the film.", "b": "XRD patterns of the film."},
+        ),
+        (
+            "Figure 3. (A) Growth curves. Adapted from Smith et al. (B) Survival of the mutants.",
+            {"A": "Growth curves.", "B": "Survival of the mutants."},
+        ),
+        (
+            "Figure 6. (a) TEM image. Reproduced with permission from [7], Copyright 2016 Wiley-VCH Verlag GmbH & "
+            "Co. KGaA. (b) Size distribution.",
+            {"a": "TEM image.", "b": "Size distribution."},
+        ),
+        # a lower-case credit after a comma is a clause of its own: the words before it stay
+        (
+            "Figure 1. A, Schematic of the pathway, reprinted with permission from Lee et al. B, Western blot of "
+            "the lysates.",
+            {"A": "Schematic of the pathway", "B": "Western blot of the lysates."},
+        ),
+        # a bracket the credit never closes is not the credit's
+        (
+            "Figure 4. (A) Weight of the mice (n = 5, Reproduced from [3]. (B) Food intake.",
+            {"A": "Weight of the mice (n = 5", "B": "Food intake."},
+        ),
+        # in a label's own bracket the credit leaves the label (its text stays pieces of the
+        # caption, so the bracket stays open)
+        (
+            "Figure 2. Density maps of EC (a), PeEc (b; adapted from Smith 2010) and PHA1 (c).",
+            {"a": "Density maps of EC (a)", "b": "PeEc (b", "c": "PHA1 (c)"},
+        ),
+    ],
+)
+def test_where_a_credit_line_ends(caption, panels):
+    assert split_caption(caption).panels == panels
+
+
 def test_a_group_s_closing_list_of_trailing_labels_gives_each_label_its_item():
     split = split_caption(
         "Figure 5. Tracts. a. Slices. b-d. Masks overlaid with density maps associated with RSC (b), PeEc (c) "
@@ -444,11 +485,11 @@ def test_a_group_s_closing_list_of_trailing_labels_gives_each_label_its_item():
     # the closing sentence's head goes with every item; "Note ..." names none: the group's
     maps, head = (
         "Masks overlaid with density maps associated with",
-        "Schematics show the cells labelled after tracer injection into",
+        "Schematics show the cells labelled after tracer injection into the",
     )
     assert split.panels == {
         "a": "Slices.",
-        "b": f"{maps} RSC (b) {head} the RSC (b; red) Note the similar regions.",
+        "b": f"{maps} RSC (b) {head} RSC (b; red) Note the similar regions.",
         "c": f"{maps} PeEc (c) {head} PeEc (c; black) Note the similar regions.",
         "d": f"{maps} TE2a (d) {head} TE2a (d; black) Note the similar regions.",
     }
@@ -967,10 +1008,11 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
         ("Coronal (top panel), sagittal (middle panel) and axial (bottom panel) views.", 3),
         ("Top and bottom panels: two fields of one section.", 2),
         ("Upper panel: raw trace; lower panel: the same trace filtered.", 2),  # upper is top, lower bottom
-        # places without the word "panel", two or more of them
+        # places without the word "panel": two opposite sides
         ("Precision and recall, on the left for T-bars, and on the right for synapses as a whole.", 2),
         ("Images of control (left) and knock-down (right) cells.", 2),
-        ("Sections at the top, in the middle and at the bottom.", 3),
+        ("Control at the top, treated at the bottom.", 2),
+        ("On the left, controls; on the right, treated cells.", 2),
         # panels spoken of without a count
         ("Test results are given in the panel titles.", None),
         ("In each panel, the location of the slice is shown.", None),
@@ -981,6 +1023,10 @@ def test_the_benchmark_baseline_runs_the_splitter_of_a_revision_beside_todays():
         ("The left ventricle is enlarged (arrow).", 0),
         ("A lesion on the left lung and one at the top of the liver (arrows).", 0),  # parts of one picture
         ("The nucleus (top) is stained.", 0),  # one place alone
+        # sides that name parts of one picture: a blot's markers and lanes, bones, marks
+        ("Western blot; molecular weight markers are on the left and lane numbers at the top.", 0),
+        ("The femur is at the top and the tibia at the bottom.", 0),
+        ("The arrow (top) marks the lesion and the asterisk (bottom) the necrosis.", 0),
         (None, 0),
     ],
 )
