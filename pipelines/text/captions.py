@@ -226,10 +226,11 @@ _CREDIT = re.compile(
 )
 # A credit line ends at a full stop, unless an abbreviation holds it and the credit goes on after
 # it: a reference, a year, a lower-case word, or one word to its own stop ("Smith et al. [28]",
-# "Wiley-VCH Verlag GmbH & Co. KGaA."); "Elsevier B.V. (b) XRD ..." ends at "B.V.".
+# "Wiley-VCH Verlag GmbH & Co. KGaA."); "Elsevier B.V. (b) XRD ...", "Smith et al. b SEM ..."
+# and "Elsevier Ltd. B. Blots" end at the stop (a letter alone is the next label).
 _FULL_STOP = re.compile(r"\.(?:\s|$)")
 _ABBREVIATION = re.compile(r"(?:\b(?:al|[Rr]efs?|Figs?|No|Co|Inc|Ltd)|\b[A-Z]|\.[A-Z])$")
-_CREDIT_GOES_ON = re.compile(r"\s*(?:\[|\d|[a-z]|[^\s.()\[\]]+\.(?:\s|$))")
+_CREDIT_GOES_ON = re.compile(r"\s*(?:\[|\d|[a-z]{2}|[^\s.()\[\]]{2,}\.(?:\s|$))")
 
 
 _LABEL_BRACKET = re.compile(r"\(\s*(?=\w)[A-Za-z]?\d{0,2}[A-Za-z]?\s*[;,]")

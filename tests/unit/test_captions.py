@@ -452,6 +452,19 @@ def test_a_credit_inside_a_bracket_takes_the_bracket_and_leaves_the_sentence():
             "Co. KGaA. (b) Size distribution.",
             {"a": "TEM image.", "b": "Size distribution."},
         ),
+        # ... and a letter alone after the stop is the next label, not the credit's
+        (
+            "Fig. 4 a Fabrication of graphene. Adapted from Wang et al. b TGA curves of the mats. c Raman spectra.",
+            {"a": "Fabrication of graphene.", "b": "TGA curves of the mats.", "c": "Raman spectra."},
+        ),
+        (
+            "Figure 1. A. Growth. Reprinted with permission from Elsevier Ltd. B. Western blot. C. Survival.",
+            {"A": "Growth.", "B": "Western blot.", "C": "Survival."},
+        ),
+        (
+            "Figure 3. (a) Map. Adapted from Smith et al. with permission. (b) Counts.",
+            {"a": "Map.", "b": "Counts."},
+        ),
         # a lower-case credit after a comma is a clause of its own: the words before it stay
         (
             "Figure 1. A, Schematic of the pathway, reprinted with permission from Lee et al. B, Western blot of "
