@@ -154,6 +154,7 @@ def decide(
         caption_labels, named = caption_evidence(caption)
     decision = Decision(panels=[], route="layout", caption_labels=caption_labels)
     labels: list[PrintedLabel] = []
+    scheme: str | None = None
     if "labels" in evidence:
         found = read_labels(image, sheet.gray, reader or get_reader(), caption_labels)
         labels, scheme = found.labels, found.scheme
@@ -189,7 +190,7 @@ def decide(
             if _closer(layout, panels, trusted):
                 decision.route = "labels+layout"
                 panels = _name_panels(layout, labels)
-        decision.panels = panels
+        decision.panels = _lone(decision, panels, scheme, caption_labels)
         return decision
     single_kind = "kind" in evidence and panel_type == SINGLE_PANEL
     if single_kind:
@@ -213,7 +214,7 @@ def decide(
         panels = split_panels(image)
     if len(labels) == 1 and len(panels) == 1:
         panels = [Panel(box=panels[0].box, score=panels[0].score, label=labels[0].text)]
-    decision.panels = finalize(panels, sheet.width, sheet.height)
+    decision.panels = _lone(decision, finalize(panels, sheet.width, sheet.height), scheme, caption_labels)
     return decision
 
 
@@ -248,6 +249,21 @@ def figure_decision(
         labels=[replace(lab, box=b) for lab, b in zip(decision.labels, label_boxes, strict=True)],
         route=decision.route,
     )
+
+
+def _lone(decision: Decision, panels: list[Panel], scheme: str | None, caption_labels: list[str] | None) -> list[Panel]:
+    """``panels``, where a figure of one panel keeps its label only if that label can name it:
+    the first of its scheme ("A", "a", "1", "i") or one the caption names. Labels that parted
+    nothing and name no lone panel are glyphs of the figure's own text (the footnote letters
+    "b" and "d" of a table image), so ``decision.labels`` drops them too."""
+    if len(panels) != 1 or not panels[0].label:
+        return panels
+    text = panels[0].label
+    named = bool(caption_labels) and text.casefold() in {label.casefold() for label in caption_labels}
+    if named or (scheme is not None and label_index(text, scheme) == 0):
+        return panels
+    decision.labels = []
+    return [replace(panels[0], label=None)]
 
 
 def _name_panels(panels: list[Panel], labels: list[PrintedLabel]) -> list[Panel]:

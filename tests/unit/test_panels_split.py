@@ -325,6 +325,18 @@ def test_ruled_tables_side_by_side_stay_one_figure():
     assert len(panels) == 1 and iou(panels[0].box, (10, 10, 885, 506)) >= 0.95
 
 
+def test_a_table_image_keeps_no_label_from_its_footnotes():
+    # PLOS's table image, read by eye: a ruled table, two footnotes (the first begins with its
+    # marker), a doi line; the table is the figure's one panel and prints no label. Letters of
+    # its footnotes read as labels part nothing and name no lone panel (only "A", "a", "1", "i"
+    # or a label of the caption could)
+    im = Image.open(ROOT / "sample/articles/pone.0091296/t004.png")
+    decision = decide(im, None)
+    assert [p.label for p in decision.panels] == [None]
+    assert iou(decision.panels[0].box, (0, 0, 600, 380)) >= 0.9
+    assert decision.labels == []
+
+
 def test_the_concept_stage_single_panel_keeps_a_figure_whole():
     im = Image.new("RGB", (760, 330), "white")
     draw = ImageDraw.Draw(im)
