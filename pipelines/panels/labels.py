@@ -15,7 +15,9 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    the longest side), at most ``MAX_GLYPHS`` glyphs wide, not a filled block (legend swatches),
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
    and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
-   glyphs into tokens; its own full stop aside, ``_full_stop``). Words, tick strips and symbols packed in text
+   glyphs into tokens; its own full stop aside, ``_full_stop``, and text of a smaller type set more
+   than a word space beside it, ``_smaller_text_apart``: a label level with its chart's top tick
+   label). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them, dark ones
    on the page's white rather than in a photograph's grey: ``GROUND_BONUS``) and at most
@@ -89,6 +91,8 @@ MAX_FILL = 0.82  # a solid block (legend swatch, bar) is not a glyph
 MIN_FILL = 0.08  # ... nor ink that fills less of its box than a glyph's strokes (a thin line's corner)
 RING_X = 0.6
 RING_Y = 0.35
+APART_GAP = 0.4  # of a glyph's height: text beside it this far away, and
+APART_HEIGHT = 0.75  # ... at most this share of its height tall, is not its word (see _smaller_text_apart)
 STOP_GAP = 0.5  # ... set at most this share of its height after it
 BASELINE = 0.15  # ... and ending within this share of its height of its bottom
 BRACKET_WIDTH = 0.45  # a bracket's width over its height at most: thinner ink is no text-sized neighbour
@@ -318,6 +322,8 @@ def _scan(
         ring_area = (oc - oa) * (od - ob) - (c - a) * (d - b)
         # the ink itself, not the one-pixel halo that joined it into tokens
         near &= ink.mask[ob:od, oa:oc]
+        if parts is None:
+            near &= ~_smaller_text_apart(ids, ink.boxes, (a, b, c, d))
         if ring:
             crowded = np.count_nonzero(near)
             if 0.004 * ring_area < crowded <= 0.004 * ring_area + (SPECK * th) ** 2 and parts is None:
@@ -388,6 +394,21 @@ def _bracketed(boxes: np.ndarray, ids: np.ndarray, box: Box) -> tuple[int, int, 
         int(min(b, tops.min())) if len(tops) else b,
         int(x2[right].max()) if right.any() else c,
     )
+
+
+def _smaller_text_apart(ids: np.ndarray, boxes: np.ndarray, box: Box) -> np.ndarray:
+    """Where ``ids`` (token label ids of a ring around the glyph at ``box``) are text set beside
+    it in a smaller type, more than a word space away: a label printed beside its chart's top
+    tick label ("B  0.027"). A word's letters sit closer (a space is about a third of a capital's
+    height) and a number's digits are as tall as one another."""
+    a, b, c, d = box
+    th = d - b
+    found = np.unique(ids[ids > 0])
+    x1, y1, x2, y2 = boxes[found - 1].T
+    apart = ((x1 - c) >= APART_GAP * th) | ((a - x2) >= APART_GAP * th)
+    smaller = (y2 - y1) <= APART_HEIGHT * th
+    beside = (y1 < d) & (y2 > b)
+    return np.isin(ids, found[apart & smaller & beside])
 
 
 def _full_stop(ids: np.ndarray, boxes: np.ndarray, box: Box) -> np.ndarray:

@@ -325,6 +325,19 @@ def test_ruled_tables_side_by_side_stay_one_figure():
     assert len(panels) == 1 and iou(panels[0].box, (10, 10, 885, 506)) >= 0.95
 
 
+def test_a_label_set_beside_its_charts_top_tick_label():
+    # pone.0056489's Fig 1, read by eye: two scatter plots, a serif "A" above the left one's
+    # top tick label, a serif "B" level with the right one's, "0.027", about half its own
+    # height from it: more than a word space, and the tick labels a smaller type, so no word
+    # of the label ("B" was not read before)
+    im = Image.open(ROOT / "sample/articles/pone.0056489/pone.0056489.g001.tif")
+    decision = decide(im, "Figure 1. (A) Seed length. (B) Seed weight.")
+    assert [lab.text for lab in decision.labels] == ["A", "B"]
+    (a, b) = decision.labels
+    assert a.box[2] < 200 and b.box[0] > 880 and b.box[2] < 1000  # the left edge of each plot
+    assert [p.label for p in decision.panels] == ["A", "B"]
+
+
 def test_a_table_image_keeps_no_label_from_its_footnotes():
     # PLOS's table image, read by eye: a ruled table, two footnotes (the first begins with its
     # marker), a doi line; the table is the figure's one panel and prints no label. Letters of
