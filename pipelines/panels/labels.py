@@ -16,8 +16,8 @@ of one figure share font, size and case and follow a sequence (a, b, c ... or 1,
    and stands free: no other ink of its polarity in a ring of ``RING_X`` x its height beside it
    and ``RING_Y`` x its height above and below (the ink itself, not the pixel that joins
    glyphs into tokens; its own full stop aside, ``_full_stop``, and text of a smaller type set more
-   than a word space beside it, ``_smaller_text_apart``: a label level with its chart's top tick
-   label). Words, tick strips and symbols packed in text
+   than a word space beside a glyph with nothing to its left, ``_smaller_text_apart``: a label
+   level with its chart's top tick label). Words, tick strips and symbols packed in text
    fail the last test; a label in a gutter or in a micrograph's dark corner passes. Candidates
    are ranked (taller first, then standing at the left edge of the ink around them, dark ones
    on the page's white rather than in a photograph's grey: ``GROUND_BONUS``) and at most
@@ -323,7 +323,9 @@ def _scan(
         # the ink itself, not the one-pixel halo that joined it into tokens
         near &= ink.mask[ob:od, oa:oc]
         if parts is None:
-            near &= ~_smaller_text_apart(ids, ink.boxes, (a, b, c, d))
+            apart = _smaller_text_apart(ids, ink.boxes, (a, b, c, d))
+            if apart.any() and _corner_free(ink.mask, (a, b, c, d), (a, b, c))[0]:
+                near &= ~apart
         if ring:
             crowded = np.count_nonzero(near)
             if 0.004 * ring_area < crowded <= 0.004 * ring_area + (SPECK * th) ** 2 and parts is None:
@@ -400,7 +402,9 @@ def _smaller_text_apart(ids: np.ndarray, boxes: np.ndarray, box: Box) -> np.ndar
     """Where ``ids`` (token label ids of a ring around the glyph at ``box``) are text set beside
     it in a smaller type, more than a word space away: a label printed beside its chart's top
     tick label ("B  0.027"). A word's letters sit closer (a space is about a third of a capital's
-    height) and a number's digits are as tall as one another."""
+    height) and a number's digits are as tall as one another. ``_scan`` sets such text aside
+    only for a glyph with nothing printed two heights to its left, where labels stand (above
+    it may stand the top of the tick label it is level with)."""
     a, b, c, d = box
     th = d - b
     found = np.unique(ids[ids > 0])
