@@ -21,7 +21,9 @@ be switched off (``evidence``), so that the benchmark measures what each one add
   axis title) is refused. Labels no gutter
   separates are parted by anchoring (``_part_at_labels``): each block of the region goes to
   the label above and to the left of it, a block holding several labels is parted at their
-  own edges. Where the caption names two or more panels, its labels include every label read,
+  own edges, and a block that stretches its label's panel over the next one's (a chart's tick
+  labels sticking out to the left of its label, under the label above) goes to that next
+  label (``_untangle``). Where the caption names two or more panels, its labels include every label read,
   and the regions are not that many (a label not read leaves its panel joined to a neighbour)
   while the layout splitter's gutters give a count nearer the caption's, the layout's panels
   are kept and each label read names the panel it stands in (route ``labels+layout``): a
@@ -61,7 +63,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from PIL import Image
 
-from pipelines.images.boxes import Box, Panel, finalize, scale_boxes
+from pipelines.images.boxes import Box, Panel, finalize, intersection, scale_boxes
 from pipelines.images.components import components
 from pipelines.images.decode import UnusableFigureError, is_loaded, normalize_mode, open_image
 from pipelines.panels.inputs import MIN_SIDE, FigureSplit, prepare_figure
@@ -87,6 +89,7 @@ PHOTO_ROW, LIKE_SIZE, PHOTO_INK = 3, 1.3, 0.5  # see _photo_row
 AXIS_SHARE, MARK_TEXT_HEIGHTS = 0.5, 1.5  # see _chart_row, _is_chart
 NARROW_GUTTER = 2  # work pixels: see split_in
 MAX_LEAVES = 400  # blocks a region is broken into when its labels are parted by anchoring
+PICTURE_RING = 0.8  # of the pixels around a label: ink, where it is printed inside a picture
 
 
 @dataclass
@@ -358,7 +361,7 @@ def partition_by_labels(
     label read are its panel (joined to the next region until ``fill_missing`` parts them),
     not a shared title."""
     found = _by_labels(sheet, structure, box, labels, direction, 0, first_missing)
-    return found or _part_at_labels(sheet, box, labels, direction)
+    return found or _part_at_labels(sheet, structure, box, labels, direction)
 
 
 def _by_labels(
@@ -472,7 +475,9 @@ def _by_options(
                         sub = attached
                     break
             if sub is None:
-                sub = _part_at_labels(sheet, union(pieces[i] for i in members + extras), group_labels, direction)
+                sub = _part_at_labels(
+                    sheet, structure, union(pieces[i] for i in members + extras), group_labels, direction
+                )
             out.extend(sub)
         return out
     return None
@@ -556,27 +561,137 @@ def _attach(parts: list[tuple[Box, str | None]], piece: Box, axis: int) -> list[
 
 
 def _part_at_labels(
-    sheet: Sheet, box: Box, labels: list[_Label], direction: str = "before"
+    sheet: Sheet, structure: Structure, box: Box, labels: list[_Label], direction: str = "before"
 ) -> list[tuple[Box, str | None]]:
     """Labels no gutter of ``box`` separates into regions that hold graphic content (panels
     that touch, a layout no straight cut parts): the region's blocks that no gutter parts
     further (``_leaves``) each go to the label that anchors them, the last label before them in
     reading order that stands above and to the left of the block (below it, where the figure
     prints its labels below the panels: the nearest label under it); a panel is the union of
-    its label's blocks. Blocks no label anchors join the nearest label."""
+    its label's blocks. Blocks no label anchors join the nearest label. Panels do not overlap:
+    ``_untangle`` gives a block whose anchor's panel it stretches over another to that one."""
     height = float(np.median([lab.box[3] - lab.box[1] for lab in labels]))
     order = sorted(labels, key=lambda lab: (lab.box[1], lab.box[0]))
     owned: dict[int, list[Box]] = {i: [lab.box] for i, lab in enumerate(order)}
+    free: list[tuple[Box, int]] = []  # blocks holding no label, with the label they went to
+    pictures = _pictures(sheet, structure, order)
     for leaf in _leaves(sheet, box):
         inside = [i for i, lab in enumerate(order) if _holds(leaf, lab)]
         if len(inside) < 2:
-            owned[inside[0] if inside else _anchor(leaf, order, height, direction)].append(leaf)
+            if inside:
+                owned[inside[0]].append(leaf)
+            else:
+                free.append((leaf, _anchor(leaf, order, height, direction)))
             continue
+        # a label printed inside a picture names that picture: the rest of the block is
+        # the other labels' (an inset on a diagram, a micrograph set into a chart's corner)
+        inset = {i: pictures[i] for i in inside if i in pictures and _within(pictures[i], leaf)}
+        rest = [i for i in inside if i not in inset]
+        if not inset or not rest:
+            inset, rest = {}, inside
+        for i, picture in inset.items():
+            owned[i].append(picture)
         # a block holding several labels (panels that touch): parted at the labels' own edges
-        for cell in _grid(leaf, [order[i] for i in inside], height):
-            held = [i for i in inside if _holds(cell, order[i])]
-            owned[held[0] if held else _anchor(cell, order, height, direction)].append(cell)
+        for cell in _grid(leaf, [order[i] for i in rest], height):
+            if inset:
+                cell = _outside(sheet, cell, list(inset.values()))
+                if cell is None:
+                    continue
+            held = [i for i in rest if _holds(cell, order[i])]
+            if held:
+                owned[held[0]].append(cell)
+            else:
+                free.append((cell, rest[_anchor(cell, [order[i] for i in rest], height, direction)]))
+    rank = [next(n for n, x in enumerate(labels) if x is lab) for lab in order]
+    owners = _untangle(owned, free, order, rank, height)
+    for (block, _), i in zip(free, owners, strict=True):
+        owned[i].append(block)
     return [(union(boxes), order[i].text) for i, boxes in owned.items()]
+
+
+def _untangle(
+    owned: dict[int, list[Box]], free: list[tuple[Box, int]], labels: list[_Label], rank: list[int], height: float
+) -> list[int]:
+    """The label each free block goes to: its anchor (``_anchor``), unless its panel then
+    overlaps another's, and the block, given to that label, overlaps them less. Panels are
+    rectangles side by side: a label over its chart's corner has the chart's tick labels and
+    axis title sticking out to the left of it, under the label above, and those blocks (parted
+    at the labels' edges, ``_grid``) anchored there stretch the panel above over this one. A
+    block goes only to a label after its anchor in the sequence (a letter read inside a
+    picture, out of sequence, takes nothing from the picture's panel) and not above its top (a
+    panel starts at its label). ``rank``: each label's place in the sequence."""
+    owners = [i for _, i in free]
+
+    def panel(i: int, without: int | None = None) -> Box:
+        return union([*owned[i], *(free[k][0] for k, o in enumerate(owners) if o == i and k != without)])
+
+    def overlap(box: Box, i: int, panels: dict[int, Box], skip: int) -> int:
+        return sum(intersection(box, other) for n, other in panels.items() if n not in (i, skip))
+
+    for _ in range(len(labels) * len(labels)):
+        panels = {i: panel(i) for i in owned}
+        best: tuple[int, int, int] | None = None  # (overlap removed, block, label)
+        for k, (block, _) in enumerate(free):
+            i = owners[k]
+            for j, lab in enumerate(labels):
+                if rank[j] <= rank[i] or block[1] < lab.box[1] - height or not intersection(panels[i], panels[j]):
+                    continue
+                to_j = union([panels[j], block])
+                if any(n != j and _holds(to_j, other) for n, other in enumerate(labels)):
+                    continue
+                from_i = panel(i, without=k)
+                before = (
+                    overlap(panels[i], i, panels, j)
+                    + overlap(panels[j], j, panels, i)
+                    + intersection(panels[i], panels[j])
+                )
+                after = overlap(from_i, i, panels, j) + overlap(to_j, j, panels, i) + intersection(from_i, to_j)
+                if after < before and (best is None or before - after > best[0]):
+                    best = (before - after, k, j)
+        if best is None:
+            break
+        owners[best[1]] = best[2]
+    return owners
+
+
+def _pictures(sheet: Sheet, structure: Structure, labels: list[_Label]) -> dict[int, Box]:
+    """Label index -> the picture it is printed inside (a white letter on a micrograph or a
+    scan): the smallest graphic shape around it whose ink surrounds the glyph
+    (``PICTURE_RING``) and that holds no other label."""
+    ink, out = sheet.masks[0], {}
+    if ink is None or not len(structure.graphic):
+        return out
+    for i, lab in enumerate(labels):
+        x1, y1, x2, y2 = lab.box
+        m = max(2, round(0.3 * (y2 - y1)))
+        ring = (max(0, x1 - m), max(0, y1 - m), min(ink.shape[1], x2 + m), min(ink.shape[0], y2 + m))
+        outer = ink[ring[1] : ring[3], ring[0] : ring[2]]
+        inner = ink[y1:y2, x1:x2]
+        if outer.size <= inner.size or (outer.sum() - inner.sum()) < PICTURE_RING * (outer.size - inner.size):
+            continue
+        g = structure.graphic
+        around = g[(g[:, 0] <= ring[0]) & (g[:, 1] <= ring[1]) & (g[:, 2] >= ring[2]) & (g[:, 3] >= ring[3])]
+        if not len(around):
+            continue
+        picture = tuple(int(v) for v in min(around, key=lambda b: (b[2] - b[0]) * (b[3] - b[1])))
+        if not any(n != i and _holds(picture, other) for n, other in enumerate(labels)):
+            out[i] = picture
+    return out
+
+
+def _within(box: Box, outer: Box) -> bool:
+    return outer[0] <= box[0] and outer[1] <= box[1] and box[2] <= outer[2] and box[3] <= outer[3]
+
+
+def _outside(sheet: Sheet, box: Box, pictures: list[Box]) -> Box | None:
+    """``box`` trimmed to its ink outside ``pictures`` (None: none)."""
+    ink = sheet.masks[0][box[1] : box[3], box[0] : box[2]].copy()
+    for x1, y1, x2, y2 in pictures:
+        ink[max(0, y1 - box[1]) : max(0, y2 - box[1]), max(0, x1 - box[0]) : max(0, x2 - box[0])] = False
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    if not rows.size:
+        return None
+    return box[0] + int(cols[0]), box[1] + int(rows[0]), box[0] + int(cols[-1]) + 1, box[1] + int(rows[-1]) + 1
 
 
 def _holds(box: Box, label: _Label) -> bool:

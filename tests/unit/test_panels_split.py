@@ -14,7 +14,15 @@ from PIL import Image, ImageDraw
 from pipelines.images.boxes import iou
 from pipelines.images.components import components
 from pipelines.panels.evaluate import load_eval_figures, match_at_iou, score_figures
-from pipelines.panels.split import _in_runs, _Label, _parting, decide, figure_decision, panels_for_figure
+from pipelines.panels.split import (
+    _in_runs,
+    _Label,
+    _parting,
+    _untangle,
+    decide,
+    figure_decision,
+    panels_for_figure,
+)
 from testing.panel_figures import bold_font, draw_chart, draw_label, draw_panel, huge_png
 from testing.system import require, tesseract_data
 
@@ -412,6 +420,7 @@ def _figure(name: str) -> dict:
         "488149v1_fig1",  # seven blots and charts a-g, unequal sizes
         "030213v1_tbl1",  # a table rendered as an image: one panel
         "469032v1_fig2",  # three black rounded frames a 3 px white line apart; "A" touches its frame, unread
+        "469032v1_figs8",  # a flow diagram A with three MRI slices B-D set into its left side, white labels inside
     ],
 )
 def test_hand_boxed_real_figures(name):
@@ -503,3 +512,21 @@ def test_captions_without_labels_or_with_references_only(caption):
     im, boxes, _ = _labelled_grid({(0, 0): "A", (0, 1): "B", (1, 0): "C", (1, 1): "D"})
     split = figure_decision(_encoded(im, "PNG"), caption)
     assert split.reason is None and 1 <= len(split.panels) <= 4
+
+
+def test_a_block_that_stretches_the_panel_above_over_the_next_goes_to_the_next():
+    # elife-52882 Fig. 1's right column, boxes read off the figure: chart C above chart D, D's
+    # label printed over its plot's corner, its tick labels sticking out to the left of it
+    # (x 348-379), under C's label. Anchored to C (the label above and to its left), that strip
+    # stretched C's panel down over D's; it goes to D, the label after C whose panel C's
+    # overlapped. Labels in reading order; rank: their place in the label sequence
+    b, c, d = (_Label((153, 2, 161, 12), "B"), _Label((349, 2, 357, 12), "C"), _Label((380, 100, 388, 110), "D"))
+    owned = {0: [b.box, (152, 1, 348, 197)], 1: [c.box, (348, 1, 379, 99)], 2: [d.box, (379, 99, 600, 197)]}
+    free = [((379, 1, 600, 99), 1), ((348, 99, 379, 197), 1)]  # C's plot; D's tick labels
+    assert _untangle(owned, free, [b, c, d], [0, 1, 2], height=10) == [1, 2]
+    # a label read inside a picture, before the picture's own label in the sequence ("a" in
+    # panel b's radiograph) takes nothing from it
+    assert _untangle(owned, free, [b, c, d], [0, 2, 1], height=10) == [1, 1]
+    # nor does a label take a block above it: a panel starts at its label
+    high = [((379, 1, 600, 99), 1), ((348, 60, 379, 197), 1)]
+    assert _untangle(owned, high, [b, c, d], [0, 1, 2], height=10) == [1, 1]
