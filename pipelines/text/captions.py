@@ -771,6 +771,12 @@ def _remark_end(text: str, end: int) -> int:
         end = close + 1
 
 
+def _ends_sentence(text: str, end: int) -> bool:
+    """Whether a sentence ends at ``end`` (a stop or the caption's end follows)."""
+    rest = text[end:].lstrip()
+    return not rest or rest[0] in ".!?"
+
+
 def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list[tuple[int, int]]]:
     """Where the first part starts, and the span of each definition's text (see step 7)."""
     text, n = c.text, len(defs)
@@ -781,6 +787,12 @@ def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list
             continue
         previous = ends[i - 1] if i else lo
         if i and defs[i - 1].role == "trail" and c.clause(previous - 1) == c.clause(d.marker.start):
+            starts[i] = previous
+            continue
+        if i and defs[i - 1].role == "trail" and _ends_sentence(text, previous) and _ends_sentence(text, ends[i]):
+            # labels that close their descriptions ("... from EEG recordings (panel A). Analysis
+            # ... (panel B). Circular representation ... SW. Heatmap ... (panel C)."): every
+            # sentence after the last label's is this one's
             starts[i] = previous
             continue
         start = max(previous, c.clause_start(d.marker.start))

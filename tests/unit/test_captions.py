@@ -256,6 +256,21 @@ def test_trailing_clauses_of_similar_length_keep_their_subject():
     }
 
 
+def test_labels_that_close_their_descriptions_take_every_sentence_since_the_last():
+    # each "(panel X)" ends the description it closes: the sentences after panel A's are B's
+    caption = (
+        "Figure 3. Sleep was recorded in the lab (panel A). Spindles were detected on each night. "
+        "Their density rose with age (panel B). Coupling did not change (panel C). Error bars, SEM."
+    )
+    split = split_caption(caption)
+    assert split.panels == {
+        "A": "Sleep was recorded in the lab (panel A)",
+        "B": "Spindles were detected on each night. Their density rose with age (panel B)",
+        "C": "Coupling did not change (panel C)",
+    }
+    assert_extractive(caption, split)
+
+
 @pytest.mark.parametrize(
     "caption, expected",
     [
