@@ -83,6 +83,11 @@ def iou(a: Box, b: Box) -> float:
     return inter / union if union > 0 else 0.0
 
 
+def within(box: Box, outer: Box) -> bool:
+    """Whether ``box`` is a non-empty box lying within ``outer``."""
+    return outer[0] <= box[0] < box[2] <= outer[2] and outer[1] <= box[1] < box[3] <= outer[3]
+
+
 def ios(a: Box, b: Box) -> float:
     """Intersection over the smaller box's area: 1.0 when one box lies inside the other."""
     smaller = min(area(a), area(b))

@@ -112,10 +112,6 @@ def inputs_fingerprint(item: dict, settings: str) -> str:
     )
 
 
-def _inside(box: Box, parent: Box) -> bool:
-    return parent[0] <= box[0] < box[2] <= parent[2] and parent[1] <= box[1] < box[3] <= parent[3]
-
-
 def _offset(box: Box, dx: int, dy: int) -> Box:
     return (box[0] + dx, box[1] + dy, box[2] + dx, box[3] + dy)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pipelines.core.lake import Lake
 from pipelines.core.schemas import Table
 from pipelines.core.stage import GPU_POOL, Check, Compute, Partition, Preview, StageResult
+from pipelines.images.boxes import within
 from pipelines.mining.mine import (
     GLOBAL,
     LEVELS,
@@ -35,7 +36,6 @@ from pipelines.mining.mine import (
     REGION,
     MinedFigure,
     MiningSettings,
-    _inside,
     figure_items,
     figure_row,
     inputs_fingerprint,
@@ -188,7 +188,7 @@ def boxes_inside_parent(figures: list[dict], pairs: list[dict]) -> Check:
         parent = image
         if p["level"] == REGION:
             parent = panel_box.get((p["pmcid"], p["image_file"], p["panel_index"]), image)
-        if parent is None or not _inside(box, parent):
+        if parent is None or not within(box, parent):
             bad.append(p["pair_id"])
     return Check(
         BOXES_INSIDE,

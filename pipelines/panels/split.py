@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from PIL import Image
 
-from pipelines.images.boxes import Box, Panel, finalize, intersection, scale_boxes
+from pipelines.images.boxes import Box, Panel, area, finalize, intersection, scale_boxes, within
 from pipelines.images.components import components
 from pipelines.images.decode import UnusableFigureError, is_loaded, normalize_mode, open_image
 from pipelines.panels.inputs import MIN_SIDE, FigureSplit, prepare_figure
@@ -585,7 +585,7 @@ def _part_at_labels(
             continue
         # a label printed inside a picture names that picture: the rest of the block is
         # the other labels' (an inset on a diagram, a micrograph set into a chart's corner)
-        inset = {i: pictures[i] for i in inside if i in pictures and _within(pictures[i], leaf)}
+        inset = {i: pictures[i] for i in inside if i in pictures and within(pictures[i], leaf)}
         rest = [i for i in inside if i not in inset]
         if not inset or not rest:
             inset, rest = {}, inside
@@ -673,14 +673,10 @@ def _pictures(sheet: Sheet, structure: Structure, labels: list[_Label]) -> dict[
         around = g[(g[:, 0] <= ring[0]) & (g[:, 1] <= ring[1]) & (g[:, 2] >= ring[2]) & (g[:, 3] >= ring[3])]
         if not len(around):
             continue
-        picture = tuple(int(v) for v in min(around, key=lambda b: (b[2] - b[0]) * (b[3] - b[1])))
+        picture = min((tuple(int(v) for v in b) for b in around), key=area)
         if not any(n != i and _holds(picture, other) for n, other in enumerate(labels)):
             out[i] = picture
     return out
-
-
-def _within(box: Box, outer: Box) -> bool:
-    return outer[0] <= box[0] and outer[1] <= box[1] and box[2] <= outer[2] and box[3] <= outer[3]
 
 
 def _outside(sheet: Sheet, box: Box, pictures: list[Box]) -> Box | None:

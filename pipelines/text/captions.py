@@ -786,13 +786,18 @@ def _segment(c: _Caption, defs: list[_Def], lo: int, hi: int) -> tuple[int, list
         if d.role != "trail":
             continue
         previous = ends[i - 1] if i else lo
-        if i and defs[i - 1].role == "trail" and c.clause(previous - 1) == c.clause(d.marker.start):
-            starts[i] = previous
-            continue
-        if i and defs[i - 1].role == "trail" and _ends_sentence(text, previous) and _ends_sentence(text, ends[i]):
-            # labels that close their descriptions ("... from EEG recordings (panel A). Analysis
-            # ... (panel B). Circular representation ... SW. Heatmap ... (panel C)."): every
-            # sentence after the last label's is this one's
+        # after a trailing label, this one's text starts where that one's ends: in one clause
+        # (a list, "patient 1 (A), patient 2 (B)"), or where labels close their descriptions
+        # ("... from EEG recordings (panel A). Analysis ... (panel B). Circular representation
+        # ... SW. Heatmap ... (panel C).": every sentence after the last label's is this one's)
+        if (
+            i
+            and defs[i - 1].role == "trail"
+            and (
+                c.clause(previous - 1) == c.clause(d.marker.start)
+                or (_ends_sentence(text, previous) and _ends_sentence(text, ends[i]))
+            )
+        ):
             starts[i] = previous
             continue
         start = max(previous, c.clause_start(d.marker.start))
